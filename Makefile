@@ -1,0 +1,45 @@
+# Two commands on a fresh machine: `make demo` (the main job on the embedded
+# sample, headless) and `make test`. Both create .venv and install what they need.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+APT_PACKAGES := xvfb xauth libgl1-mesa-dri libglx-mesa0 libegl1 libxkbcommon-x11-0 \
+	libxcb-cursor0 libxcb-icccm4 libxcb-image0 libxcb-keysyms1 libxcb-randr0 \
+	libxcb-render-util0 libxcb-shape0 libxcb-xinerama0 libxcb-xfixes0 libdbus-1-3 libfontconfig1
+XVFB := xvfb-run -a -s "-screen 0 1280x1024x24"
+
+.PHONY: demo test test-all lint system-deps install clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# The CPU build of torch first, so the project's torch range is already met.
+	$(PY) -m pip install -q torch==2.13.0 || echo "torch 2.13.0 not available here; pip will choose one"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed
+
+# Headless napari needs Xvfb + Mesa; installed when missing and we are root.
+system-deps:
+	@if command -v xvfb-run >/dev/null && [ -e /usr/lib/x86_64-linux-gnu/libxcb-cursor.so.0 -o -e /usr/lib/aarch64-linux-gnu/libxcb-cursor.so.0 ]; then \
+		echo "system packages present"; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		(apt-get install -y -q $(APT_PACKAGES) || (apt-get update -q && apt-get install -y -q $(APT_PACKAGES))) >/dev/null; \
+	else \
+		echo "missing Xvfb/Mesa: sudo apt-get install -y $(APT_PACKAGES)"; exit 1; \
+	fi
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/napari-finetune demo
+
+test: system-deps $(VENV)/.installed
+	$(VENV)/bin/ruff check src tests benchmarks sample_data
+	$(VENV)/bin/lint-imports
+	$(XVFB) $(PY) -m pytest
+
+test-all: system-deps $(VENV)/.installed
+	$(XVFB) $(PY) -m pytest -m ""
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,151 @@
+"""Every knob of a fine-tuning or prediction run, with the defaults a user expects.
+
+The widget, the CLI and the tests all build these dataclasses, so validation
+lives here once: a bad value fails at construction with a message that names
+the field and the fix, before any model or optimizer is built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+Mode = Literal["lora", "full"]
+DeviceName = Literal["auto", "cpu", "cuda", "mps"]
+
+
+@dataclass
+class FinetuneConfig:
+    """Settings of one fine-tuning run.
+
+    Parameters
+    ----------
+    steps : int
+        Optimizer steps to run.
+    batch_size : int
+        Patches per micro-batch at the start. Halved on out-of-memory.
+    accumulation : int
+        Micro-batches per optimizer step at the start; ``batch_size *
+        accumulation`` samples make one optimizer step and stay fixed for the run.
+    patch_shape : tuple of int
+        Spatial patch size, ZYX for 3D models, YX for 2D ones.
+    learning_rate : float
+        AdamW learning rate.
+    weight_decay : float
+        AdamW weight decay.
+    mode : {"lora", "full"}
+        LoRA adapters through PEFT, or every weight trained.
+    lora_rank, lora_alpha : int, float
+        LoRA rank and scaling numerator (scale = alpha / rank).
+    distillation : float
+        Weight of the teacher's supervision on unpainted voxels; 0 turns it off.
+    hold_other_channels : bool
+        Keep channels that no correction touches close to the teacher everywhere.
+    mixed_precision : bool
+        Try bf16 (or fp16 + GradScaler) autocast on accelerators; CPU runs fp32
+        unless ``cpu_bf16`` is set.
+    cpu_bf16 : bool
+        Allow bf16 autocast on the CPU (measured faster on some CPUs).
+    device : {"auto", "cpu", "cuda", "mps"}
+        Where to train; "auto" takes CUDA, then MPS, then the CPU.
+    seed : int
+        Seeds patch sampling, augmentation and adapter initialisation.
+    """
+
+    steps: int = 200
+    batch_size: int = 4
+    accumulation: int = 1
+    patch_shape: tuple[int, ...] = (32, 64, 64)
+    learning_rate: float = 1e-4
+    weight_decay: float = 0.0
+    mode: Mode = "lora"
+    lora_rank: int = 8
+    lora_alpha: float = 16.0
+    distillation: float = 0.5
+    hold_other_channels: bool = True
+    mixed_precision: bool = True
+    cpu_bf16: bool = False
+    device: str = "auto"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.patch_shape = tuple(int(s) for s in self.patch_shape)
+        _positive_int(self, "steps")
+        _positive_int(self, "batch_size")
+        _positive_int(self, "accumulation")
+        _positive_int(self, "lora_rank")
+        if not self.patch_shape or any(s < 1 for s in self.patch_shape):
+            raise ValueError(
+                f"patch_shape must be positive sizes, got {self.patch_shape}; "
+                "use e.g. (32, 64, 64) for a 3D model or (128, 128) for a 2D one."
+            )
+        if not self.learning_rate > 0:
+            raise ValueError(
+                f"learning_rate must be > 0, got {self.learning_rate}; 1e-4 is a good start."
+            )
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}.")
+        if self.mode not in ("lora", "full"):
+            raise ValueError(f"mode must be 'lora' or 'full', got {self.mode!r}.")
+        if self.distillation < 0:
+            raise ValueError(
+                f"distillation must be >= 0, got {self.distillation}; use 0 to turn it off."
+            )
+        if self.device not in ("auto", "cpu", "cuda", "mps") and not str(
+            self.device
+        ).startswith("cuda:"):
+            raise ValueError(
+                f"device must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps', got {self.device!r}."
+            )
+
+    @property
+    def samples_per_step(self) -> int:
+        """Samples in one optimizer step; fixed for the whole run."""
+        return self.batch_size * self.accumulation
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-types copy, safe for ``torch.save(..., weights_only)`` round trips."""
+        d = asdict(self)
+        d["patch_shape"] = list(self.patch_shape)
+        return d
+
+
+@dataclass
+class PredictConfig:
+    """Settings of blockwise prediction.
+
+    Parameters
+    ----------
+    block_shape : tuple of int
+        Core block computed per model call (before the halo is added).
+    halo : tuple of int
+        Context added on each side of a block and trimmed from the output.
+    batch_size : int
+        Blocks per model call.
+    device : str
+        As in :class:`FinetuneConfig`.
+    """
+
+    block_shape: tuple[int, ...] = (32, 128, 128)
+    halo: tuple[int, ...] = (8, 16, 16)
+    batch_size: int = 1
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        self.block_shape = tuple(int(s) for s in self.block_shape)
+        self.halo = tuple(int(s) for s in self.halo)
+        if len(self.block_shape) != len(self.halo):
+            raise ValueError(
+                f"block_shape {self.block_shape} and halo {self.halo} must have the same "
+                "number of axes."
+            )
+        if any(s < 1 for s in self.block_shape) or any(h < 0 for h in self.halo):
+            raise ValueError("block_shape must be positive and halo non-negative.")
+        _positive_int(self, "batch_size")
+
+
+def _positive_int(obj: object, name: str) -> None:
+    value = getattr(obj, name)
+    if int(value) != value or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+    setattr(obj, name, int(value))

@@ -1,0 +1,288 @@
+"""Checkpoints: one file that rebuilds the model, written atomically, read safely.
+
+Layout of the file (plain types and tensors only, so ``torch.load(...,
+weights_only=True)`` reads it)::
+
+    {"format": "napari-finetune-checkpoint", "format_version": 1,
+     "architecture": {"factory": "package.module:callable", "kwargs": {...}},
+     "state_dict": {...},
+     "metadata": {"channel_names": [...], "normalization": {...}, "run": {...}}}
+
+A model the user brings is accepted through the same layout: any importable
+factory whose keyword arguments rebuild it (see :func:`checkpoint_from_factory`).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import importlib
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+FORMAT = "napari-finetune-checkpoint"
+FORMAT_VERSION = 1
+DEFAULT_NORMALIZATION = {"method": "percentile", "low": 1.0, "high": 99.0}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file is missing, corrupt or does not match its architecture."""
+
+
+@dataclass
+class Checkpoint:
+    """What :func:`load_checkpoint` returns.
+
+    Attributes
+    ----------
+    model : torch.nn.Module
+        Rebuilt model with the weights loaded, in eval mode, on the CPU.
+    metadata : dict
+        ``channel_names``, ``normalization``, ``run`` (the record of a fine-tuning
+        run, if any) and whatever else was saved.
+    architecture : dict
+        ``factory`` and ``kwargs`` that rebuilt ``model``.
+    path : pathlib.Path or None
+        Where it was read from.
+    sha256 : str
+        Hash of the file's bytes, recorded by fine-tuning runs as their source.
+    """
+
+    model: nn.Module
+    metadata: dict[str, Any] = field(default_factory=dict)
+    architecture: dict[str, Any] = field(default_factory=dict)
+    path: Path | None = None
+    sha256: str = ""
+
+    @property
+    def channel_names(self) -> list[str]:
+        """Names of the output channels (``channel_0``... when none were saved)."""
+        return channel_names_of(self.metadata, _out_channels(self.architecture))
+
+    @property
+    def normalization(self) -> dict[str, Any]:
+        """How raw intensities are scaled before the model sees them."""
+        return dict(self.metadata.get("normalization") or DEFAULT_NORMALIZATION)
+
+
+def architecture_of(model: nn.Module) -> dict[str, Any]:
+    """Factory path and constructor arguments of ``model``.
+
+    Raises
+    ------
+    CheckpointError
+        If the model does not record its constructor arguments.
+    """
+    kwargs = getattr(model, "init_kwargs", None)
+    if kwargs is None:
+        raise CheckpointError(
+            f"{type(model).__name__} does not record its constructor arguments "
+            "(an `init_kwargs` dict), so a checkpoint could not rebuild it; use "
+            "napari_finetune.model.unet.UNet or checkpoint_from_factory()."
+        )
+    cls = type(model)
+    factory = getattr(model, "factory", f"{cls.__module__}:{cls.__qualname__}")
+    return {"factory": factory, "kwargs": copy.deepcopy(dict(kwargs))}
+
+
+def save_checkpoint(
+    path: str | os.PathLike,
+    model: nn.Module,
+    metadata: dict[str, Any] | None = None,
+    architecture: dict[str, Any] | None = None,
+) -> Path:
+    """Write ``model`` and ``metadata`` to ``path`` atomically.
+
+    The file is written to a temporary name in the same folder, flushed and
+    fsynced, then renamed over ``path``: a crash leaves either the old file or
+    the new one, never half of one, and no temporary file behind.
+
+    Parameters
+    ----------
+    path : path-like
+        Destination (``.pt`` by convention).
+    model : torch.nn.Module
+        A plain model (merge adapters before saving).
+    metadata : dict, optional
+        Plain types only: str, int, float, bool, None, lists and dicts.
+    architecture : dict, optional
+        Overrides :func:`architecture_of` (for models that do not record it).
+
+    Returns
+    -------
+    pathlib.Path
+        The written path.
+    """
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise CheckpointError(f"cannot write {path}: the folder {path.parent} does not exist.")
+    payload = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "architecture": architecture or architecture_of(model),
+        "state_dict": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
+        "metadata": copy.deepcopy(metadata or {}),
+    }
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            torch.save(payload, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu") -> Checkpoint:
+    """Read a checkpoint with ``weights_only=True`` and rebuild its model.
+
+    Raises
+    ------
+    CheckpointError
+        Missing file, a file torch cannot read, a file of another format, or
+        weights that do not fit the recorded architecture; the message says which.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path} (is the path right?)")
+    data = path.read_bytes()
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises several types for a bad file
+        raise CheckpointError(
+            f"{path} is not a readable PyTorch checkpoint ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}); it may be truncated or "
+            "not a .pt file. Export it again or pick another file."
+        ) from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise CheckpointError(
+            f"{path} is a PyTorch file but not a napari-finetune checkpoint (no "
+            f"'format': '{FORMAT}'). A bare state dict can be wrapped with "
+            "napari_finetune.model.checkpoint.checkpoint_from_factory()."
+        )
+    if payload.get("format_version", 0) > FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path} was written by a newer napari-finetune (format "
+            f"{payload['format_version']}); upgrade napari-finetune to read it."
+        )
+    architecture = payload["architecture"]
+    model = build_model(architecture)
+    try:
+        model.load_state_dict(payload["state_dict"])
+    except RuntimeError as exc:
+        raise CheckpointError(
+            f"the weights in {path} do not fit its architecture {architecture}: {exc}"
+        ) from None
+    model.to(device).eval()
+    return Checkpoint(
+        model=model,
+        metadata=payload.get("metadata") or {},
+        architecture=architecture,
+        path=path,
+        sha256=hashlib.sha256(data).hexdigest(),
+    )
+
+
+def build_model(architecture: dict[str, Any]) -> nn.Module:
+    """Call ``architecture["factory"]`` (``"module:callable"``) with its kwargs."""
+    factory = architecture.get("factory", "")
+    module_name, _, attr = str(factory).partition(":")
+    try:
+        fn = importlib.import_module(module_name)
+        for part in attr.split("."):
+            fn = getattr(fn, part)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise CheckpointError(
+            f"cannot import the model factory {factory!r} ({exc}); install the package "
+            "that defines it."
+        ) from None
+    try:
+        model = fn(**architecture.get("kwargs", {}))
+    except TypeError as exc:
+        raise CheckpointError(f"the model factory {factory!r} rejected its arguments: {exc}")
+    if not hasattr(model, "init_kwargs"):
+        model.init_kwargs = dict(architecture.get("kwargs", {}))
+    model.factory = factory
+    return model
+
+
+def checkpoint_from_factory(
+    path: str | os.PathLike,
+    factory: str,
+    kwargs: dict[str, Any],
+    state_dict: dict[str, torch.Tensor] | str | os.PathLike,
+    metadata: dict[str, Any] | None = None,
+) -> Path:
+    """Wrap a model the user brings into a napari-finetune checkpoint.
+
+    Parameters
+    ----------
+    factory : str
+        ``"package.module:callable"`` returning the model from ``kwargs``.
+    state_dict : dict or path-like
+        The weights, or a file holding them (read with ``weights_only=True``).
+    """
+    architecture = {"factory": factory, "kwargs": dict(kwargs)}
+    model = build_model(architecture)
+    if not isinstance(state_dict, dict):
+        state_dict = torch.load(state_dict, map_location="cpu", weights_only=True)
+    try:
+        model.load_state_dict(state_dict)
+    except RuntimeError as exc:
+        raise CheckpointError(f"the weights do not fit {factory}({kwargs}): {exc}") from None
+    return save_checkpoint(path, model, metadata, architecture=architecture)
+
+
+def channel_names_of(metadata: dict[str, Any], out_channels: int | None) -> list[str]:
+    """Saved channel names, or ``channel_0..`` for each output channel."""
+    names = list(metadata.get("channel_names") or [])
+    if out_channels is not None and len(names) != out_channels:
+        names = [f"channel_{i}" for i in range(out_channels)]
+    return names
+
+
+def describe_checkpoint(ckpt: Checkpoint) -> str:
+    """Human-readable summary: architecture, channels, normalisation, the run's record."""
+    n_params = sum(p.numel() for p in ckpt.model.parameters())
+    lines = [
+        f"file:          {ckpt.path}",
+        f"sha256:        {ckpt.sha256[:16]}...",
+        f"architecture:  {ckpt.architecture.get('factory')} {ckpt.architecture.get('kwargs')}",
+        f"parameters:    {n_params:,}",
+        f"channels:      {', '.join(ckpt.channel_names)}",
+        f"normalization: {ckpt.normalization}",
+    ]
+    run = ckpt.metadata.get("run")
+    if run:
+        lines.append("run:")
+        lines += [f"  {key}: {value}" for key, value in run.items()]
+    return "\n".join(lines)
+
+
+def _out_channels(architecture: dict[str, Any]) -> int | None:
+    value = architecture.get("kwargs", {}).get("out_channels")
+    return int(value) if value is not None else None
+
+
+def _fsync_dir(folder: Path) -> None:
+    # Makes the rename itself durable; not possible on every OS (Windows).
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -1,0 +1,123 @@
+"""A small 2D/3D UNet that remembers how it was built.
+
+The constructor arguments are kept in ``init_kwargs`` so a checkpoint can
+rebuild the exact architecture without pickling code. Every convolution that
+carries spatial context is 3x3(x3) on purpose: PEFT merges LoRA on those, while
+it cannot merge pointwise Conv3d (see PITFALLS.md), so only the output head is
+pointwise and it is left out of the LoRA targets.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+Norm = Literal["group", "batch", "instance", "none"]
+
+
+def _conv(dims: int) -> type[nn.Module]:
+    return nn.Conv3d if dims == 3 else nn.Conv2d
+
+
+def _norm(kind: Norm, dims: int, channels: int) -> nn.Module:
+    if kind == "group":
+        groups = 4 if channels % 4 == 0 else 1
+        return nn.GroupNorm(groups, channels)
+    if kind == "batch":
+        return (nn.BatchNorm3d if dims == 3 else nn.BatchNorm2d)(channels)
+    if kind == "instance":
+        return (nn.InstanceNorm3d if dims == 3 else nn.InstanceNorm2d)(channels, affine=True)
+    return nn.Identity()
+
+
+class ConvBlock(nn.Sequential):
+    """Two 3x3 convolutions, each followed by normalisation and ReLU."""
+
+    def __init__(self, dims: int, in_channels: int, out_channels: int, norm: Norm) -> None:
+        conv = _conv(dims)
+        super().__init__(
+            conv(in_channels, out_channels, 3, padding=1),
+            _norm(norm, dims, out_channels),
+            nn.ReLU(inplace=True),
+            conv(out_channels, out_channels, 3, padding=1),
+            _norm(norm, dims, out_channels),
+            nn.ReLU(inplace=True),
+        )
+
+
+class UNet(nn.Module):
+    """UNet with max-pool down, nearest-upsample + 3x3 conv up, and skip concatenation.
+
+    Parameters
+    ----------
+    dims : {2, 3}
+        Spatial dimensions.
+    in_channels, out_channels : int
+        Input channels and output channels (one logit per named class).
+    depth : int
+        Number of 2x downsamplings; inputs must be divisible by ``2**depth``
+        (see ``shape_multiple``), which blockwise prediction pads for.
+    features : int
+        Channels of the first level, doubled at every level.
+    norm : {"group", "batch", "instance", "none"}
+        Normalisation after each convolution.
+    """
+
+    def __init__(
+        self,
+        dims: int = 3,
+        in_channels: int = 1,
+        out_channels: int = 2,
+        depth: int = 3,
+        features: int = 16,
+        norm: Norm = "group",
+    ) -> None:
+        super().__init__()
+        if dims not in (2, 3):
+            raise ValueError(f"dims must be 2 or 3, got {dims}.")
+        if depth < 0 or features < 1 or in_channels < 1 or out_channels < 1:
+            raise ValueError("depth must be >= 0; features and channel counts >= 1.")
+        self.init_kwargs: dict[str, Any] = {
+            "dims": dims,
+            "in_channels": in_channels,
+            "out_channels": out_channels,
+            "depth": depth,
+            "features": features,
+            "norm": norm,
+        }
+        self.dims = dims
+        self.shape_multiple = 2**depth
+        widths = [features * 2**level for level in range(depth + 1)]
+        pool = nn.MaxPool3d if dims == 3 else nn.MaxPool2d
+        conv = _conv(dims)
+
+        self.encoders = nn.ModuleList()
+        channels = in_channels
+        for width in widths:
+            self.encoders.append(ConvBlock(dims, channels, width, norm))
+            channels = width
+        self.pool = pool(2)
+        self.up_convs = nn.ModuleList()
+        self.decoders = nn.ModuleList()
+        for width in reversed(widths[:-1]):
+            self.up_convs.append(conv(channels, width, 3, padding=1))
+            self.decoders.append(ConvBlock(dims, 2 * width, width, norm))
+            channels = width
+        self.head = conv(channels, out_channels, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Return one logit per output channel and voxel, same spatial shape as ``x``."""
+        skips = []
+        for level, encoder in enumerate(self.encoders):
+            if level > 0:
+                x = self.pool(x)
+            x = encoder(x)
+            skips.append(x)
+        skips.pop()
+        for up_conv, decoder in zip(self.up_convs, self.decoders):
+            x = nn.functional.interpolate(x, scale_factor=2.0, mode="nearest")
+            x = up_conv(x)
+            x = decoder(torch.cat([skips.pop(), x], dim=1))
+        return self.head(x)
