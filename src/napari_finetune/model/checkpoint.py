@@ -209,7 +209,9 @@ def build_model(architecture: dict[str, Any]) -> nn.Module:
     try:
         model = fn(**architecture.get("kwargs", {}))
     except TypeError as exc:
-        raise CheckpointError(f"the model factory {factory!r} rejected its arguments: {exc}")
+        raise CheckpointError(
+            f"the model factory {factory!r} rejected its arguments: {exc}"
+        ) from None
     if not hasattr(model, "init_kwargs"):
         model.init_kwargs = dict(architecture.get("kwargs", {}))
     model.factory = factory

@@ -116,7 +116,7 @@ class UNet(nn.Module):
             x = encoder(x)
             skips.append(x)
         skips.pop()
-        for up_conv, decoder in zip(self.up_convs, self.decoders):
+        for up_conv, decoder in zip(self.up_convs, self.decoders, strict=True):
             x = nn.functional.interpolate(x, scale_factor=2.0, mode="nearest")
             x = up_conv(x)
             x = decoder(torch.cat([skips.pop(), x], dim=1))
