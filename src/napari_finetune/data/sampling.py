@@ -1,0 +1,194 @@
+"""Training patches anchored on the painted voxels.
+
+The user paints a few strokes on a big volume; sampling patches uniformly
+would show the model almost nothing painted. Every patch is anchored on a
+painted voxel, the painted classes take turns (a few background strokes must
+not drown one mitochondrion), and the anchor lands anywhere inside the patch
+(jitter) so the model does not learn "the centre is special". Only the
+patches are read, so zarr and dask volumes are never loaded whole; the
+corrections are scanned once in slabs to find the painted voxels.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from napari_finetune.data.normalization import normalize
+
+# Bounds memory when someone paints with a huge brush: anchors are a sample.
+MAX_ANCHORS_PER_CLASS = 1_000_000
+SLAB_VOXELS = 16_000_000
+
+
+class PatchSampler:
+    """Draws augmented (image, corrections) patch pairs around painted voxels.
+
+    Parameters
+    ----------
+    image : array-like
+        Raw volume (numpy, zarr or dask), ZYX or YX.
+    corrections : array-like
+        Labels of the same shape: 0 unpainted, 1 background, k >= 2 channel k-2.
+    patch_shape : tuple of int
+        Spatial patch size, one entry per image axis.
+    normalization_range : (float, float)
+        Intensities mapped to 0 and 1 (see ``data.normalization``).
+    seed : int
+        Seeds the generator; the same seed gives the same patches.
+    augment : bool
+        Random flips on every axis and rot90 in the YX plane.
+    max_label : int, optional
+        Largest label the model understands (``out_channels + 1``); a larger
+        painted label is an error instead of a silent crash later.
+
+    Raises
+    ------
+    ValueError
+        Shapes that do not match, or nothing painted.
+    """
+
+    def __init__(
+        self,
+        image: Any,
+        corrections: Any,
+        patch_shape: tuple[int, ...],
+        normalization_range: tuple[float, float],
+        seed: int = 0,
+        augment: bool = True,
+        max_label: int | None = None,
+    ) -> None:
+        self.image = image
+        self.corrections = corrections
+        self.shape = tuple(int(s) for s in image.shape)
+        self.patch_shape = tuple(int(s) for s in patch_shape)
+        if tuple(corrections.shape) != self.shape:
+            raise ValueError(
+                f"the corrections have shape {tuple(corrections.shape)} but the image has "
+                f"shape {self.shape}; paint on a labels layer made for this image."
+            )
+        if len(self.patch_shape) != len(self.shape):
+            raise ValueError(
+                f"patch_shape {self.patch_shape} has {len(self.patch_shape)} axes but the "
+                f"image has {len(self.shape)} ({self.shape}); give one size per axis."
+            )
+        self.low, self.high = (float(v) for v in normalization_range)
+        self.augment = augment
+        self.rng = np.random.default_rng(seed)
+        self.anchors, self.class_counts = _find_anchors(corrections, self.rng)
+        if not self.anchors:
+            raise ValueError(
+                "nothing is painted in the corrections: paint background (label 1) and the "
+                "structures the model gets wrong (labels 2 and up) before fine-tuning."
+            )
+        if max_label is not None and max(self.anchors) > max_label:
+            raise ValueError(
+                f"label {max(self.anchors)} is painted but the model only has labels 1.."
+                f"{max_label} (1 = background, 2.. = its {max_label - 1} channels); "
+                "repaint those voxels with a valid label."
+            )
+
+    @property
+    def painted_voxels(self) -> int:
+        """Number of painted (non-zero) voxels."""
+        return sum(self.class_counts.values())
+
+    @property
+    def classes_present(self) -> list[int]:
+        """Painted label values, sorted (1 = background, k >= 2 = channel k-2)."""
+        return sorted(self.anchors)
+
+    def get_state(self) -> dict[str, Any]:
+        """The generator state, to restore with :meth:`set_state`."""
+        return self.rng.bit_generator.state
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restore a state from :meth:`get_state` (the precision probe uses this)."""
+        self.rng.bit_generator.state = state
+
+    def sample(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Draw ``n`` patches.
+
+        Returns
+        -------
+        images : np.ndarray
+            float32, shape ``(n, 1, *patch_shape)``, normalised.
+        labels : np.ndarray
+            int64, shape ``(n, *patch_shape)``, the raw correction values.
+        """
+        classes = self.classes_present
+        images = np.empty((n, 1, *self.patch_shape), dtype=np.float32)
+        labels = np.empty((n, *self.patch_shape), dtype=np.int64)
+        # Classes take turns from a random start so every class appears in
+        # every batch of at least len(classes) patches.
+        first = int(self.rng.integers(len(classes)))
+        for i in range(n):
+            pool = self.anchors[classes[(first + i) % len(classes)]]
+            anchor = pool[int(self.rng.integers(len(pool)))]
+            image, label = self._read_patch(anchor)
+            if self.augment:
+                image, label = self._augment(image, label)
+            images[i, 0] = image
+            labels[i] = label
+        return images, labels
+
+    def _read_patch(self, anchor: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        starts = []
+        for a, p, s in zip(anchor, self.patch_shape, self.shape, strict=True):
+            start = int(a) - int(self.rng.integers(p))  # jitter: anchor anywhere in the patch
+            starts.append(min(max(start, 0), max(s - p, 0)))
+        box = tuple(
+            slice(st, min(st + p, s))
+            for st, p, s in zip(starts, self.patch_shape, self.shape, strict=True)
+        )
+        image = normalize(np.asarray(self.image[box]), self.low, self.high)
+        label = np.asarray(self.corrections[box]).astype(np.int64)
+        pad = [(0, p - got) for p, got in zip(self.patch_shape, image.shape, strict=True)]
+        if any(after for _, after in pad):
+            # Volume smaller than the patch: mirror the image, leave labels unpainted.
+            image = np.pad(image, pad, mode="reflect" if min(image.shape) > 1 else "edge")
+            label = np.pad(label, pad, mode="constant")
+        return image, label
+
+    def _augment(self, image: np.ndarray, label: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        for axis in range(image.ndim):
+            if self.rng.random() < 0.5:
+                image, label = np.flip(image, axis), np.flip(label, axis)
+        y, x = image.shape[-2:]
+        # A quarter turn only keeps the patch shape when the YX plane is square.
+        k = int(self.rng.integers(4)) if y == x else 2 * int(self.rng.integers(2))
+        if k:
+            image = np.rot90(image, k, axes=(-2, -1))
+            label = np.rot90(label, k, axes=(-2, -1))
+        return np.ascontiguousarray(image), np.ascontiguousarray(label)
+
+
+def _slabs(shape: tuple[int, ...]) -> list[slice]:
+    per_plane = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+    step = max(1, SLAB_VOXELS // max(per_plane, 1))
+    return [slice(z, min(z + step, shape[0])) for z in range(0, shape[0], step)]
+
+
+def _find_anchors(
+    corrections: Any, rng: np.random.Generator
+) -> tuple[dict[int, np.ndarray], dict[int, int]]:
+    """Coordinates (a sample when huge) and counts of painted voxels per label, read by slabs."""
+    found: dict[int, list[np.ndarray]] = {}
+    for slab in _slabs(tuple(corrections.shape)):
+        block = np.asarray(corrections[slab])
+        coords = np.argwhere(block > 0)
+        if not len(coords):
+            continue
+        values = block[tuple(coords.T)]
+        coords[:, 0] += slab.start
+        for value in np.unique(values):
+            found.setdefault(int(value), []).append(coords[values == value].astype(np.int32))
+    anchors, counts = {}, {}
+    for value, parts in found.items():
+        coords = np.concatenate(parts)
+        counts[value] = len(coords)
+        if len(coords) > MAX_ANCHORS_PER_CLASS:
+            coords = coords[rng.choice(len(coords), MAX_ANCHORS_PER_CLASS, replace=False)]
+        anchors[value] = coords
+    return anchors, counts

@@ -1,0 +1,33 @@
+import pytest
+
+from napari_finetune.config import FinetuneConfig, PredictConfig
+
+
+def test_defaults_are_valid_and_plain():
+    config = FinetuneConfig()
+    assert config.samples_per_step == config.batch_size * config.accumulation
+    d = config.to_dict()
+    assert d["patch_shape"] == [32, 64, 64]
+    assert FinetuneConfig(**{**d, "patch_shape": tuple(d["patch_shape"])}) == config
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [
+        ("steps", 0, "steps must be a positive integer"),
+        ("batch_size", 2.5, "batch_size must be a positive integer"),
+        ("learning_rate", 0, "learning_rate must be > 0"),
+        ("mode", "qlora", "mode must be 'lora' or 'full'"),
+        ("distillation", -1, "distillation must be >= 0"),
+        ("device", "tpu", "device must be"),
+        ("patch_shape", (0, 64, 64), "patch_shape must be positive"),
+    ],
+)
+def test_bad_values_name_the_field(field, value, match):
+    with pytest.raises(ValueError, match=match):
+        FinetuneConfig(**{field: value})
+
+
+def test_predict_config_axes_must_agree():
+    with pytest.raises(ValueError, match="same number of axes"):
+        PredictConfig(block_shape=(64, 64), halo=(4, 4, 4))
