@@ -1,0 +1,292 @@
+"""Blockwise prediction with a halo, in memory bounded by the block.
+
+A volume is cut into core blocks (``PredictConfig.block_shape``). Each block is
+read with a halo of context on every side (``PredictConfig.halo``), widened so
+the read starts and ends on the model's pooling grid (``model.shape_multiple``),
+normalised, passed through the model, and only the core is written out. The
+image is read block by block with slicing (numpy, zarr or dask), never whole.
+
+Exactness: with a model whose output at a voxel depends only on the voxels
+within its receptive field (``norm="none"``, or BatchNorm in eval mode), the
+result equals one call on the whole volume when the halo covers the receptive
+field, because the reads are aligned to the pooling grid and the volume's
+borders are padded the same way in both cases. GroupNorm and InstanceNorm
+normalise over the whole input, so a block's output also depends on the
+block's content: blockwise results then differ slightly from a one-shot call
+(measured in docs/benchmarks.md); larger blocks make the difference smaller.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from napari_finetune.config import PredictConfig
+from napari_finetune.data.normalization import normalize
+
+Progress = Callable[[int, int], None]
+
+
+def resolve_device(name: str = "auto") -> str:
+    """``"auto"`` -> ``"cuda"`` when available, then ``"mps"``, else ``"cpu"``."""
+    if name != "auto":
+        return name
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda"
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        return "mps"
+    return "cpu"
+
+
+def shape_multiple(model: Any) -> int:
+    """Spatial divisor the model needs (``2**depth`` for the UNet; 1 when unknown)."""
+    return int(getattr(model, "shape_multiple", 1) or 1)
+
+
+def predict_block(model: Any, block: np.ndarray, device: str = "cpu") -> np.ndarray:
+    """Sigmoid probabilities of one normalised block.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        One logit per output channel; its mode (train/eval) and device are
+        restored on return.
+    block : numpy.ndarray
+        Normalised float32 block, spatial axes only (ZYX or YX).
+    device : str
+        Where to compute.
+
+    Returns
+    -------
+    numpy.ndarray
+        float32, shape ``(C, *block.shape)``.
+    """
+    block = np.asarray(block, dtype=np.float32)
+    return _predict_batch(model, block[None], device)[0]
+
+
+def _predict_batch(model: Any, blocks: np.ndarray, device: str) -> np.ndarray:
+    """``(n, *spatial)`` normalised blocks -> ``(n, C, *spatial)`` probabilities."""
+    import torch
+
+    spatial = blocks.shape[1:]
+    multiple = shape_multiple(model)
+    # Reflect-pad the far side up to the pooling multiple; reflection (not
+    # zeros) keeps intensities plausible, and the pad is cropped off below.
+    pad = [(0, 0)] + [(0, (-s) % multiple) for s in spatial]
+    if any(p[1] for p in pad):
+        blocks = np.pad(blocks, pad, mode="reflect")
+    params = next(iter(model.parameters()), None)
+    home = params.device if params is not None else torch.device("cpu")
+    was_training = model.training
+    try:
+        if torch.device(device) != home:
+            model.to(device)
+        model.eval()
+        with torch.no_grad():
+            x = torch.from_numpy(np.ascontiguousarray(blocks)).unsqueeze(1).to(device)
+            probs = torch.sigmoid(model(x).float())
+        crop = (slice(None), slice(None)) + tuple(slice(0, s) for s in spatial)
+        return probs[crop].cpu().numpy()
+    finally:
+        model.train(was_training)
+        if torch.device(device) != home:
+            model.to(home)
+
+
+def block_grid(
+    shape: Sequence[int], block_shape: Sequence[int], halo: Sequence[int], multiple: int = 1
+) -> list[tuple[tuple[slice, ...], tuple[slice, ...], tuple[slice, ...]]]:
+    """Cut ``shape`` into blocks.
+
+    Returns
+    -------
+    list of (core, read, inner)
+        ``core``: the slices of the volume this block writes; ``read``: the
+        slices read (core + halo, clipped at the borders, widened to the
+        ``multiple`` grid); ``inner``: where the core lies inside the read block.
+    """
+    axes = []
+    for size, b, h in zip(shape, block_shape, halo, strict=True):
+        b = min(b, size)
+        spans = []
+        for start in range(0, size, b):
+            stop = min(start + b, size)
+            lo = max(0, start - h) // multiple * multiple
+            hi = min(size, lo + -(-(stop + h - lo) // multiple) * multiple)
+            spans.append((slice(start, stop), slice(lo, hi), slice(start - lo, stop - lo)))
+        axes.append(spans)
+    grid = []
+    for combo in itertools.product(*axes):
+        grid.append(tuple(tuple(part[i] for part in combo) for i in range(3)))
+    return grid
+
+
+def _spatial_config(config: PredictConfig, ndim: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    # A 3-axis config used on a 2D image keeps its last (YX) axes.
+    if len(config.block_shape) < ndim:
+        raise ValueError(
+            f"PredictConfig has {len(config.block_shape)} axes but the image has {ndim}; "
+            "give block_shape and halo one value per spatial axis."
+        )
+    return config.block_shape[-ndim:], config.halo[-ndim:]
+
+
+def out_channels(model: Any, ndim: int) -> int:
+    """Number of output channels (recorded, or found with one tiny forward pass)."""
+    recorded = getattr(model, "init_kwargs", {}).get("out_channels")
+    if recorded is not None:
+        return int(recorded)
+    probe = np.zeros((1,) + (shape_multiple(model),) * ndim, np.float32)
+    params = next(iter(model.parameters()), None)
+    return int(
+        _predict_batch(model, probe, str(params.device) if params is not None else "cpu").shape[1]
+    )
+
+
+def _as_target(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    # Integer/bool targets hold the decision, float targets the probability.
+    if not np.issubdtype(dtype, np.floating):
+        values = values > 0.5
+    return values.astype(dtype, copy=False)
+
+
+def _write(out: Any, core: tuple[slice, ...], probs: np.ndarray) -> None:
+    """Write ``(C, *core)`` probabilities into one array or per-channel arrays."""
+    if isinstance(out, (list, tuple)):
+        for target, channel in zip(out, probs, strict=True):
+            target[core] = _as_target(channel, target.dtype)
+    else:
+        out[(slice(None),) + core] = _as_target(probs, out.dtype)
+
+
+def predict_volume(
+    model: Any,
+    image: Any,
+    normalization_range: tuple[float, float],
+    config: PredictConfig | None = None,
+    out: Any = None,
+    progress: Progress | None = None,
+) -> Any:
+    """Probabilities of a whole volume, computed block by block.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        Spatial dims must match the image's.
+    image : array-like
+        numpy, zarr or dask, ZYX or YX; read one block (plus halo) at a time.
+    normalization_range : (float, float)
+        Intensities mapped to 0 and 1 (:func:`~napari_finetune.data.normalization.intensity_range`).
+    config : PredictConfig, optional
+        Block, halo, batch and device; its last ``image.ndim`` axes are used.
+    out : array or list of arrays, optional
+        Where to write: one ``(C, *spatial)`` array or one spatial array per
+        channel (numpy or zarr). Float arrays receive probabilities, integer or
+        bool arrays ``prob > 0.5`` as 0/1. Default: a new float32 numpy array.
+    progress : callable, optional
+        Called as ``progress(done, total)`` after each block.
+
+    Returns
+    -------
+    The ``out`` array(s), filled.
+    """
+    config = config or PredictConfig()
+    shape = tuple(int(s) for s in image.shape)
+    dims = getattr(model, "dims", len(shape))
+    if len(shape) != dims:
+        raise ValueError(
+            f"the model is {dims}D but the image has shape {shape}; use a {dims}D image "
+            "(ZYX for 3D, YX for 2D)."
+        )
+    block_shape, halo = _spatial_config(config, len(shape))
+    device = resolve_device(config.device)
+    low, high = normalization_range
+    grid = block_grid(shape, block_shape, halo, shape_multiple(model))
+    if out is None:
+        out = np.zeros((out_channels(model, len(shape)), *shape), dtype=np.float32)
+
+    import torch
+
+    params = next(iter(model.parameters()), None)
+    home = params.device if params is not None else torch.device("cpu")
+    model.to(device)  # once for the whole volume, not per block
+    try:
+        pending: list[tuple[tuple[slice, ...], tuple[slice, ...], np.ndarray]] = []
+        done = 0
+
+        def flush() -> None:
+            nonlocal done
+            probs = _predict_batch(model, np.stack([p[2] for p in pending]), device)
+            for (core, inner, _), block_probs in zip(pending, probs, strict=True):
+                _write(out, core, block_probs[(slice(None),) + inner])
+            done += len(pending)
+            pending.clear()
+            if progress is not None:
+                progress(done, len(grid))
+
+        for core, read, inner in grid:
+            block = normalize(np.asarray(image[read]), low, high)
+            if pending and pending[0][2].shape != block.shape:
+                flush()  # only same-shaped blocks share a model call
+            pending.append((core, inner, block))
+            if len(pending) >= config.batch_size:
+                flush()
+        if pending:
+            flush()
+    finally:
+        model.to(home)
+    return out
+
+
+def predict_to_omezarr(
+    checkpoint: Any,
+    store_path: str | os.PathLike,
+    name_prefix: str = "prediction",
+    config: PredictConfig | None = None,
+    progress: Progress | None = None,
+) -> list[str]:
+    """Predict an OME-Zarr volume and write one NGFF label image per channel.
+
+    Each channel ``c`` goes to ``labels/<name_prefix>-<channel name>`` as uint8
+    (1 where the probability is above 0.5), written block by block, so the
+    volume and its prediction never need to fit in memory.
+
+    Parameters
+    ----------
+    checkpoint : path-like or Checkpoint
+        The model (a file, or what ``load_checkpoint`` returned).
+    store_path : path-like
+        The OME-Zarr store; its level 0 is predicted.
+
+    Returns
+    -------
+    list of str
+        The label names written.
+    """
+    from napari_finetune.data.normalization import intensity_range
+    from napari_finetune.io.omezarr import create_labels_array, open_volume
+    from napari_finetune.model.checkpoint import Checkpoint, load_checkpoint
+
+    ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else load_checkpoint(checkpoint)
+    volume = open_volume(Path(store_path))
+    image = volume.data
+    config = config or PredictConfig()
+    block_shape, _ = _spatial_config(config, image.ndim)
+    chunks = tuple(min(b, s) for b, s in zip(block_shape, image.shape, strict=True))
+    names = [f"{name_prefix}-{channel}" for channel in ckpt.channel_names]
+    targets = [
+        create_labels_array(store_path, name, tuple(image.shape), np.uint8, chunks)
+        for name in names
+    ]
+    low_high = intensity_range(image, ckpt.normalization)
+    predict_volume(ckpt.model, image, low_high, config, out=targets, progress=progress)
+    return names
