@@ -1,0 +1,120 @@
+"""The sample volumes as OME-Zarr stores in a cache folder, generated on first use.
+
+A store is written under a temporary name next to its final place and renamed
+when complete, and it carries a completion record in its root attributes; a
+store without that record (an interrupted copy, an old layout) is regenerated.
+Two processes asking at once each generate, and the first rename wins.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from napari_finetune.samples import synthetic_em as gen
+
+COMPLETE_KEY = "napari_finetune_sample"
+CHUNKS = (32, 128, 128)
+
+
+def store_name(domain: str, shape: tuple[int, int, int], seed: int) -> str:
+    """File name that keys the cache: generator version, domain, seed and shape."""
+    z, y, x = shape
+    return f"synthetic-em_v{gen.GENERATOR_VERSION}_{domain}_seed{seed}_{z}x{y}x{x}.ome.zarr"
+
+
+def _record(domain: str, shape: tuple[int, int, int], seed: int) -> dict[str, Any]:
+    return {
+        "generator_version": gen.GENERATOR_VERSION,
+        "domain": domain,
+        "seed": int(seed),
+        "shape": [int(s) for s in shape],
+        "channel_names": list(gen.CHANNEL_NAMES),
+        "ground_truth": "labels/ground_truth: 0 background, 1 membrane, 2 mitochondria",
+    }
+
+
+def is_complete(path: Path, record: dict[str, Any] | None = None) -> bool:
+    """True when ``path`` is a finished sample store (with the expected record, if given)."""
+    import zarr
+
+    try:
+        attrs = zarr.open_group(str(path), mode="r").attrs.asdict()
+    except Exception:  # missing, half-written or not zarr at all
+        return False
+    found = attrs.get(COMPLETE_KEY)
+    return found is not None and (record is None or found == record)
+
+
+def _scale_factors(shape: tuple[int, int, int]) -> tuple[int, ...]:
+    # ome-zarr downsamples y and x; stop before a level gets smaller than 16.
+    factors = []
+    factor = 2
+    while len(factors) < 3 and min(shape[1:]) // factor >= 16:
+        factors.append(factor)
+        factor *= 2
+    return tuple(factors)
+
+
+def write_store(
+    path: str | os.PathLike, image: np.ndarray, truth: np.ndarray, record: dict[str, Any]
+) -> Path:
+    """Write ``image`` (multiscale) and ``labels/ground_truth`` as OME-Zarr at ``path``."""
+    import zarr
+    from ome_zarr.io import parse_url
+    from ome_zarr.writer import write_image, write_labels
+
+    path = Path(path)
+    root = zarr.group(store=parse_url(str(path), mode="w").store)
+    chunks = tuple(min(c, s) for c, s in zip(CHUNKS, image.shape, strict=True))
+    factors = _scale_factors(image.shape)
+    write_image(
+        image, root, scale_factors=factors, axes="zyx", name="synthetic-em",
+        storage_options={"chunks": chunks},
+    )
+    colors = [
+        {"label-value": 1, "rgba": [0, 170, 255, 255]},
+        {"label-value": 2, "rgba": [255, 170, 0, 255]},
+    ]
+    properties = [
+        {"label-value": k + 1, "class": name} for k, name in enumerate(gen.CHANNEL_NAMES)
+    ]
+    write_labels(
+        truth, root, name="ground_truth", scaler=None, scale_factors=factors, axes="zyx",
+        storage_options={"chunks": chunks},
+        label_metadata={"colors": colors, "properties": properties},
+    )
+    # Written last: its presence is what "complete" means.
+    root.attrs[COMPLETE_KEY] = record
+    return path
+
+
+def ensure_store(domain: str, shape: tuple[int, int, int], seed: int | None) -> Path:
+    """Path of the cached store for (domain, shape, seed), generating it if needed."""
+    shape = gen._check(shape, domain)
+    seed = gen.DEFAULT_SEEDS[domain] if seed is None else int(seed)
+    folder = gen.cache_dir()
+    final = folder / store_name(domain, shape, seed)
+    record = _record(domain, shape, seed)
+    if is_complete(final, record):
+        return final
+    folder.mkdir(parents=True, exist_ok=True)
+    image, truth = gen.generate_volume(shape, seed, domain)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=folder))
+    try:
+        write_store(tmp / "store.zarr", image, truth, record)
+        if final.exists() and not is_complete(final, record):
+            shutil.rmtree(final)  # a half or stale store from an earlier crash
+        try:
+            os.replace(tmp / "store.zarr", final)
+        except OSError:
+            if not is_complete(final, record):  # not a concurrent winner: a real error
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final

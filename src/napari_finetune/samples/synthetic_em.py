@@ -1,0 +1,236 @@
+"""A deterministic EM-like volume with ground truth, in two acquisition domains.
+
+Geometry (cells, membranes, mitochondria, vesicles) depends only on ``seed``;
+appearance (blur, noise, contrast curve, texture, offset) depends on the
+domain. The *source* domain is what the sample checkpoint was trained on; the
+*target* domain is another "microscope": blurrier, noisier, with a non-linear
+contrast curve. The model normalises every volume by its 1st/99th percentiles,
+which removes offset and linear gain, so the gap between domains is made of
+what percentiles cannot undo (blur, noise, gamma, texture) -- the kind of
+difference a few painted voxels and a short fine-tune do fix, unlike a change
+of geometry.
+
+Ground truth: 0 background, 1 membrane, 2 mitochondria (exclusive), i.e. label
+``k`` is foreground of output channel ``k - 1`` of :data:`CHANNEL_NAMES`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from scipy import ndimage
+from scipy.spatial import cKDTree
+
+CHANNEL_NAMES = ["membrane", "mitochondria"]
+DEFAULT_SHAPE = (64, 256, 256)
+DEFAULT_SEEDS = {"source": 0, "target": 1}
+# Bump whenever the output for a given (shape, seed, domain) changes: it is part
+# of the cache key, so stale stores are never reused.
+GENERATOR_VERSION = 1
+DOMAINS = ("source", "target")
+
+CELL_DIAMETER = 52.0  # voxels, typical
+MEMBRANE_HALF_WIDTH = 1.5  # voxels: membranes are ~3 voxels thick
+
+
+@dataclass(frozen=True)
+class Appearance:
+    """How a domain turns the geometry into grey values (intensities in [0, 1])."""
+
+    blur: tuple[float, float, float]  # gaussian sigma per axis (z, y, x), voxels
+    noise: float  # std of additive noise after blur
+    shot: float  # std of signal-dependent noise, times sqrt(intensity)
+    gamma: float  # contrast curve applied after blur: i -> i ** gamma
+    texture: float  # amplitude of cytoplasm texture
+    texture_scale: float  # its correlation length, voxels
+    offset: float  # uint8 value of intensity 0
+    gain: float  # uint8 units per intensity unit
+
+
+APPEARANCES = {
+    "source": Appearance(
+        blur=(0.6, 0.6, 0.6), noise=0.03, shot=0.02, gamma=1.0, texture=0.05,
+        texture_scale=2.5, offset=12.0, gain=230.0,
+    ),
+    # Another instrument: more blur (worse in z, as in many EM set-ups), three
+    # times the noise, a contrast curve that lifts the darks, finer grain.
+    "target": Appearance(
+        blur=(1.6, 1.2, 1.2), noise=0.06, shot=0.03, gamma=0.6, texture=0.08,
+        texture_scale=1.2, offset=45.0, gain=160.0,
+    ),
+}
+
+# Mean grey value of each structure before blur (0 black, 1 white).
+CYTOPLASM, MEMBRANE, MITO, MITO_CRISTAE, VESICLE = 0.72, 0.12, 0.30, 0.15, 0.40
+
+
+def sample_checkpoint_path() -> Path:
+    """The pretrained sample UNet shipped with the package (trained on the source domain)."""
+    return Path(__file__).with_name("synthetic_em_unet.pt")
+
+
+def cache_dir() -> Path:
+    """Where sample stores are generated (env ``NAPARI_FINETUNE_CACHE`` overrides)."""
+    env = os.environ.get("NAPARI_FINETUNE_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "napari-finetune"
+
+
+def _check(shape: tuple[int, ...], domain: str) -> tuple[int, int, int]:
+    if domain not in APPEARANCES:
+        raise ValueError(f"unknown domain {domain!r}; use one of {DOMAINS}.")
+    shape = tuple(int(s) for s in shape)
+    if len(shape) != 3 or min(shape) < 8:
+        raise ValueError(f"shape must be 3 sizes (z, y, x), each >= 8; got {shape}.")
+    return shape  # type: ignore[return-value]
+
+
+def _smooth_noise(rng: np.random.Generator, shape, scale: float) -> np.ndarray:
+    """Zero-mean, unit-std noise correlated over ``scale`` voxels, made cheaply.
+
+    Drawn on a grid ``scale`` times coarser and upsampled linearly, so a 4 M
+    voxel field costs a fraction of a full-resolution gaussian filter.
+    """
+    coarse = tuple(max(2, int(np.ceil(s / scale)) + 2) for s in shape)
+    field = ndimage.gaussian_filter(rng.standard_normal(coarse).astype(np.float32), 1.0)
+    zoom = [(s + 2 * scale) / c for s, c in zip(shape, coarse, strict=True)]
+    up = ndimage.zoom(field, zoom, order=1)
+    off = [int(scale)] * len(shape)
+    up = up[tuple(slice(o, o + s) for o, s in zip(off, shape, strict=True))]
+    return ((up - up.mean()) / (up.std() + 1e-6)).astype(np.float32)
+
+
+def _geometry(shape, seed: int):
+    """Cell ids, distance to the nearest membrane, ground truth and a structure map."""
+    rng = np.random.default_rng([seed, 0xCE11])
+    n_cells = max(4, int(round(np.prod(shape) / (0.5 * CELL_DIAMETER**3))))
+    # Seeds a little outside the volume too, so cells are cut at the borders.
+    lo, hi = -8.0, np.array(shape, float) + 8.0
+    seeds = rng.uniform(lo, hi, size=(n_cells, 3))
+    grid = np.indices(shape, dtype=np.float32).reshape(3, -1).T
+    # A smooth warp of space makes membranes curve instead of being planes.
+    warp = np.stack([_smooth_noise(rng, shape, 12.0).ravel() for _ in range(3)], axis=1)
+    dist, idx = cKDTree(seeds).query(grid + 3.0 * warp, k=2, workers=2)
+    # Distance to the bisector of the two nearest seeds (exact for a Voronoi face).
+    gap = np.linalg.norm(seeds[idx[:, 0]] - seeds[idx[:, 1]], axis=1)
+    d_mem = ((dist[:, 1] ** 2 - dist[:, 0] ** 2) / (2 * gap)).reshape(shape).astype(np.float32)
+    cells = idx[:, 0].reshape(shape).astype(np.int32)
+    width = MEMBRANE_HALF_WIDTH * (1 + 0.25 * _smooth_noise(rng, shape, 8.0))
+    truth = np.where(d_mem < width, 1, 0).astype(np.uint8)
+    cristae = np.zeros(shape, np.float32)
+    _add_mitochondria(rng, shape, cells, d_mem, width, truth, cristae)
+    vesicles = _vesicles(rng, shape, truth)
+    return truth, cristae, vesicles
+
+
+def _add_mitochondria(rng, shape, cells, d_mem, width, truth, cristae) -> None:
+    """Elongated, wobbly ellipsoids inside cells, clear of membranes; cristae stripes."""
+    inside = d_mem > width + 2.0
+    n_cells = int(cells.max()) + 1
+    candidates = np.flatnonzero(inside[::2, ::2, ::2].ravel())
+    if candidates.size == 0:
+        return
+    coarse_shape = inside[::2, ::2, ::2].shape
+    n_mito = int(n_cells * 3)
+    for pos in rng.choice(candidates, size=min(n_mito, candidates.size), replace=False):
+        center = np.array(np.unravel_index(pos, coarse_shape)) * 2
+        semi = np.array([rng.uniform(7, 15), rng.uniform(3.5, 6.0), rng.uniform(3.5, 6.0)])
+        rot = _random_rotation(rng)
+        r = int(np.ceil(semi.max())) + 2
+        lo = np.maximum(center - r, 0)
+        hi = np.minimum(center + r + 1, shape)
+        box = tuple(slice(a, b) for a, b in zip(lo, hi, strict=True))
+        coords = np.indices(hi - lo, dtype=np.float32).reshape(3, -1).T + (lo - center)
+        local = coords @ rot  # axes of the ellipsoid
+        # Wobble: a low-order deformation of the radius along the long axis.
+        phase, amp = rng.uniform(0, 2 * np.pi), rng.uniform(0.05, 0.2)
+        wobble = 1 + amp * np.sin(local[:, 0] / semi[0] * np.pi + phase)
+        level = np.sqrt(((local / semi) ** 2).sum(axis=1)) / wobble
+        shape_box = tuple(hi - lo)
+        body = (level < 1.0).reshape(shape_box)
+        body &= inside[box] & (cells[box] == cells[tuple(center)])
+        truth[box][body] = 2
+        period = rng.uniform(3.0, 4.5)
+        stripes = 0.5 + 0.5 * np.cos(2 * np.pi * local[:, 0] / period).reshape(shape_box)
+        cristae[box][body] = stripes[body]
+
+
+def _random_rotation(rng: np.random.Generator) -> np.ndarray:
+    q, r = np.linalg.qr(rng.standard_normal((3, 3)))
+    return q * np.sign(np.diag(r))
+
+
+def _vesicles(rng, shape, truth) -> np.ndarray:
+    """Small dark spheres in the cytoplasm: not labelled, they make mitochondria less trivial."""
+    mask = np.zeros(shape, bool)
+    n = int(np.prod(shape) / 6000)
+    centers = (rng.uniform(0, 1, size=(n, 3)) * np.array(shape)).astype(int)
+    mask[tuple(centers.T)] = True
+    mask = ndimage.binary_dilation(mask, ndimage.generate_binary_structure(3, 1), iterations=2)
+    return mask & (truth == 0)
+
+
+def generate_volume(
+    shape: tuple[int, int, int] = DEFAULT_SHAPE, seed: int | None = None, domain: str = "target"
+) -> tuple[np.ndarray, np.ndarray]:
+    """Generate one volume and its ground truth.
+
+    Parameters
+    ----------
+    shape : (z, y, x)
+        Each size >= 8.
+    seed : int, optional
+        Geometry seed; same seed -> same cells in both domains. Defaults to
+        ``DEFAULT_SEEDS[domain]``.
+    domain : {"source", "target"}
+        Appearance of the acquisition.
+
+    Returns
+    -------
+    image : np.ndarray of uint8
+    ground_truth : np.ndarray of uint8
+        0 background, 1 membrane, 2 mitochondria.
+    """
+    shape = _check(shape, domain)
+    seed = DEFAULT_SEEDS[domain] if seed is None else int(seed)
+    look = APPEARANCES[domain]
+    truth, cristae, vesicles = _geometry(shape, seed)
+    rng = np.random.default_rng([seed, DOMAINS.index(domain), 0xA11])
+    grey = np.full(shape, CYTOPLASM, np.float32)
+    grey += look.texture * _smooth_noise(rng, shape, look.texture_scale)
+    grey[vesicles] = VESICLE
+    grey[truth == 1] = MEMBRANE
+    mito = truth == 2
+    grey[mito] = MITO + (MITO_CRISTAE - MITO) * cristae[mito]
+    grey = ndimage.gaussian_filter(grey, look.blur)
+    np.clip(grey, 0.0, 1.0, out=grey)
+    grey **= look.gamma
+    noise = rng.standard_normal(shape, dtype=np.float32)
+    grey += noise * (look.noise + look.shot * np.sqrt(grey))
+    image = np.clip(look.offset + look.gain * grey, 0, 255)
+    return np.rint(image).astype(np.uint8), truth
+
+
+def ensure_sample(
+    domain: str = "target", shape: tuple[int, int, int] = DEFAULT_SHAPE, seed: int | None = None
+) -> Path:
+    """Path of the sample OME-Zarr store, generated into :func:`cache_dir` on first use.
+
+    The store holds the uint8 image as a multiscale pyramid and the ground truth
+    in ``labels/ground_truth`` (0 background, 1 membrane, 2 mitochondria). It is
+    keyed by generator version, domain, seed and shape, written to a temporary
+    folder and renamed when complete, so an interrupted run never leaves a store
+    that looks finished.
+
+    Parameters
+    ----------
+    domain : {"source", "target"}
+    shape : (z, y, x)
+    seed : int, optional
+        Defaults to ``DEFAULT_SEEDS[domain]``.
+    """
+    from napari_finetune.samples._store import ensure_store
+
+    return ensure_store(domain, shape, seed)
