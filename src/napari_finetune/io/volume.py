@@ -1,0 +1,272 @@
+"""Open an OME-Zarr image (NGFF 0.4 on zarr v2, NGFF 0.5 on zarr v3) as a lazy volume.
+
+Parsing goes through ome-zarr-py (``parse_url`` + ``Reader``), which validates
+the axes and hands back one dask array per resolution level; this module only
+turns that into the small :class:`Volume` the rest of the package uses and
+turns every way a path can be wrong into a one-line :class:`VolumeError`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import dask.array as da
+
+SPATIAL_AXES = ("z", "y", "x")
+# Axes that may be present with size 1 and are squeezed away.
+SQUEEZABLE_AXES = ("t", "c")
+
+
+class VolumeError(ValueError):
+    """A path is not a usable volume, or its labels cannot be written: says why and the fix."""
+
+
+@dataclass
+class Volume:
+    """A multiscale OME-Zarr image with singleton t/c axes squeezed away.
+
+    Attributes
+    ----------
+    levels : list of dask.array.Array
+        Lazy arrays, level 0 (full resolution) first, spatial axes only.
+    axes : list of str
+        Axis names of ``levels`` (``["z", "y", "x"]`` or ``["y", "x"]``).
+    scale, translation : list of list of float
+        Per level, per axis, from the NGFF ``coordinateTransformations``.
+    path : Path
+        The store's root directory.
+    name : str
+        The multiscales name, or the directory name without ``.zarr``.
+    label_names : list of str
+        Names listed in the store's ``labels`` group that exist.
+    ngff_version : str
+        "0.4" or "0.5"; labels are written in the same version.
+    zarr_format : int
+        2 or 3.
+    full_axes : list of str
+        The axes as stored, before squeezing (labels are written with ``axes``).
+    axis_units : dict
+        Units of the spatial axes, when the store records them.
+    """
+
+    levels: list[Any]
+    axes: list[str]
+    scale: list[list[float]]
+    path: Path
+    name: str
+    label_names: list[str] = field(default_factory=list)
+    translation: list[list[float]] = field(default_factory=list)
+    ngff_version: str = "0.5"
+    zarr_format: int = 3
+    full_axes: list[str] = field(default_factory=list)
+    axis_units: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def data(self) -> Any:
+        """Level 0 (full resolution)."""
+        return self.levels[0]
+
+    @property
+    def ndim(self) -> int:
+        return len(self.axes)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(int(s) for s in self.levels[0].shape)
+
+    def describe_axes(self) -> str:
+        """``"ZYX"`` or ``"YX"``."""
+        return "".join(self.axes).upper()
+
+
+def require_ndim(volume: Volume, ndim: int) -> Volume:
+    """Return ``volume`` if it has ``ndim`` spatial axes, else raise :class:`VolumeError`."""
+    if volume.ndim != ndim:
+        wanted = "3D (ZYX)" if ndim == 3 else "2D (YX)" if ndim == 2 else f"{ndim}D"
+        hint = (
+            "open a volume with a z axis (a stack of slices)"
+            if ndim == 3
+            else "open a single 2D image"
+        )
+        raise VolumeError(
+            f"{volume.path} is {volume.ndim}D ({volume.describe_axes()}) but a {wanted} "
+            f"volume is required; {hint}."
+        )
+    return volume
+
+
+def _zarr_kind(path: Path) -> str | None:
+    """``"group"``, ``"array"`` or None (not zarr) by the metadata files of v2 and v3."""
+    if (path / "zarr.json").is_file():
+        try:
+            node_type = json.loads((path / "zarr.json").read_text()).get("node_type")
+        except (OSError, ValueError):
+            return None
+        return "array" if node_type == "array" else "group"
+    if (path / ".zgroup").is_file():
+        return "group"
+    if (path / ".zarray").is_file():
+        return "array"
+    return None
+
+
+def check_store(path: str | os.PathLike) -> Path:
+    """The store's directory as a resolved Path, or :class:`VolumeError` if it is not zarr."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise VolumeError(
+            f"{p} does not exist; check the path (an OME-Zarr volume is a directory, "
+            "usually ending in .zarr or .ome.zarr)."
+        )
+    if not p.is_dir() or _zarr_kind(p) is None:
+        raise VolumeError(
+            f"{p} is not a zarr store (no zarr.json, .zgroup or .zarray in it); open an "
+            "OME-Zarr directory, or convert the file first (e.g. with bioformats2raw or "
+            "ome_zarr.writer.write_image)."
+        )
+    return p.resolve()
+
+
+def _open_location(p: Path) -> Any:
+    """ome-zarr-py's ZarrLocation for ``p``, read-only, in the store's own NGFF format."""
+    from ome_zarr.format import FormatV04, FormatV05
+    from ome_zarr.io import parse_url
+
+    # Asking for the right format up front avoids ome-zarr-py's "version mismatch"
+    # warning (and a second metadata read) for every NGFF 0.4 store.
+    fmt = FormatV05() if (p / "zarr.json").is_file() else FormatV04()
+    loc = parse_url(str(p), mode="r", fmt=fmt)
+    if loc is None:  # pragma: no cover - check_store has seen zarr metadata
+        raise VolumeError(f"{p} could not be opened as zarr; check that it is not damaged.")
+    return loc
+
+
+def _transforms(
+    transforms: list[dict[str, Any]] | None, ndim: int
+) -> tuple[list[float], list[float]]:
+    """Compose a list of NGFF scale/translation transforms into (scale, translation)."""
+    scale, translation = [1.0] * ndim, [0.0] * ndim
+    for t in transforms or []:
+        if t.get("type") == "scale" and "scale" in t:
+            s = [float(v) for v in t["scale"]]
+            scale = [a * b for a, b in zip(scale, s, strict=False)]
+            translation = [a * b for a, b in zip(translation, s, strict=False)]
+        elif t.get("type") == "translation" and "translation" in t:
+            translation = [
+                a + float(b) for a, b in zip(translation, t["translation"], strict=False)
+            ]
+    return scale, translation
+
+
+def list_labels(path: str | os.PathLike) -> list[str]:
+    """Names in the store's ``labels`` group that exist on disk (in the listed order)."""
+    p = check_store(path)
+    labels_dir = p / "labels"
+    if _zarr_kind(labels_dir) != "group":
+        return []
+    attrs = _open_location(labels_dir).root_attrs
+    names = attrs.get("labels", [])
+    return [n for n in dict.fromkeys(names) if _zarr_kind(labels_dir / str(n)) == "group"]
+
+
+def open_volume(path: str | os.PathLike, ndim: int | None = None) -> Volume:
+    """Open an OME-Zarr image lazily.
+
+    Parameters
+    ----------
+    path : str or PathLike
+        The image group (the store root, or e.g. ``store.zarr/labels/name``).
+    ndim : int, optional
+        Require this many spatial axes (3 for ZYX) after squeezing t/c.
+
+    Raises
+    ------
+    VolumeError
+        Missing path, not zarr, zarr without NGFF multiscales, more than one
+        channel or time point, or the wrong dimensionality.
+    """
+    from ome_zarr.reader import Multiscales, Reader
+
+    p = check_store(path)
+    loc = _open_location(p)
+    attrs = loc.root_attrs
+    if "multiscales" not in attrs:
+        what = "a zarr array" if _zarr_kind(p) == "array" else "a zarr group"
+        raise VolumeError(
+            f"{p} is {what} without OME-NGFF 'multiscales' metadata (a plain zarr); write "
+            "it as OME-Zarr (e.g. ome_zarr.writer.write_image) so its axes and scale are known."
+        )
+    # Reader logs (not raises) what it can live with (e.g. labels without a "source");
+    # keep napari's console quiet while it runs, then restore the user's setting.
+    logger = logging.getLogger("ome_zarr")
+    old_level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        # A labels image lists its parent image first ("source"): take our own node.
+        node = next((n for n in Reader(loc)() if n.zarr == loc), None)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise VolumeError(f"{p} has invalid OME-NGFF metadata ({exc}); fix or rewrite it.") from exc
+    finally:
+        logger.setLevel(old_level)
+    if node is None or node.first(Multiscales) is None or not node.data:
+        raise VolumeError(f"{p} has OME-NGFF metadata but no image datasets; rewrite it.")
+
+    multiscale = attrs["multiscales"][0]
+    raw_axes = node.metadata.get("axes") or multiscale.get("axes") or []
+    full_axes = [a["name"] if isinstance(a, dict) else str(a) for a in raw_axes]
+    units = {
+        a["name"]: a["unit"] for a in raw_axes if isinstance(a, dict) and a.get("unit")
+    }
+    shape0 = tuple(int(s) for s in node.data[0].shape)
+    if len(full_axes) != len(shape0):  # NGFF 0.1/0.2 had no axes: assume trailing zyx
+        full_axes = ["t", "c", "z", "y", "x"][-len(shape0):]
+
+    keep: list[int] = []
+    for i, (axis, size) in enumerate(zip(full_axes, shape0, strict=True)):
+        if axis in SPATIAL_AXES:
+            keep.append(i)
+        elif size != 1:
+            kind = {"c": "channels", "t": "time points"}.get(axis, f"entries on axis {axis!r}")
+            raise VolumeError(
+                f"{p} has {size} {kind} (axes {''.join(full_axes).upper()}, shape {shape0}) "
+                "but napari-finetune works on a single-channel volume; save the channel "
+                "(and time point) to correct as its own OME-Zarr image."
+            )
+    index = tuple(slice(None) if i in keep else 0 for i in range(len(shape0)))
+
+    # A multiscales-level transform applies after each dataset's own.
+    outer = multiscale.get("coordinateTransformations")
+    per_level = node.metadata.get("coordinateTransformations") or [None] * len(node.data)
+    levels, scales, translations = [], [], []
+    for data, transforms in zip(node.data, per_level, strict=False):
+        scale, trans = _transforms((transforms or []) + (outer or []), len(shape0))
+        levels.append(data[index] if len(keep) < len(shape0) else data)
+        scales.append([scale[i] for i in keep])
+        translations.append([trans[i] for i in keep])
+
+    name = multiscale.get("name") or p.name.removesuffix(".zarr").removesuffix(".ome")
+    volume = Volume(
+        levels=[lv if isinstance(lv, da.Array) else da.asarray(lv) for lv in levels],
+        axes=[full_axes[i] for i in keep],
+        scale=scales,
+        translation=translations,
+        path=p,
+        name=str(name),
+        label_names=list_labels(p),
+        ngff_version=loc.fmt.version,
+        zarr_format=int(loc.fmt.zarr_format),
+        full_axes=full_axes,
+        axis_units={k: v for k, v in units.items() if k in SPATIAL_AXES},
+    )
+    if volume.ndim not in (2, 3):
+        raise VolumeError(
+            f"{p} has spatial axes {volume.describe_axes()}; napari-finetune needs YX or ZYX."
+        )
+    if ndim is not None:
+        require_ndim(volume, ndim)
+    return volume
