@@ -1,0 +1,252 @@
+"""``train``, ``predict``, ``export`` and ``info``: thin layers over the library.
+
+Heavy imports (torch, PEFT, zarr) happen inside the command functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from napari_finetune.cli.options import (
+    StatusPrinter,
+    add_config_options,
+    add_predict_options,
+    config_from_args,
+)
+from napari_finetune.config import FinetuneConfig, PredictConfig
+
+
+def register(sub: Any) -> None:
+    """Add the subcommands of this module to ``sub``."""
+    p = sub.add_parser(
+        "train",
+        help="fine-tune a checkpoint on a volume's painted corrections",
+        description="Fine-tune CHECKPOINT on the corrections painted in an "
+        "OME-Zarr store and export the result. Ctrl-C stops after the current "
+        "step and still exports.",
+    )
+    p.add_argument("volume", type=Path, help="OME-Zarr store (its level 0 is used)")
+    p.add_argument("--checkpoint", "-c", type=Path, required=True, help="starting checkpoint")
+    p.add_argument("--out", "-o", type=Path, required=True, help="where to write the result")
+    p.add_argument(
+        "--corrections",
+        default="corrections",
+        help="name of the labels image holding the corrections (default: %(default)s)",
+    )
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    add_config_options(p, FinetuneConfig)
+    p.set_defaults(func=train)
+
+    p = sub.add_parser(
+        "predict",
+        help="predict a volume and write the result as NGFF labels",
+        description="Predict an OME-Zarr volume block by block and write one "
+        "label image per channel, labels/<name>-<channel> (1 where prob > 0.5).",
+    )
+    p.add_argument("checkpoint", type=Path, help="model checkpoint")
+    p.add_argument("volume", type=Path, help="OME-Zarr store to predict (level 0)")
+    p.add_argument("--name", default="prediction", help="label name prefix (default: %(default)s)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    add_predict_options(p)
+    p.set_defaults(func=predict)
+
+    p = sub.add_parser(
+        "export",
+        help="convert a model into a checkpoint, or a checkpoint to TorchScript",
+        description="Without --factory: re-save CHECKPOINT (optionally with new "
+        "channel names / normalisation). With --factory: SOURCE is a state dict "
+        "file and the model is rebuilt by calling FACTORY(**KWARGS).",
+    )
+    p.add_argument("source", type=Path, help="a checkpoint, or a state dict with --factory")
+    p.add_argument(
+        "--out",
+        "-o",
+        type=Path,
+        help="checkpoint to write (default: SOURCE for --torchscript only)",
+    )
+    p.add_argument("--factory", help="'package.module:callable' that builds the model")
+    p.add_argument("--kwargs", default="{}", help="JSON keyword arguments of the factory")
+    p.add_argument("--channel-names", nargs="+", metavar="NAME", help="output channel names")
+    p.add_argument(
+        "--normalization", help='JSON, e.g. {"method": "percentile", "low": 1, "high": 99}'
+    )
+    p.add_argument(
+        "--torchscript",
+        action="store_true",
+        help="also write a TorchScript file next to the checkpoint (.torchscript.pt)",
+    )
+    p.set_defaults(func=export)
+
+    p = sub.add_parser(
+        "info",
+        help="describe a checkpoint",
+        description="Architecture, channels, normalisation and the record of "
+        "the fine-tuning run of a checkpoint.",
+    )
+    p.add_argument("checkpoint", type=Path)
+    p.set_defaults(func=info)
+
+
+def train(args: argparse.Namespace) -> int:
+    """Fine-tune on the corrections of a store and export; Ctrl-C stops and exports."""
+    from napari_finetune.io.omezarr import load_corrections, open_volume
+    from napari_finetune.model.checkpoint import load_checkpoint
+
+    config = config_from_args(FinetuneConfig, args)
+    if args.out.exists() and args.out.is_dir():
+        raise ValueError(f"--out {args.out} is a folder; give a file name such as finetuned.pt")
+    if not args.out.parent.is_dir():
+        raise FileNotFoundError(2, "output folder does not exist", str(args.out.parent))
+    ckpt = load_checkpoint(args.checkpoint)
+    volume = open_volume(args.volume)
+    corrections = load_corrections(args.volume, args.corrections)
+    steps_done, stopped = run_finetune(
+        ckpt, volume.data, corrections, config, args.out, quiet=args.quiet
+    )
+    how = "stopped by Ctrl-C" if stopped else "finished"
+    print(f"{how} after {steps_done}/{config.steps} steps; exported {args.out}")
+    return 0
+
+
+def run_finetune(
+    ckpt: Any,
+    image: Any,
+    corrections: Any,
+    config: FinetuneConfig,
+    out: Path,
+    quiet: bool = False,
+    printer: StatusPrinter | None = None,
+) -> tuple[int, bool]:
+    """Run a Finetuner to the end (or to Ctrl-C), print status lines, export to ``out``.
+
+    The first Ctrl-C asks the trainer to stop after the step in progress (the
+    weights of the last completed step are kept and exported); a second one
+    interrupts at once.
+
+    Returns
+    -------
+    (steps completed, whether the run was stopped by Ctrl-C)
+    """
+    from napari_finetune.trainer.loop import Finetuner
+
+    trainer = Finetuner(
+        ckpt.model, image, corrections, config, metadata=ckpt.metadata, source_sha256=ckpt.sha256
+    )
+    printer = printer or StatusPrinter(config.steps, quiet=quiet)
+    stopped = False
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        nonlocal stopped
+        stopped = True
+        printer.bar.write("Ctrl-C: stopping after the current step (Ctrl-C again to abort)")
+        trainer.stop()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    last = None
+    try:
+        for status in trainer.run():
+            printer(status)
+            last = status
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        printer.close()
+    trainer.export(out)
+    return (last.step if last is not None else 0), stopped
+
+
+def predict(args: argparse.Namespace) -> int:
+    """Write per-channel predictions of a store into its labels group."""
+    from tqdm import tqdm
+
+    from napari_finetune.model.checkpoint import load_checkpoint
+    from napari_finetune.predict import predict_to_omezarr
+
+    config = config_from_args(PredictConfig, args)
+    ckpt = load_checkpoint(args.checkpoint)
+    bar = tqdm(unit="block", disable=args.quiet, file=sys.stderr, dynamic_ncols=True)
+
+    def progress(done: int, total: int) -> None:
+        bar.total = total
+        bar.n = done
+        bar.refresh()
+
+    try:
+        names = predict_to_omezarr(ckpt, args.volume, args.name, config, progress=progress)
+    finally:
+        bar.close()
+    for name in names:
+        print(f"wrote {args.volume}/labels/{name}")
+    return 0
+
+
+def export(args: argparse.Namespace) -> int:
+    """Wrap a state dict into a checkpoint, re-save a checkpoint, write TorchScript."""
+    from napari_finetune.model.checkpoint import (
+        checkpoint_from_factory,
+        load_checkpoint,
+        save_checkpoint,
+    )
+
+    if not args.source.is_file():
+        raise FileNotFoundError(2, "no such file", str(args.source))
+    metadata_update: dict[str, Any] = {}
+    if args.channel_names:
+        metadata_update["channel_names"] = list(args.channel_names)
+    if args.normalization:
+        metadata_update["normalization"] = _json_option("--normalization", args.normalization)
+    out = args.out
+    if args.factory:
+        if out is None:
+            raise ValueError("--factory needs --out: where to write the new checkpoint")
+        kwargs = _json_option("--kwargs", args.kwargs)
+        checkpoint_from_factory(out, args.factory, kwargs, args.source, metadata_update)
+        print(f"wrote {out}")
+    elif out is not None:
+        ckpt = load_checkpoint(args.source)
+        metadata = {**ckpt.metadata, **metadata_update}
+        save_checkpoint(out, ckpt.model, metadata, architecture=ckpt.architecture)
+        print(f"wrote {out}")
+    elif not args.torchscript:
+        raise ValueError("nothing to do: give --out (a checkpoint to write) or --torchscript")
+    if args.torchscript:
+        target = out if out is not None else args.source
+        print(f"wrote {write_torchscript(load_checkpoint(target))}")
+    return 0
+
+
+def write_torchscript(ckpt: Any) -> Path:
+    """Script the checkpoint's model (trace as a fallback) next to its file."""
+    import torch
+
+    path = ckpt.path.with_suffix(".torchscript.pt")
+    model = ckpt.model.eval()
+    try:
+        scripted = torch.jit.script(model)
+    except Exception:  # noqa: BLE001 - any scripting failure: tracing still works for a UNet
+        dims = getattr(model, "dims", 3)
+        side = 2 * getattr(model, "shape_multiple", 8)
+        example = torch.zeros((1, 1) + (side,) * dims)
+        scripted = torch.jit.trace(model, example)
+    scripted.save(str(path))
+    return path
+
+
+def info(args: argparse.Namespace) -> int:
+    """Print :func:`describe_checkpoint`."""
+    from napari_finetune.model.checkpoint import describe_checkpoint, load_checkpoint
+
+    print(describe_checkpoint(load_checkpoint(args.checkpoint)))
+    return 0
+
+
+def _json_option(flag: str, text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{flag} is not valid JSON ({exc.msg}): {text}") from None

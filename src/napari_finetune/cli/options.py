@@ -1,0 +1,134 @@
+"""Command-line options made from the config dataclasses, and the status printer.
+
+Every :class:`~napari_finetune.config.FinetuneConfig` field becomes an option
+(``batch_size`` -> ``--batch-size``) whose help text is the field's own
+docstring entry, so the CLI and the dataclass cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import sys
+from typing import Any
+
+from napari_finetune.config import PredictConfig
+
+_CHOICES = {"mode": ["lora", "full"]}
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """``{field: first sentence of its description}`` from a numpy-style docstring."""
+    docs: dict[str, str] = {}
+    lines = (cls.__doc__ or "").splitlines()
+    for i, line in enumerate(lines):
+        match = re.match(r"^\s{4}(\w+(?:, \w+)*) : ", line)
+        if not match:
+            continue
+        text = []
+        for follow in lines[i + 1 :]:
+            if not follow.startswith(" " * 8):
+                break
+            text.append(follow.strip())
+        sentence = " ".join(text).split(". ")[0].rstrip(".")
+        for name in match.group(1).split(", "):
+            docs[name] = sentence
+    return docs
+
+
+def add_config_options(parser: argparse.ArgumentParser, cls: type, skip: tuple = ()) -> None:
+    """Add one option per dataclass field (defaults come from the dataclass)."""
+    docs = field_docs(cls)
+    group = parser.add_argument_group(f"{cls.__name__} settings")
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default
+        helptext = f"{docs.get(f.name, '')} (default: {_show(default)})"
+        if isinstance(default, bool):
+            group.add_argument(
+                flag, action=argparse.BooleanOptionalAction, default=None, help=helptext
+            )
+        elif isinstance(default, tuple):
+            group.add_argument(flag, type=int, nargs="+", metavar="N", default=None, help=helptext)
+        else:
+            group.add_argument(
+                flag, type=type(default), default=None, help=helptext, choices=_CHOICES.get(f.name)
+            )
+
+
+def config_from_args(cls: type, args: argparse.Namespace, **overrides: Any) -> Any:
+    """Build ``cls`` from the options given (unset ones keep the dataclass default)."""
+    values = {}
+    for f in dataclasses.fields(cls):
+        value = getattr(args, f.name, None)
+        if value is not None:
+            values[f.name] = tuple(value) if isinstance(value, list) else value
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return cls(**values)
+
+
+def add_predict_options(parser: argparse.ArgumentParser) -> None:
+    """Block, halo, batch and device of blockwise prediction."""
+    add_config_options(parser, PredictConfig)
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, tuple):
+        return " ".join(str(v) for v in value)
+    return str(value)
+
+
+class StatusPrinter:
+    """Prints a status line whenever the run's state changes, under a tqdm bar.
+
+    A line is printed for the probe, every recovery, the end of the run, and
+    any step at which dtype, batch x accumulation or the distillation state
+    differ from the last printed line; the bar shows steps and loss.
+    """
+
+    def __init__(self, total: int, quiet: bool = False) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(
+            total=total, unit="step", disable=quiet, file=sys.stderr, dynamic_ncols=True
+        )
+        self.last_key: tuple | None = None
+        self.lines: list[str] = []
+
+    @staticmethod
+    def describe(status: Any) -> str:
+        """The state as one line: dtype, batch x accumulation, distillation, hold."""
+        return (
+            f"dtype={status.dtype}{' +GradScaler' if status.grad_scaler else ''}  "
+            f"batch {status.batch_size} x accumulation {status.accumulation}  "
+            f"distillation={status.distillation}  hold_other_channels="
+            f"{status.hold_other_channels}"
+        )
+
+    def __call__(self, status: Any) -> None:
+        key = (
+            status.dtype,
+            status.grad_scaler,
+            status.batch_size,
+            status.accumulation,
+            status.distillation,
+            status.hold_other_channels,
+        )
+        if status.kind != "step" or key != self.last_key:
+            line = f"[{status.kind} {status.step}/{status.total_steps}] {self.describe(status)}"
+            if status.message:
+                line += f"  | {status.message}"
+            self.lines.append(line)
+            self.bar.write(line)
+            self.last_key = key
+        self.bar.n = status.step
+        if status.loss is not None:
+            self.bar.set_postfix(loss=f"{status.loss:.4f}", refresh=False)
+        self.bar.refresh()
+
+    def close(self) -> None:
+        """Close the progress bar."""
+        self.bar.close()
