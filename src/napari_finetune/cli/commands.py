@@ -169,17 +169,27 @@ def predict(args: argparse.Namespace) -> int:
 
     config = config_from_args(PredictConfig, args)
     ckpt = load_checkpoint(args.checkpoint)
-    bar = tqdm(unit="block", disable=args.quiet, file=sys.stderr, dynamic_ncols=True)
+    bars: list = []  # made at the first block, so an early error prints no empty bar
 
     def progress(done: int, total: int) -> None:
-        bar.total = total
-        bar.n = done
-        bar.refresh()
+        if not bars:
+            bars.append(
+                tqdm(
+                    total=total,
+                    unit="block",
+                    disable=args.quiet,
+                    file=sys.stderr,
+                    dynamic_ncols=True,
+                )
+            )
+        bars[0].n = done
+        bars[0].refresh()
 
     try:
         names = predict_to_omezarr(ckpt, args.volume, args.name, config, progress=progress)
     finally:
-        bar.close()
+        for bar in bars:
+            bar.close()
     for name in names:
         print(f"wrote {args.volume}/labels/{name}")
     return 0

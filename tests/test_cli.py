@@ -1,0 +1,216 @@
+"""The command line end to end on tiny real stores and checkpoints."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from napari_finetune.cli import main
+from napari_finetune.model.checkpoint import load_checkpoint, save_checkpoint
+from napari_finetune.model.unet import UNet
+
+CHANNELS = ["membrane", "mitochondria"]
+
+
+def make_store(path: Path, shape=(16, 40, 40)) -> Path:
+    """A real NGFF 0.5 store with a uint8 image (through ome-zarr-py)."""
+    import zarr
+    from ome_zarr.io import parse_url
+    from ome_zarr.writer import write_image
+
+    rng = np.random.default_rng(0)
+    image = (rng.random(shape) * 200 + 20).astype(np.uint8)
+    group = zarr.group(store=parse_url(str(path), mode="w").store)
+    write_image(image, group, axes="zyx", scaler=None)
+    return path
+
+
+@pytest.fixture
+def store(tmp_path):
+    return make_store(tmp_path / "vol.zarr")
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    model = UNet(dims=3, depth=2, features=4, out_channels=2)
+    return save_checkpoint(tmp_path / "model.pt", model, {"channel_names": CHANNELS})
+
+
+def run_cli(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(code, err, expected=1):
+    assert code == expected
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert "error" in lines[0]
+
+
+def test_help_is_fast_and_imports_no_torch():
+    code = (
+        "import sys, time; t = time.perf_counter(); from napari_finetune.cli import main; "
+        "rc = main(['--help']); "
+        "assert rc == 0; assert 'torch' not in sys.modules and 'peft' not in sys.modules; "
+        "print(time.perf_counter() - t)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert float(result.stdout.strip().splitlines()[-1]) < 2.0
+
+
+@pytest.mark.parametrize("command", ["demo", "train", "predict", "export", "info"])
+def test_every_command_has_help(capsys, command):
+    code, out, _ = run_cli(capsys, command, "--help")
+    assert code == 0 and out.startswith("usage: napari-finetune " + command)
+
+
+def test_bad_usage_exits_2(capsys):
+    code, _, err = run_cli(capsys, "info")
+    assert code == 2 and "required" in err
+    code, _, err = run_cli(
+        capsys, "train", "x.zarr", "--checkpoint", "m.pt", "--out", "o.pt", "--mode", "bogus"
+    )
+    assert code == 2 and "invalid choice" in err
+
+
+def test_info(capsys, checkpoint):
+    code, out, _ = run_cli(capsys, "info", checkpoint)
+    assert code == 0
+    assert "membrane, mitochondria" in out and "UNet" in out
+
+
+def test_info_missing_and_corrupt_are_one_line(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "info", tmp_path / "nope.pt")
+    assert_one_line_error(code, err)
+    assert "not found" in err
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a checkpoint at all")
+    code, _, err = run_cli(capsys, "info", bad)
+    assert_one_line_error(code, err)
+
+
+def test_predict_writes_labels(capsys, store, checkpoint):
+    from napari_finetune.data.normalization import intensity_range
+    from napari_finetune.io.omezarr import load_corrections, open_volume
+    from napari_finetune.predict import predict_block
+
+    code, out, err = run_cli(
+        capsys,
+        "predict",
+        checkpoint,
+        store,
+        "--block-shape",
+        "8",
+        "16",
+        "16",
+        "--halo",
+        "8",
+        "8",
+        "8",
+        "--device",
+        "cpu",
+        "--quiet",
+    )
+    assert code == 0, err
+    assert "prediction-membrane" in out and "prediction-mitochondria" in out
+    volume = open_volume(store)
+    assert {"prediction-membrane", "prediction-mitochondria"} <= set(volume.label_names)
+    ckpt = load_checkpoint(checkpoint)
+    image = np.asarray(volume.data)
+    low, high = intensity_range(image, ckpt.normalization)
+    # GroupNorm: blocks see different statistics than one call, so compare loosely.
+    reference = predict_block(ckpt.model, (image - low) / (high - low)) > 0.5
+    for c, name in enumerate(CHANNELS):
+        written = load_corrections(store, f"prediction-{name}")
+        assert written.shape == image.shape and set(np.unique(written)) <= {0, 1}
+        assert (written == reference[c]).mean() > 0.95
+
+
+def test_predict_errors_are_one_line(capsys, tmp_path, checkpoint, store):
+    code, _, err = run_cli(capsys, "predict", checkpoint, tmp_path / "missing.zarr")
+    assert_one_line_error(code, err)
+    code, _, err = run_cli(
+        capsys, "predict", checkpoint, store, "--block-shape", "8", "8", "--halo", "1", "1", "1"
+    )
+    assert_one_line_error(code, err)
+    assert "same number of axes" in err
+
+
+def test_export_from_factory_and_torchscript(capsys, tmp_path):
+    model = UNet(dims=2, depth=1, features=4, out_channels=2).eval()
+    weights = tmp_path / "weights.pt"
+    torch.save(model.state_dict(), weights)
+    out = tmp_path / "wrapped.pt"
+    code, stdout, err = run_cli(
+        capsys,
+        "export",
+        weights,
+        "--factory",
+        "napari_finetune.model.unet:UNet",
+        "--kwargs",
+        json.dumps({"dims": 2, "depth": 1, "features": 4, "out_channels": 2}),
+        "--channel-names",
+        "a",
+        "b",
+        "--out",
+        out,
+        "--torchscript",
+    )
+    assert code == 0, err
+    ckpt = load_checkpoint(out)
+    assert ckpt.channel_names == ["a", "b"]
+    x = torch.rand(1, 1, 20, 24)
+    scripted = torch.jit.load(str(out.with_suffix(".torchscript.pt")))
+    with torch.no_grad():
+        torch.testing.assert_close(scripted(x), model(x))
+        torch.testing.assert_close(ckpt.model(x), model(x))
+
+
+def test_export_resave_with_new_normalization(capsys, tmp_path, checkpoint):
+    out = tmp_path / "copy.pt"
+    code, _, err = run_cli(
+        capsys,
+        "export",
+        checkpoint,
+        "--out",
+        out,
+        "--normalization",
+        '{"method": "fixed", "low": 0, "high": 255}',
+    )
+    assert code == 0, err
+    ckpt = load_checkpoint(out)
+    assert ckpt.normalization == {"method": "fixed", "low": 0, "high": 255}
+    assert ckpt.channel_names == CHANNELS
+
+
+def test_export_errors_are_one_line(capsys, tmp_path, checkpoint):
+    code, _, err = run_cli(
+        capsys, "export", checkpoint, "--out", tmp_path / "o.pt", "--normalization", "{oops"
+    )
+    assert_one_line_error(code, err)
+    assert "JSON" in err
+    code, _, err = run_cli(capsys, "export", checkpoint)
+    assert_one_line_error(code, err)
+    code, _, err = run_cli(capsys, "export", tmp_path / "none.pt", "--torchscript")
+    assert_one_line_error(code, err)
+    weights = tmp_path / "w.pt"
+    torch.save(UNet(dims=2, depth=1, features=4).state_dict(), weights)
+    code, _, err = run_cli(
+        capsys, "export", weights, "--factory", "no_such_pkg:Net", "--out", tmp_path / "o.pt"
+    )
+    assert_one_line_error(code, err)
+    assert "no_such_pkg" in err
