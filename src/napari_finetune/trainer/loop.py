@@ -1,0 +1,343 @@
+"""The fine-tuning loop as a generator of :class:`Status` events.
+
+Construction is cheap on purpose (the widget builds a :class:`Finetuner` on the
+Qt main thread): the patch sampler, the optimizer (the first AdamW costs ~1.6 s
+of lazy imports), the PEFT wrapping and the teacher are built by
+:meth:`Finetuner.build`, which :meth:`Finetuner.run` calls in the worker thread.
+
+An optimizer step draws its samples once; if it runs out of memory anywhere
+(student forward, teacher forward, backward, optimizer step) the loop leaves
+the ``except`` block, undoes the failed attempt (BatchNorm statistics, stale
+gradients, the scaler's half-done step), steps down the ladder
+(:func:`~napari_finetune.trainer.recovery.survive_oom`) and redoes the same
+step with the same samples cut smaller. A step is never skipped or applied
+twice, and the step counter only moves when the optimizer stepped.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from napari_finetune.config import FinetuneConfig
+from napari_finetune.trainer import record
+from napari_finetune.trainer.losses import corrected_channels, needs_teacher
+from napari_finetune.trainer.recovery import (
+    Precision,
+    RecoveryError,
+    is_oom_error,
+    nothing_left_message,
+    probe_precision,
+    survive_oom,
+)
+from napari_finetune.trainer.state import batchnorm_modules, batchnorm_state, restore_batchnorm
+from napari_finetune.trainer.status import Status
+from napari_finetune.trainer.step import run_step
+
+# Consecutive GradScaler skips of one step before fp16 is given up for fp32.
+MAX_SCALER_SKIPS = 8
+
+
+class Finetuner:
+    """Fine-tunes ``model`` on painted corrections of ``image``.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The pretrained model (one logit per channel). With ``mode="lora"`` PEFT
+        wraps it in place when the run starts.
+    image, corrections : array-like
+        Raw volume and its corrections (0 unpainted, 1 background, k >= 2
+        channel k - 2), same spatial shape, ZYX or YX; numpy, zarr or dask.
+    config : FinetuneConfig
+        The run's settings.
+    metadata : dict, optional
+        The checkpoint's metadata: ``channel_names``, ``normalization``, and
+        ``run`` (a previous run's record; its degraded state is resumed).
+    source_sha256 : str, optional
+        Hash of the starting checkpoint, recorded in the export.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        image: Any,
+        corrections: Any,
+        config: FinetuneConfig,
+        metadata: dict[str, Any] | None = None,
+        source_sha256: str | None = None,
+    ) -> None:
+        from napari_finetune.predict import resolve_device
+
+        self.model = model
+        self.image = image
+        self.corrections = corrections
+        self.config = config
+        self.metadata = dict(metadata or {})
+        self.source_sha256 = source_sha256
+        self.device = torch.device(resolve_device(config.device))
+        self.precision = Precision(self.device, config.mixed_precision, config.cpu_bf16)
+        self.batch_size = config.batch_size
+        self.accumulation = config.accumulation
+        self.samples_per_step = config.samples_per_step
+        self.distillation = float(config.distillation)
+        self.hold_other_channels = bool(config.hold_other_channels)
+        self.teacher: Any = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.sampler: Any = None
+        self.corrected: torch.Tensor | None = None
+        self.steps_done = 0
+        self.last_loss: float | None = None
+        self.dropped_at_step: int | None = None
+        self.recovery_log: list[str] = []
+        self.scaler_skips = 0
+        self.after_build: list[Callable[[Finetuner], None]] = []
+        self._painted_seen = 0
+        self._stop = threading.Event()
+        self._lock = threading.RLock()
+        self._built = False
+        self._normalization_range: tuple[float, float] | None = None
+        self._start_time = time.perf_counter()
+        self._resumed = record.apply_previous_run(self, self.metadata.get("run"))
+
+    # --- set-up (worker thread) ----------------------------------------------------
+
+    @property
+    def normalization_range(self) -> tuple[float, float]:
+        """(low, high) intensities of this image under the checkpoint's normalisation."""
+        if self._normalization_range is None:
+            from napari_finetune.data.normalization import intensity_range
+            from napari_finetune.model.checkpoint import DEFAULT_NORMALIZATION
+
+            spec = self.metadata.get("normalization") or DEFAULT_NORMALIZATION
+            self._normalization_range = intensity_range(self.image, spec)
+        return self._normalization_range
+
+    @property
+    def out_channels(self) -> int:
+        """Output channels of the model."""
+        from napari_finetune.predict import out_channels
+
+        kwargs = getattr(self.model, "init_kwargs", None) or {}
+        if "out_channels" in kwargs:
+            return int(kwargs["out_channels"])
+        return out_channels(self.model, np.ndim(self.image))
+
+    @property
+    def painted_voxels(self) -> int:
+        """Painted (non-zero) voxels of the corrections."""
+        return int(self._get_sampler().painted_voxels)
+
+    def _get_sampler(self) -> Any:
+        if self.sampler is None:
+            from napari_finetune.data.sampling import PatchSampler
+
+            self.sampler = PatchSampler(
+                self.image,
+                self.corrections,
+                self.config.patch_shape,
+                self.normalization_range,
+                seed=self.config.seed,
+                max_label=self.out_channels + 1,
+            )
+        return self.sampler
+
+    def build(self) -> None:
+        """Sampler, PEFT wrapping, teacher and optimizer; idempotent.
+
+        Called by :meth:`run`; call it yourself to install fault injection on
+        the built trainer (or append a callable to ``after_build``).
+        """
+        if self._built:
+            return
+        sampler = self._get_sampler()
+        self.corrected = corrected_channels(sampler.classes_present, self.out_channels)
+        self.model.to(self.device)
+        want_teacher = needs_teacher(self.corrected, self.distillation, self.hold_other_channels)
+        from napari_finetune.trainer.teacher import AdapterOffTeacher, FrozenCopyTeacher
+
+        if self.config.mode == "lora":
+            from napari_finetune.model.lora import wrap_lora
+
+            self.model = wrap_lora(
+                self.model, self.config.lora_rank, self.config.lora_alpha, self.config.seed
+            )
+            self.teacher = AdapterOffTeacher(self.model) if want_teacher else None
+        else:
+            self.teacher = FrozenCopyTeacher(self.model) if want_teacher else None
+        self.model.train()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            params, lr=self.config.learning_rate, weight_decay=self.config.weight_decay
+        )
+        self._bn_modules = batchnorm_modules(self.model)
+        self._built = True
+        for hook in self.after_build:
+            hook(self)
+
+    # --- the run -------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop at the next step; the weights of the last completed step are kept."""
+        self._stop.set()
+
+    def run(self) -> Iterator[Status]:
+        """Train, yielding a :class:`Status` after the probe, every step and every recovery.
+
+        Raises
+        ------
+        RecoveryError
+            Out of memory with nothing left to give up (the message lists what was tried).
+        FloatingPointError
+            A non-finite loss in fp32 (nothing left to fall back to).
+        """
+        self._start_time = time.perf_counter()
+        self.build()
+        if self._resumed:
+            yield self.status("recovery", self._resumed)
+        messages = probe_precision(self)
+        for message in messages[:-1]:
+            yield self.status("recovery", message)
+        yield self.status("probe", messages[-1])
+        total = self.config.steps
+        while self.steps_done < total:
+            if self._stop.is_set():
+                yield self.status("stopped", f"stopped after step {self.steps_done} of {total}")
+                return
+            images, labels = self.sampler.sample(self.samples_per_step)
+            yield from self._optimizer_step(images, labels)
+        yield self.status("finished", f"finished {total} steps")
+
+    def _optimizer_step(self, images: np.ndarray, labels: np.ndarray) -> Iterator[Status]:
+        """Redo one optimizer step with the same samples until it is applied."""
+        step = self.steps_done + 1
+        while True:
+            failure = None
+            with self._lock:
+                saved = batchnorm_state(self.model, self._bn_modules)
+                try:
+                    outcome = run_step(self, images, labels)
+                except Exception as exc:
+                    if not is_oom_error(exc):
+                        raise
+                    # Keep a line of text only: the exception's traceback holds
+                    # the failed attempt's activations.
+                    failure = f"{type(exc).__name__}: {_first_line(exc)}"
+            if failure is not None:
+                restore_batchnorm(saved)
+                del saved
+                if not survive_oom(self, self.epoch):
+                    raise RecoveryError(nothing_left_message(self, failure, f"step {step}"))
+                yield self.status("recovery", self.recovery_log[-1])
+                continue
+            if outcome.kind == "nonfinite":
+                restore_batchnorm(saved)
+                if not self.precision.enabled:
+                    raise FloatingPointError(
+                        f"the loss of step {step} is {outcome.loss} in fp32: check the image "
+                        "normalisation and the learning rate."
+                    )
+                message = (
+                    f"non-finite loss or gradients at step {step} under "
+                    f"{self.precision.describe()}: falling back to fp32 for good, redoing the "
+                    "step (weights unchanged)"
+                )
+                self.precision.fall_back_to_fp32()
+                self.recovery_log.append(message)
+                yield self.status("recovery", message)
+                continue
+            if outcome.kind == "skipped":
+                restore_batchnorm(saved)
+                self.scaler_skips += 1
+                before, after = outcome.scale
+                message = (
+                    f"fp16 overflow at step {step}: the GradScaler skipped the update "
+                    f"(scale {before:g} → {after:g}); redoing the step"
+                )
+                if self.scaler_skips >= MAX_SCALER_SKIPS:
+                    self.precision.fall_back_to_fp32()
+                    message += f"; {self.scaler_skips} skips in a row: fp32 from now on"
+                self.recovery_log.append(message)
+                yield self.status("recovery", message)
+                continue
+            self.scaler_skips = 0
+            self.steps_done = step
+            self.last_loss = outcome.loss
+            self._painted_seen += int(np.count_nonzero(labels))
+            yield self.status("step", f"step {step}/{self.config.steps}: loss {outcome.loss:.4f}")
+            return
+
+    # --- reporting -------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """Passes over the painted voxels (each painted voxel seen about this often)."""
+        if self.sampler is None:
+            return 0
+        return self._painted_seen // max(1, int(self.sampler.painted_voxels))
+
+    def _switch(self, configured: bool, current: bool) -> str:
+        if current:
+            return "on"
+        return "dropped" if configured and self.dropped_at_step is not None else "off"
+
+    def status(self, kind: str, message: str) -> Status:
+        """Where the run stands now, frozen."""
+        return Status(
+            kind=kind,
+            dtype=self.precision.dtype_name,
+            grad_scaler=self.precision.grad_scaler,
+            batch_size=self.batch_size,
+            accumulation=self.accumulation,
+            distillation=self._switch(self.config.distillation > 0, self.distillation > 0),
+            hold_other_channels=self._switch(
+                self.config.hold_other_channels, self.hold_other_channels
+            ),
+            step=self.steps_done,
+            total_steps=self.config.steps,
+            epoch=self.epoch,
+            loss=self.last_loss,
+            message=message,
+            distillation_weight=float(self.distillation),
+            dropped_at_step=self.dropped_at_step,
+            elapsed_s=time.perf_counter() - self._start_time,
+        )
+
+    # --- using the weights -------------------------------------------------------------
+
+    def predict(self, region: Any) -> np.ndarray:
+        """Sigmoid probabilities ``(C, *spatial)`` with the current weights.
+
+        Parameters
+        ----------
+        region : tuple of slice or array-like
+            Slices into this trainer's image, or a raw (not yet normalised)
+            block of it; it is normalised like the training patches.
+        """
+        from napari_finetune.data.normalization import normalize
+        from napari_finetune.predict import predict_block
+
+        if isinstance(region, tuple) and all(isinstance(r, slice) for r in region):
+            region = self.image[region]
+        block = normalize(np.asarray(region), *self.normalization_range)
+        with self._lock:
+            return predict_block(self.model, block, device=str(self.device))
+
+    def export(self, path: str | os.PathLike) -> os.PathLike:
+        """Write the updated checkpoint (adapters merged, run record) atomically."""
+        with self._lock:
+            return record.export_checkpoint(self, path)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc)
+    return text.splitlines()[0] if text else ""
+
+
+__all__ = ["Finetuner", "MAX_SCALER_SKIPS"]

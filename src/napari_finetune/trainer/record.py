@@ -1,0 +1,111 @@
+"""The run's record: written with the exported checkpoint, read back on resume.
+
+The record says what the run did (steps, final dtype, batch and accumulation,
+what was dropped and at which step, painted voxels, source checkpoint hash,
+config) and, under ``"degraded"``, the state a run on the same kind of device
+should start from so it does not run out of memory the same way again.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+RECORD_VERSION = 1
+
+
+def run_record(trainer: Any) -> dict[str, Any]:
+    """Plain-types record of ``trainer``'s run (safe for ``weights_only`` loading)."""
+    painted = trainer.painted_voxels if trainer.sampler is not None else None
+    dropped = trainer.dropped_at_step is not None
+    return {
+        "record_version": RECORD_VERSION,
+        "steps_done": int(trainer.steps_done),
+        "total_steps": int(trainer.config.steps),
+        "final_dtype": trainer.precision.dtype_name,
+        "grad_scaler": bool(trainer.precision.grad_scaler),
+        "mixed_precision": trainer.precision.describe(),
+        "fell_back_to_fp32": bool(trainer.precision.fell_back),
+        "batch_size": int(trainer.batch_size),
+        "accumulation": int(trainer.accumulation),
+        "samples_per_step": int(trainer.samples_per_step),
+        "distillation": "dropped" if dropped and trainer.config.distillation > 0 else (
+            "on" if trainer.distillation > 0 else "off"
+        ),
+        "hold_other_channels": "dropped" if dropped and trainer.config.hold_other_channels else (
+            "on" if trainer.hold_other_channels else "off"
+        ),
+        "dropped_at_step": trainer.dropped_at_step,
+        "painted_voxels": None if painted is None else int(painted),
+        "source_sha256": trainer.source_sha256,
+        "final_loss": None if trainer.last_loss is None else float(trainer.last_loss),
+        "recovery_log": list(trainer.recovery_log),
+        "device": str(trainer.device),
+        "config": trainer.config.to_dict(),
+        "degraded": {
+            "device_type": trainer.device.type,
+            "fell_back_to_fp32": bool(trainer.precision.fell_back),
+            "batch_size": int(trainer.batch_size),
+            "distillation_dropped": dropped,
+        },
+    }
+
+
+def apply_previous_run(trainer: Any, run: dict[str, Any] | None) -> str:
+    """Start from the degraded state a previous run on the same device type ended in.
+
+    The batch never grows above the new config's batch and the samples per
+    step stay the new config's; fp32 and a dropped distillation carry over.
+
+    Returns
+    -------
+    str
+        A log line describing what was resumed, or "" when nothing was.
+    """
+    degraded = (run or {}).get("degraded") or {}
+    if not degraded or degraded.get("device_type") != trainer.device.type:
+        return ""
+    changes = []
+    batch = int(degraded.get("batch_size") or trainer.batch_size)
+    if batch < trainer.batch_size:
+        trainer.batch_size = batch
+        trainer.accumulation = math.ceil(trainer.samples_per_step / batch)
+        changes.append(f"batch {trainer.batch_size} × accumulation {trainer.accumulation}")
+    if degraded.get("fell_back_to_fp32") and trainer.precision.enabled:
+        trainer.precision.fall_back_to_fp32()
+        changes.append("fp32")
+    if degraded.get("distillation_dropped") and (
+        trainer.distillation > 0 or trainer.hold_other_channels
+    ):
+        trainer.distillation = 0.0
+        trainer.hold_other_channels = False
+        trainer.dropped_at_step = 0
+        changes.append("distillation and hold dropped")
+    if not changes:
+        return ""
+    return "resumed the previous run's degraded state: " + ", ".join(changes)
+
+
+def export_checkpoint(trainer: Any, path: str | os.PathLike) -> Path:
+    """Merge the adapters into a copy and save it with the record, atomically."""
+    from napari_finetune.model.checkpoint import (
+        DEFAULT_NORMALIZATION,
+        architecture_of,
+        channel_names_of,
+        save_checkpoint,
+    )
+    from napari_finetune.model.lora import merged_copy
+
+    model = merged_copy(trainer.model)
+    metadata = dict(trainer.metadata)
+    metadata["channel_names"] = channel_names_of(metadata, trainer.out_channels)
+    metadata["normalization"] = dict(metadata.get("normalization") or DEFAULT_NORMALIZATION)
+    previous = metadata.get("run")
+    metadata["run"] = run_record(trainer)
+    if previous:
+        metadata["run"]["previous_run"] = {
+            k: v for k, v in previous.items() if k not in ("previous_run", "recovery_log")
+        }
+    return save_checkpoint(path, model, metadata, architecture=architecture_of(model))

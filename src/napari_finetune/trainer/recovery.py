@@ -1,0 +1,360 @@
+"""Stepping down instead of dying: mixed precision, out-of-memory, the probe.
+
+The functions here read and change the public attributes of a
+:class:`~napari_finetune.trainer.loop.Finetuner` (``model``, ``teacher``,
+``optimizer``, ``precision``, ``batch_size``, ``accumulation``, ``distillation``,
+``hold_other_channels``, ``device``), so the loop, the widget and outside
+tests share one set of rules (DESIGN.md, "Recovery semantics"):
+
+* an out-of-memory first halves the micro-batch and raises the accumulation so
+  the samples per optimizer step stay the same; at batch 1 the teacher is
+  freed and distillation and the hold are dropped; then nothing is left;
+* recovery runs after the ``except`` block has been left (the traceback holds
+  the failed attempt's activations), then ``gc`` and the device cache;
+* a non-finite loss or gradient under bf16/fp16 falls back to fp32 for good.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import math
+from typing import Any
+
+import torch
+
+from napari_finetune.trainer import step as _step
+from napari_finetune.trainer.state import (
+    batchnorm_state,
+    grad_state,
+    restore_batchnorm,
+    restore_grads,
+    restore_rng,
+    rng_state,
+)
+
+# Messages of allocator failures that arrive as a plain RuntimeError (older
+# torch, other backends, cuDNN/cuBLAS failing to get their workspace).
+OOM_MESSAGES = (
+    "cuda out of memory",
+    "cuda error: out of memory",
+    "hip out of memory",
+    "hip error: out of memory",
+    "xpu out of memory",
+    "mps backend out of memory",
+    "defaultcpuallocator: can't allocate memory",
+    "defaultcpuallocator: not enough memory",
+    "cudnn_status_not_supported",
+    "cudnn error: cudnn_status_not_supported",
+    "cublas_status_alloc_failed",
+    "cudnn_status_alloc_failed",
+)
+
+
+class RecoveryError(RuntimeError):
+    """Out of memory with nothing left to give up; the message lists what was tried."""
+
+
+def is_oom_error(exc: BaseException) -> bool:
+    """Whether ``exc`` means the device ran out of memory.
+
+    By type first (``torch.OutOfMemoryError``, Python's ``MemoryError``), then by
+    the allocator messages of CUDA, HIP, XPU, MPS and the CPU, and the cuDNN /
+    cuBLAS failures that mean "no workspace memory".
+    """
+    oom_type = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
+    if isinstance(exc, (oom_type, MemoryError)):
+        return True
+    if not isinstance(exc, RuntimeError) or isinstance(exc, RecoveryError):
+        return False
+    text = str(exc).lower()
+    return any(pattern in text for pattern in OOM_MESSAGES)
+
+
+def _cuda_bf16_native(device: torch.device) -> bool:
+    major, _ = torch.cuda.get_device_capability(device)
+    if major < 8:
+        return False
+    try:
+        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+    except TypeError:  # torch < 2.3 has no including_emulation: capability decides
+        return True
+
+
+def choose_precision(
+    device: torch.device, enabled: bool, cpu_bf16: bool = False
+) -> tuple[torch.dtype | None, bool]:
+    """(autocast dtype or None, whether a GradScaler is needed) for ``device``."""
+    if not enabled:
+        return None, False
+    if device.type == "cuda":
+        if _cuda_bf16_native(device):
+            return torch.bfloat16, False
+        return torch.float16, True
+    if device.type == "cpu" and cpu_bf16:
+        return torch.bfloat16, False
+    return None, False  # MPS autocast is not reliable for training yet
+
+
+class Precision:
+    """Autocast dtype and GradScaler of a run, with a one-way fall-back to fp32.
+
+    Parameters
+    ----------
+    device : str or torch.device
+        Where the run trains.
+    enabled : bool
+        Whether mixed precision was asked for.
+    cpu_bf16 : bool
+        Allow bf16 autocast on the CPU.
+    """
+
+    def __init__(self, device: str | torch.device, enabled: bool, cpu_bf16: bool = False):
+        self.device = torch.device(device)
+        self.requested = bool(enabled)
+        self.fell_back = False
+        self.dtype, use_scaler = choose_precision(self.device, bool(enabled), cpu_bf16)
+        self.scaler = torch.amp.GradScaler(self.device.type) if use_scaler else None
+
+    @property
+    def enabled(self) -> bool:
+        """Whether autocast is on."""
+        return self.dtype is not None
+
+    @property
+    def grad_scaler(self) -> bool:
+        """Whether fp16 losses are scaled."""
+        return self.scaler is not None
+
+    @property
+    def dtype_name(self) -> str:
+        """"bfloat16", "float16" or "float32"."""
+        return str(self.dtype or torch.float32).replace("torch.", "")
+
+    def describe(self) -> str:
+        """"True (dtype=bfloat16, grad_scaler=False)" or "False (fp32)"."""
+        if not self.enabled:
+            return "False (fp32)"
+        return f"True (dtype={self.dtype_name}, grad_scaler={self.grad_scaler})"
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """Autocast context for forward passes (a no-op in fp32)."""
+        if not self.enabled:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.dtype)
+
+    def fall_back_to_fp32(self) -> None:
+        """Turn mixed precision off for the rest of the run."""
+        self.dtype = None
+        self.scaler = None
+        self.fell_back = True
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward pass, through the GradScaler when there is one."""
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+
+    def step(self, optimizer: torch.optim.Optimizer) -> tuple[bool, float, float]:
+        """Apply the optimizer step; returns (applied, scale before, scale after).
+
+        With a GradScaler a step whose gradients overflowed is skipped by the
+        scaler, which lowers its scale: detected by the scale going down.
+        """
+        if self.scaler is None:
+            optimizer.step()
+            return True, 1.0, 1.0
+        before = float(self.scaler.get_scale())
+        self.scaler.step(optimizer)
+        self.scaler.update()
+        after = float(self.scaler.get_scale())
+        return after >= before, before, after
+
+    def reset_step_state(self) -> None:
+        """Forget a half-done scaler step (an OOM after ``unscale_``), so it can be redone."""
+        states = getattr(self.scaler, "_per_optimizer_states", None)
+        if states is not None:
+            states.clear()
+
+    @staticmethod
+    def gradients_finite(model: torch.nn.Module) -> bool:
+        """Whether every accumulated gradient is finite (one device sync)."""
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        if not grads:
+            return True
+        norms = torch._foreach_norm(grads) if hasattr(torch, "_foreach_norm") else [
+            torch.linalg.vector_norm(g) for g in grads
+        ]
+        return bool(torch.isfinite(torch.stack([n.float() for n in norms])).all())
+
+
+def release_failed_attempt(trainer: Any) -> None:
+    """Clear stale gradients and scaler state, collect garbage, empty the device cache."""
+    optimizer = getattr(trainer, "optimizer", None)
+    if optimizer is not None:
+        optimizer.zero_grad(set_to_none=True)
+    if getattr(trainer, "model", None) is not None:
+        trainer.model.zero_grad(set_to_none=True)
+    precision = getattr(trainer, "precision", None)
+    if precision is not None:
+        precision.reset_step_state()
+    gc.collect()
+    empty_device_cache(torch.device(getattr(trainer, "device", "cpu")))
+
+
+def empty_device_cache(device: torch.device) -> None:
+    """Return cached blocks to the device so the retry sees the freed memory."""
+    if device.type == "cuda" and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    elif device.type == "mps" and hasattr(torch, "mps"):
+        torch.mps.empty_cache()
+    elif device.type == "xpu" and hasattr(torch, "xpu"):
+        torch.xpu.empty_cache()
+
+
+# --- the ladder -------------------------------------------------------------------
+
+
+def halve_batch(trainer: Any) -> bool:
+    """Halve the micro-batch, keep the samples per optimizer step; False at batch 1.
+
+    8 x 1 -> 4 x 2 -> 2 x 4 -> 1 x 8; an odd step of 5 goes 5 x 1 -> 3 x 2
+    (3 + 2) -> 2 x 3 (2 + 2 + 1) -> 1 x 5.
+    """
+    if trainer.batch_size <= 1:
+        return False
+    samples = getattr(trainer, "samples_per_step", trainer.batch_size * trainer.accumulation)
+    trainer.batch_size = (trainer.batch_size + 1) // 2
+    trainer.accumulation = math.ceil(samples / trainer.batch_size)
+    return True
+
+
+def survive_oom(trainer: Any, epoch: int, where: str | None = None) -> bool:
+    """Step down after an out-of-memory; call it after leaving the ``except`` block.
+
+    First halve the batch; at batch 1 drop distillation and the hold on the
+    other channels and free the teacher. Stale gradients are cleared, garbage
+    collected and the device cache emptied. The action is appended to
+    ``trainer.recovery_log`` (a line for the log), when the trainer has one.
+
+    Returns
+    -------
+    bool
+        False when nothing is left to give up.
+    """
+    release_failed_attempt(trainer)
+    step = getattr(trainer, "steps_done", 0) + 1
+    where = where or f"at step {step}"
+    old = (trainer.batch_size, trainer.accumulation)
+    if halve_batch(trainer):
+        message = (
+            f"out of memory {where}: batch {old[0]} → {trainer.batch_size}, accumulation "
+            f"{old[1]} → {trainer.accumulation} (effective "
+            f"{getattr(trainer, 'samples_per_step', trainer.batch_size * trainer.accumulation)})"
+        )
+    elif trainer.teacher is not None or trainer.distillation > 0 or trainer.hold_other_channels:
+        trainer.teacher = None
+        trainer.distillation = 0.0
+        trainer.hold_other_channels = False
+        if hasattr(trainer, "dropped_at_step"):
+            trainer.dropped_at_step = step
+        gc.collect()
+        empty_device_cache(torch.device(getattr(trainer, "device", "cpu")))
+        message = (
+            f"out of memory {where} at batch 1: dropped distillation and the hold on the "
+            "other channels, freed the teacher"
+        )
+    else:
+        return False
+    log = getattr(trainer, "recovery_log", None)
+    if log is not None:
+        log.append(f"{message} (epoch {epoch})" if epoch else message)
+    return True
+
+
+# --- the precision probe ----------------------------------------------------------
+
+
+def probe_precision(trainer: Any) -> list[str]:
+    """Forward and backward one real micro-batch before training starts.
+
+    Mixed precision falls back to fp32 when the loss or a gradient is not
+    finite; an out-of-memory steps down the ladder (:func:`survive_oom`) and
+    the probe is tried again. Nothing of training is disturbed: the random
+    states (torch CPU/CUDA, numpy, Python, the sampler's generator), the
+    BatchNorm running statistics and the gradients are as before, and the
+    weights are not stepped.
+
+    Returns
+    -------
+    list of str
+        Log lines: one per recovery action, the verdict last.
+
+    Raises
+    ------
+    RecoveryError
+        Out of memory with nothing left to give up.
+    """
+    if hasattr(trainer, "build"):
+        trainer.build()
+    model, precision = trainer.model, trainer.precision
+    messages: list[str] = []
+    rng = rng_state(trainer)
+    bn = batchnorm_state(model)
+    grads = grad_state(model)
+    try:
+        images, labels = trainer.sampler.sample(trainer.batch_size)
+        while True:
+            failure = None
+            try:
+                model.zero_grad(set_to_none=True)
+                n = min(trainer.batch_size, len(images))
+                loss = float(
+                    _step.accumulate_gradients(
+                        trainer, images[:n], labels[:n], scaled=False, micro_batches=[n]
+                    )
+                )
+                finite = math.isfinite(loss) and precision.gradients_finite(model)
+            except Exception as exc:
+                if not is_oom_error(exc):
+                    raise
+                failure = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            if failure is None:
+                break
+            restore_batchnorm(bn)
+            if not survive_oom(trainer, 0, where="in the precision probe"):
+                raise RecoveryError(nothing_left_message(trainer, failure, "the precision probe"))
+            messages.append(trainer.recovery_log[-1] if hasattr(trainer, "recovery_log") else "")
+        if precision.enabled and not finite:
+            tried = precision.describe()
+            precision.fall_back_to_fp32()
+            messages.append(
+                f"precision probe: non-finite loss or gradients under {tried}; "
+                "training in fp32 from now on"
+            )
+        else:
+            messages.append(
+                f"precision probe passed at batch {trainer.batch_size} × "
+                f"{trainer.accumulation}: mixed precision {precision.describe()}"
+            )
+    finally:
+        restore_rng(trainer, rng)
+        restore_batchnorm(bn)
+        restore_grads(grads)
+        gc.collect()
+    return messages
+
+
+def nothing_left_message(trainer: Any, failure: str, where: str) -> str:
+    """The final error: what failed, and every step down that was tried before."""
+    tried = list(getattr(trainer, "recovery_log", []))
+    lines = [
+        f"out of memory in {where} with nothing left to give up "
+        f"(batch {trainer.batch_size} × accumulation {trainer.accumulation}, mixed precision "
+        f"{trainer.precision.describe()}, distillation and hold dropped). Last error: {failure}.",
+        "Tried, in order:" if tried else "Nothing could be tried.",
+    ]
+    lines += [f"  - {line}" for line in tried]
+    lines.append(
+        "Use a smaller patch_shape, a smaller model, or another device "
+        "(close other programs using the GPU)."
+    )
+    return "\n".join(lines)

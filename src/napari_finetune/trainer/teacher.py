@@ -1,0 +1,65 @@
+"""The frozen starting model, as a callable ``teacher(x) -> logits``.
+
+With LoRA the teacher is the student with its adapters disabled (no second
+copy of the weights); a full fine-tune keeps a frozen deep copy, freed when
+distillation and the hold are dropped (``trainer.teacher = None``). Both run
+in eval mode: the teacher reproduces what the starting model predicted, and
+its BatchNorm statistics are never updated.
+
+``pre_call_hooks`` lets fault injection (``trainer.faults``) raise inside the
+teacher's forward only.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+
+class Teacher:
+    """Base: hooks run before every forward, then :meth:`forward`."""
+
+    def __init__(self) -> None:
+        self.pre_call_hooks: list[Callable[[torch.Tensor], None]] = []
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        for hook in list(self.pre_call_hooks):
+            hook(x)
+        with torch.no_grad():
+            return self.forward(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class FrozenCopyTeacher(Teacher):
+    """A frozen deep copy of the starting model (full fine-tune)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.module = copy.deepcopy(model).eval()
+        for param in self.module.parameters():
+            param.requires_grad_(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.module(x)
+
+
+class AdapterOffTeacher(Teacher):
+    """The LoRA student with its adapters disabled (PEFT ``disable_adapter``)."""
+
+    def __init__(self, peft_model: nn.Module) -> None:
+        super().__init__()
+        self.module = peft_model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        was_training = self.module.training
+        self.module.eval()
+        try:
+            with self.module.disable_adapter():
+                return self.module(x)
+        finally:
+            self.module.train(was_training)
