@@ -128,27 +128,26 @@ def _recover(store: Path) -> None:
             name = marker.read_text().strip()
             target = store / "labels" / name
             new, old = staging / "labels" / name, staging / "old"
-            if not target.exists():
-                if new.is_dir():
-                    os.rename(new, target)
-                elif old.is_dir():
-                    os.rename(old, target)
+            if not target.exists() and (new.is_dir() or old.is_dir()):
+                os.rename(new if new.is_dir() else old, target)
+                _list_name(_labels_group(store), name)
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _labels_group(volume: Volume) -> Any:
+def _labels_group(store: Path) -> Any:
     import zarr
     from zarr.storage import LocalStore
 
-    root = zarr.open_group(store=LocalStore(volume.path), mode="r+", zarr_format=volume.zarr_format)
+    root = zarr.open_group(store=LocalStore(store), mode="r+")
     return root.require_group("labels")
 
 
-def _list_name(volume: Volume, labels_group: Any, name: str) -> None:
+def _list_name(labels_group: Any, name: str) -> None:
     """Make ``name`` appear exactly once in the labels group's ``labels`` list."""
+    from ome_zarr.format import FormatV04, FormatV05
     from ome_zarr.writer import add_metadata, get_metadata
 
-    fmt = _format(volume)
+    fmt = FormatV04() if labels_group.metadata.zarr_format == 2 else FormatV05()
     names = [n for n in get_metadata(labels_group).get("labels", []) if n != name] + [name]
     meta: dict[str, Any] = {"labels": names}
     if fmt.version != "0.4":
@@ -226,11 +225,11 @@ def write_labels(
             label_metadata=_image_label(colors, properties),
         )
         (staging / "COMPLETE").write_text(name)
-        labels_group = _labels_group(volume)
+        labels_group = _labels_group(store)
         if target.exists():
             os.rename(target, staging / "old")
         os.rename(staging / "labels" / name, target)
-        _list_name(volume, labels_group, name)
+        _list_name(labels_group, name)
     except BaseException:
         if not target.exists() and (staging / "old").is_dir():
             os.rename(staging / "old", target)  # put the old labels back
@@ -330,7 +329,7 @@ def create_labels_array(
     check_writable(store, name)
     _recover(store)
     fmt = _format(volume)
-    labels_group = _labels_group(volume)
+    labels_group = _labels_group(store)
     if _zarr_kind(store / "labels" / name) is not None:
         shutil.rmtree(store / "labels" / name)
     sub = labels_group.create_group(name)
@@ -356,7 +355,7 @@ def create_labels_array(
         name=name,
     )
     write_label_metadata(labels_group, name, fmt=fmt, **_image_label(colors, properties))
-    _list_name(volume, labels_group, name)
+    _list_name(labels_group, name)
     return array
 
 

@@ -193,10 +193,10 @@ def open_volume(path: str | os.PathLike, ndim: int | None = None) -> Volume:
     from ome_zarr.reader import Multiscales, Reader
 
     p = check_store(path)
-    loc = _open_location(p)
-    attrs = loc.root_attrs
+    is_array = _zarr_kind(p) == "array"
+    attrs = {} if is_array else (loc := _open_location(p)).root_attrs
     if "multiscales" not in attrs:
-        what = "a zarr array" if _zarr_kind(p) == "array" else "a zarr group"
+        what = "a zarr array" if is_array else "a zarr group"
         raise VolumeError(
             f"{p} is {what} without OME-NGFF 'multiscales' metadata (a plain zarr); write "
             "it as OME-Zarr (e.g. ome_zarr.writer.write_image) so its axes and scale are known."

@@ -1,0 +1,130 @@
+"""npe2 reader: an OME-Zarr directory -> a multiscale image layer plus its labels layers.
+
+No Qt here (import-linter enforces it): napari calls ``get_reader`` for every
+path it is asked to open, so it must be cheap and must not raise for paths
+that are not ours.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+LayerData = tuple[Any, dict[str, Any], str]
+
+# Labels up to this size are loaded into memory so the Labels layer can be painted
+# on (napari cannot paint into dask arrays); bigger ones stay lazy and multiscale.
+EDITABLE_LABELS_BYTES = 256 * 2**20
+# Voxels read to set the image's contrast limits (napari would otherwise read it all).
+CONTRAST_SAMPLE_VOXELS = 2**17
+GENERIC_NAMES = {"", "image", "0"}
+
+
+def _single_path(path: str | os.PathLike | list[Any]) -> Path | None:
+    if isinstance(path, (list, tuple)):
+        if len(path) != 1:
+            return None
+        path = path[0]
+    try:
+        return Path(path)
+    except TypeError:
+        return None
+
+
+def get_reader(path: str | os.PathLike | list[Any]) -> Callable[..., list[LayerData]] | None:
+    """The reader for an OME-Zarr image directory (NGFF multiscales), else None."""
+    from napari_finetune.io.volume import _zarr_kind
+
+    p = _single_path(path)
+    if p is None or not p.is_dir() or _zarr_kind(p) != "group":
+        return None
+    try:
+        from napari_finetune.io.volume import _open_location
+
+        if "multiscales" not in _open_location(p.resolve()).root_attrs:
+            return None
+    except Exception:  # noqa: BLE001 - anything unreadable is simply not ours
+        return None
+    return read_ome_zarr
+
+
+def contrast_limits(levels: list[Any]) -> list[float]:
+    """[low, high] from a strided subsample of the smallest level."""
+    from napari_finetune.data.normalization import subsample
+
+    values = subsample(levels[-1], max_voxels=CONTRAST_SAMPLE_VOXELS)
+    low, high = (float(values.min()), float(values.max())) if values.size else (0.0, 1.0)
+    return [low, high if high > low else low + 1.0]
+
+
+def _layer_name(volume: Any) -> str:
+    if volume.name in GENERIC_NAMES:
+        return volume.path.name.removesuffix(".zarr").removesuffix(".ome")
+    return volume.name
+
+
+def _labels_colormap(label_dir: Path) -> dict[Any, Any] | None:
+    """NGFF image-label colours as a napari direct colormap, or None without any."""
+    from napari_finetune.io.volume import _open_location
+
+    meta = _open_location(label_dir).root_attrs.get("image-label", {})
+    colors = {}
+    for entry in meta.get("colors", []):
+        value, rgba = entry.get("label-value"), entry.get("rgba")
+        if isinstance(value, int) and rgba and len(rgba) == 4:
+            colors[value] = [c / 255 for c in rgba]
+    if not colors:
+        return None
+    colors.setdefault(0, [0.0, 0.0, 0.0, 0.0])
+    colors[None] = [0.7, 0.7, 0.7, 1.0]  # values without a colour of their own
+    return colors
+
+
+def _labels_layer(store: Path, name: str) -> LayerData:
+    from napari_finetune.io.volume import open_volume
+
+    labels = open_volume(store / "labels" / name)
+    level0 = labels.levels[0]
+    if level0.nbytes <= EDITABLE_LABELS_BYTES:
+        data: Any = np.asarray(level0)
+    else:
+        data = labels.levels if len(labels.levels) > 1 else level0
+    kwargs: dict[str, Any] = {
+        "name": name,
+        "scale": labels.scale[0],
+        "translate": labels.translation[0],
+        "metadata": {"ome_zarr_path": str(store), "labels_name": name},
+    }
+    if isinstance(data, list):
+        kwargs["multiscale"] = True
+    colormap = _labels_colormap(store / "labels" / name)
+    if colormap is not None:
+        kwargs["colormap"] = colormap
+    return data, kwargs, "labels"
+
+
+def read_ome_zarr(path: str | os.PathLike | list[Any]) -> list[LayerData]:
+    """Layer data for napari: the image (multiscale when the store has levels) and its labels."""
+    from napari_finetune.io.volume import open_volume
+
+    p = _single_path(path)
+    volume = open_volume(p)  # VolumeError (a clear message) for what we cannot use
+    multiscale = len(volume.levels) > 1
+    image_kwargs: dict[str, Any] = {
+        "name": _layer_name(volume),
+        "scale": volume.scale[0],
+        "translate": volume.translation[0],
+        "multiscale": multiscale,
+        "contrast_limits": contrast_limits(volume.levels),
+        "metadata": {"ome_zarr_path": str(volume.path)},
+    }
+    layers: list[LayerData] = [
+        (volume.levels if multiscale else volume.data, image_kwargs, "image")
+    ]
+    for name in volume.label_names:
+        layers.append(_labels_layer(volume.path, name))
+    return layers

@@ -1,0 +1,109 @@
+"""The npe2 reader: what get_reader accepts, the layer data, a real napari viewer opening it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from napari_finetune._reader import get_reader, read_ome_zarr
+from napari_finetune.io.omezarr import VolumeError, save_corrections
+
+SHAPE = (16, 64, 64)
+
+
+def _store(path: Path, version: str, scale_factors: tuple[int, ...] = (2, 4)) -> Path:
+    """A 16x64x64 OME-Zarr image with labels/ground_truth, written by ome-zarr-py."""
+    from ome_zarr.format import FormatV04, FormatV05
+    from ome_zarr.io import parse_url
+    from ome_zarr.writer import write_image, write_labels
+
+    fmt = FormatV04() if version == "0.4" else FormatV05()
+    image = np.zeros(SHAPE, np.uint16)
+    image[:, 16:48, 16:48] = 1000
+    image[0, 0, 0] = 7  # the smallest level is strided: contrast comes from it
+    root = zarr.group(store=parse_url(str(path), mode="w", fmt=fmt).store,
+                      zarr_format=fmt.zarr_format)
+    scale = {"z": 2.0, "y": 0.5, "x": 0.5}
+    write_image(image, root, axes="zyx", fmt=fmt, scale_factors=list(scale_factors), scale=scale)
+    gt = (image > 0).astype(np.uint8)
+    write_labels(gt, root, name="ground_truth", axes="zyx", fmt=fmt, scaler=None,
+                 scale_factors=[], scale=scale)
+    return path
+
+
+@pytest.fixture(params=["0.4", "0.5"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    path = _store(tmp_path / f"em{request.param}.zarr", request.param)
+    corrections = np.zeros(SHAPE, np.uint8)
+    corrections[2, 20:30, 20:30] = 2
+    save_corrections(path, corrections, channel_names=["membrane"])
+    return path
+
+
+def test_get_reader_declines_what_is_not_ome_zarr(tmp_path: Path, store: Path) -> None:
+    (tmp_path / "notes.txt").write_text("x")
+    (tmp_path / "folder").mkdir()
+    zarr.open_group(str(tmp_path / "plain.zarr"), mode="w").create_array(
+        "0", shape=(4, 4), dtype="uint8")
+    for path in (tmp_path / "notes.txt", tmp_path / "folder", tmp_path / "plain.zarr",
+                 tmp_path / "missing.zarr", store / "s0", [str(store), str(store)]):
+        assert get_reader(path) is None, path
+    assert get_reader(str(store)) is read_ome_zarr
+    assert get_reader([str(store)]) is read_ome_zarr
+
+
+def test_layer_data(store: Path) -> None:
+    layers = read_ome_zarr(str(store))
+    assert [(kw["name"], kind) for _, kw, kind in layers] == [
+        (store.name.removesuffix(".zarr"), "image"), ("ground_truth", "labels"),
+        ("corrections", "labels")]
+    data, kwargs, _ = layers[0]
+    assert kwargs["multiscale"] and [d.shape for d in data] == [
+        (16, 64, 64), (16, 32, 32), (16, 16, 16)]
+    assert list(kwargs["scale"]) == [2.0, 0.5, 0.5]
+    assert kwargs["metadata"] == {"ome_zarr_path": str(store)}
+    assert kwargs["contrast_limits"] == [0.0, 1000.0]
+    for data, kwargs, _ in layers[1:]:
+        assert isinstance(data, np.ndarray) and data.shape == SHAPE  # paintable
+        assert kwargs["metadata"] == {"ome_zarr_path": str(store),
+                                      "labels_name": kwargs["name"]}
+    assert layers[2][1]["colormap"][2] == [1.0, 0.0, 1.0, 1.0]  # from the NGFF colours
+    assert int(layers[2][0][2, 25, 25]) == 2
+
+
+def test_reader_reports_unusable_ome_zarr(tmp_path: Path) -> None:
+    from ome_zarr.format import FormatV05
+    from ome_zarr.io import parse_url
+    from ome_zarr.writer import write_image
+
+    path = tmp_path / "two_channels.zarr"
+    root = zarr.group(store=parse_url(str(path), mode="w", fmt=FormatV05()).store)
+    write_image(np.zeros((2, 4, 8, 8), np.uint8), root, axes="czyx", scale_factors=[],
+                scale={"c": 1.0, "z": 1.0, "y": 1.0, "x": 1.0})
+    reader = get_reader(str(path))  # it is OME-Zarr, so ours to explain
+    assert reader is not None
+    with pytest.raises(VolumeError, match="2 channels"):
+        reader(str(path))
+
+
+def test_napari_opens_store(make_napari_viewer, store: Path) -> None:
+    viewer = make_napari_viewer()
+    viewer.open(str(store), plugin="napari-finetune")
+    names = [layer.name for layer in viewer.layers]
+    assert names == [store.name.removesuffix(".zarr"), "ground_truth", "corrections"]
+    image = viewer.layers[0]
+    assert image.multiscale and len(image.data) == 3
+    assert list(image.scale) == [2.0, 0.5, 0.5]
+    assert image.metadata["ome_zarr_path"] == str(store)
+    assert tuple(image.contrast_limits) == (0.0, 1000.0)
+    for layer in viewer.layers[1:]:
+        assert type(layer).__name__ == "Labels"
+        assert layer.metadata["ome_zarr_path"] == str(store)
+        assert layer.metadata["labels_name"] == layer.name
+        assert list(layer.scale) == [2.0, 0.5, 0.5]
+    corrections = viewer.layers["corrections"]
+    corrections.data[3, 0, 0] = 1  # an editable array, as the brush needs
+    assert int(corrections.data[2, 25, 25]) == 2
