@@ -1,15 +1,235 @@
-"""The Fine-tune dock widget (placeholder until the widget issue lands)."""
+"""The Fine-tune dock widget: a view of the engine and of napari's layers.
+
+Every button starts a job from :mod:`napari_finetune._qt.worker` in a napari
+``thread_worker`` and returns at once; the job's events come back to
+:meth:`FinetuneWidget._on_event` on the main thread, which only assigns
+labels and layer data. No training logic lives here.
+"""
 
 from __future__ import annotations
 
-from qtpy.QtWidgets import QLabel, QVBoxLayout, QWidget
+import time
+from pathlib import Path
+from typing import Any
+
+from qtpy.QtWidgets import (
+    QFileDialog,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from napari_finetune._qt import actions
+from napari_finetune._qt.corrections import METADATA_KEY, is_corrections_candidate
+from napari_finetune._qt.layer_combo import LayerCombo
+from napari_finetune._qt.layers import camera_of, visible_region
+from napari_finetune._qt.settings import SettingsForm
+from napari_finetune._qt.status_panel import StatusPanel
+from napari_finetune.config import FinetuneConfig
+
+
+def preload() -> None:
+    """Pay the lazy-import costs now, while the dock opens, not mid-run.
+
+    An import holds the GIL; done in the worker it freezes the canvas
+    (PITFALLS.md: napari.qt.threading ~1.7 s, the first AdamW ~1.6 s).
+    """
+    import napari.qt.threading  # noqa: F401
+    import torch
+    import torch.optim
+
+    torch.optim.AdamW([torch.zeros(1, requires_grad=True)], lr=1e-4)
+
+
+def default_checkpoint() -> str:
+    """The pretrained sample model, when the sample is installed."""
+    try:
+        from napari_finetune.samples.synthetic_em import sample_checkpoint_path
+
+        path = sample_checkpoint_path()
+        return str(path) if path.is_file() else ""
+    except Exception:  # the sample is optional; the user picks a file
+        return ""
 
 
 class FinetuneWidget(QWidget):
-    """Dock widget: pick an image and a checkpoint, paint, fine-tune, export."""
+    """Dock widget: pick an image and a checkpoint, predict, paint, fine-tune, export.
 
-    def __init__(self, napari_viewer) -> None:
+    Parameters
+    ----------
+    napari_viewer : napari.Viewer
+        The viewer this widget docks into.
+    """
+
+    def __init__(self, napari_viewer: Any) -> None:
         super().__init__()
+        preload()
+        from napari.layers import Image, Labels
+
         self.viewer = napari_viewer
+        self._model_hook = None  # tests/benchmarks: fault injection applied in the worker
+        self.state = actions.RunState()
+        self.image_combo = LayerCombo(napari_viewer, Image)
+        self.checkpoint_edit = QLineEdit(default_checkpoint())
+        self.checkpoint_edit.setPlaceholderText("model checkpoint (.pt)")
+        browse = QPushButton("…")
+        browse.setToolTip("Choose a checkpoint file")
+        browse.clicked.connect(self._browse_checkpoint)
+        self.checkpoint_label = QLabel("no checkpoint loaded")
+        self.checkpoint_label.setWordWrap(True)
+        self.predict_button = QPushButton("Predict")
+        self.predict_button.setToolTip("Predict the whole volume with the model")
+        self.corrections_combo = LayerCombo(
+            napari_viewer, Labels, accept=is_corrections_candidate
+        )
+        self.new_corrections_button = QPushButton("New corrections layer")
+        self.autosave_label = QLabel("corrections: not saved yet")
+        self.autosave_label.setWordWrap(True)
+        self.settings = SettingsForm()
+        self.finetune_button = QPushButton("Fine-tune")
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setToolTip("End the run after the current step; the weights are kept")
+        self.status_panel = StatusPanel()
+        self.export_button = QPushButton("Export checkpoint…")
+        self.save_predictions_button = QPushButton("Save predictions")
+        self.save_predictions_button.setToolTip("Write the prediction layers into the OME-Zarr")
+        self.output_label = QLabel("")
+        self.output_label.setWordWrap(True)
+
+        model_box = _group("Data and model", [
+            _row(QLabel("Image:"), self.image_combo),
+            _row(QLabel("Model:"), self.checkpoint_edit, browse),
+            self.checkpoint_label, self.predict_button,
+        ])
+        paint_box = _group("Corrections", [
+            _row(QLabel("Layer:"), self.corrections_combo), self.new_corrections_button,
+            self.autosave_label,
+        ])
+        train_box = _group("Fine-tune", [
+            self.settings, _row(self.finetune_button, self.stop_button), self.status_panel,
+        ])
+        out_box = _group("Results", [
+            _row(self.export_button, self.save_predictions_button), self.output_label,
+        ])
         layout = QVBoxLayout(self)
-        layout.addWidget(QLabel("napari-finetune"))
+        for box in (model_box, paint_box, train_box, out_box):
+            layout.addWidget(box)
+        layout.addStretch(1)
+
+        self.checkpoint_edit.editingFinished.connect(self._checkpoint_changed)
+        self.predict_button.clicked.connect(self._predict)
+        self.new_corrections_button.clicked.connect(self._new_corrections)
+        self.corrections_combo.layer_changed.connect(self._corrections_changed)
+        self.image_combo.layer_changed.connect(lambda _: self._update_region())
+        self.finetune_button.clicked.connect(self._finetune)
+        self.stop_button.clicked.connect(self._stop)
+        self.export_button.clicked.connect(self._export)
+        self.save_predictions_button.clicked.connect(self._save_predictions)
+        self.viewer.dims.events.current_step.connect(self._update_region)
+        camera_of(self.viewer).events.center.connect(self._update_region)
+        self.destroyed.connect(actions.stop_on_destroy(self.state))
+        self._corrections_changed(self.corrections_combo.layer())
+        self._update_region()
+        self._refresh_buttons()
+        if self.checkpoint_edit.text():
+            self._checkpoint_changed()
+
+    # -- state -------------------------------------------------------------------------------
+    def _refresh_buttons(self) -> None:
+        """Enable what makes sense now; called after every state change."""
+        s = self.state
+        has_image = self.image_combo.layer() is not None
+        idle = s.busy is None
+        self.predict_button.setEnabled(idle and has_image and s.info is not None)
+        self.new_corrections_button.setEnabled(has_image and s.info is not None)
+        self.finetune_button.setEnabled(
+            idle and has_image and s.info is not None and self.corrections_combo.layer() is not None
+        )
+        self.stop_button.setEnabled(s.busy == "train")
+        self.export_button.setEnabled(idle and s.trainer is not None)
+        self.save_predictions_button.setEnabled(idle and s.info is not None)
+        self.finetune_button.setText("Fine-tuning…" if s.busy == "train" else "Fine-tune")
+
+    def _update_region(self, event: Any = None) -> None:
+        """Cache the region in view for the training worker's live preview."""
+        context = max(1, FinetuneConfig().patch_shape[0] // 2)
+        layer = self.image_combo.layer()
+        try:
+            ndim = len(layer.data[0].shape if layer.multiscale else layer.data.shape)
+            self.state.region = visible_region(self.viewer, layer, (context,) * ndim)
+        except Exception:  # no layer, or a transient state while layers change
+            self.state.region = None
+
+    # -- callbacks (thin: each starts a job or updates a label) ------------------------------
+    def _browse_checkpoint(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Model checkpoint", self.checkpoint_edit.text(), "Checkpoints (*.pt *.pth)"
+        )
+        if path:
+            self.checkpoint_edit.setText(path)
+            self._checkpoint_changed()
+
+    def _checkpoint_changed(self) -> None:
+        actions.load_info(self, self.checkpoint_edit.text().strip())
+
+    def _predict(self) -> None:
+        actions.predict(self)
+
+    def _new_corrections(self) -> None:
+        layer = actions.new_corrections_layer(self)
+        if layer is not None:
+            self.corrections_combo.set_layer(layer)
+
+    def _corrections_changed(self, layer: Any) -> None:
+        actions.follow_corrections(self, layer)
+        self._refresh_buttons()
+
+    def _finetune(self) -> None:
+        self.state.clicked_at = time.perf_counter()
+        actions.finetune(self)
+
+    def _stop(self) -> None:
+        actions.stop(self.state)
+
+    def _export(self) -> None:
+        default = actions.default_export_path(self)
+        path, _ = QFileDialog.getSaveFileName(
+            self, "Export fine-tuned checkpoint", default, "Checkpoints (*.pt)"
+        )
+        if path:
+            actions.export(self, path)
+
+    def _save_predictions(self) -> None:
+        actions.save_predictions(self)
+
+    def is_corrections_layer(self, layer: Any) -> bool:
+        """Whether ``layer`` was made by this widget."""
+        return bool(layer.metadata.get(METADATA_KEY))
+
+    def store_hint(self) -> Path | None:
+        """The OME-Zarr store of the chosen image, if it came from one."""
+        from napari_finetune._qt.corrections import store_path_of
+
+        path = store_path_of(self.image_combo.layer())
+        return Path(path) if path else None
+
+
+def _row(*widgets: QWidget) -> QWidget:
+    row = QWidget()
+    layout = QHBoxLayout(row)
+    layout.setContentsMargins(0, 0, 0, 0)
+    for widget in widgets:
+        layout.addWidget(widget, 0 if isinstance(widget, QLabel) else 1)
+    return row
+
+
+def _group(title: str, widgets: list[QWidget]) -> QGroupBox:
+    box = QGroupBox(title)
+    layout = QVBoxLayout(box)
+    for widget in widgets:
+        layout.addWidget(widget)
+    return box

@@ -1,0 +1,289 @@
+"""What each button does: start a job, then route its events to labels and layers.
+
+Kept apart from the layout (widget.py) so each action reads top to bottom:
+check the inputs on the main thread (cheap), copy what the worker needs,
+start the job, and handle its events. Errors become napari notifications
+with the engine's message, and the widget goes back to idle.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from napari.utils.notifications import show_error, show_info
+
+from napari_finetune._qt import corrections as corr
+from napari_finetune._qt import worker as jobs
+from napari_finetune._qt.layers import (
+    PREDICTION_KEY,
+    apply_preview,
+    prediction_layers,
+    show_predictions,
+)
+
+
+@dataclass
+class CheckpointInfo:
+    """What the widget needs to know about the chosen model (read in a worker)."""
+
+    path: str
+    channel_names: list[str]
+    colors: list[str]
+    normalization: dict
+    dims: int
+
+
+@dataclass
+class RunState:
+    """Everything the widget tracks between events."""
+
+    info: CheckpointInfo | None = None
+    busy: str | None = None  # "predict", "train", "export", "save" or None
+    trainer: Any = None  # kept after a run, for Export and Predict
+    worker: Any = None
+    autosaver: corr.Autosaver | None = None
+    region: tuple[slice, ...] | None = None
+    clicked_at: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)
+    statuses: list[Any] = field(default_factory=list)
+    previews: int = 0
+    errors: list[str] = field(default_factory=list)
+    exported: str | None = None
+    running: int = 0  # jobs started and not finished (autosaves included)
+
+
+def _fail(w: Any, exc: Exception, what: str) -> None:
+    message = f"{what}: {exc}"
+    w.state.errors.append(message)
+    w.status_panel.append_log(message)
+    show_error(message)
+
+
+def _job(w: Any, busy: str | None, job: Any, *args: Any, what: str, **kwargs: Any) -> None:
+    """Start ``job`` with the widget's event routing; ``busy`` marks the widget while it runs."""
+
+    def on_event(event: tuple) -> None:
+        handle_event(w, event, what)
+
+    def on_finished() -> None:
+        w.state.running -= 1
+        if busy is not None and w.state.busy == busy:
+            w.state.busy = None
+            w.state.worker = None
+        try:
+            w._refresh_buttons()
+        except RuntimeError:
+            return  # the dock was closed while the job ran
+        if busy == "train":
+            after_training(w)
+
+    if busy is not None:
+        w.state.busy = busy
+    w.state.running += 1
+    w.state.worker = jobs.start_job(job, *args, on_event=on_event, on_finished=on_finished,
+                                    **kwargs)
+    w._refresh_buttons()
+
+
+def handle_event(w: Any, event: tuple, what: str) -> None:
+    """Main-thread side of every job event."""
+    kind, s = event[0], w.state
+    if kind == "progress":
+        w.status_panel.show_progress(event[1], event[2], event[3])
+    elif kind == "info":
+        if event[1].path != w.checkpoint_edit.text().strip():
+            return  # a file chosen before the current one answered late
+        s.info = i = event[1]
+        w.checkpoint_label.setText(
+            f"{Path(i.path).name}: {i.dims}D, channels {', '.join(i.channel_names)}"
+        )
+        follow_corrections(w, w.corrections_combo.layer())
+    elif kind == "prediction":
+        show_predictions(w.viewer, w.image_combo.layer(), s.info.channel_names, s.info.colors,
+                         event[1], corr.store_path_of(w.image_combo.layer()))
+        w.status_panel.set_idle("prediction done")
+    elif kind == "saved":
+        w.autosave_label.setText(f"corrections saved into {event[1]} (labels/corrections)")
+    elif kind == "trainer":
+        s.trainer = event[1]
+    elif kind == "status":
+        s.statuses.append(event[1])
+        s.timings.setdefault("first_status_s", time.perf_counter() - s.clicked_at)
+        w.status_panel.show_status(event[1])
+    elif kind == "preview":
+        if apply_preview(w.viewer, s.info.channel_names, event[1], event[2]):
+            s.previews += 1
+            s.timings.setdefault("first_preview_s", time.perf_counter() - s.clicked_at)
+    elif kind == "exported":
+        s.exported = event[1]
+        w.output_label.setText(f"exported to {event[1]}")
+        show_info(f"Fine-tuned checkpoint exported to {event[1]}")
+    elif kind == "written":
+        w.output_label.setText(f"predictions written as labels: {', '.join(event[1])}")
+        show_info(f"Predictions saved into {corr.store_path_of(w.image_combo.layer())}")
+    elif kind == "error":
+        _fail(w, event[1], what)
+        if what.startswith("Cannot use this checkpoint"):
+            w.checkpoint_label.setText("no usable checkpoint: choose another file")
+    w._refresh_buttons()
+
+
+def _info_job(path: str) -> jobs.Job:
+    from napari_finetune.model.checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(path)
+    names = ckpt.channel_names
+    yield ("info", CheckpointInfo(
+        path=path, channel_names=names, colors=corr.channel_colors(names, ckpt.metadata),
+        normalization=ckpt.normalization, dims=int(getattr(ckpt.model, "dims", 3)),
+    ))
+
+
+def load_info(w: Any, path: str) -> None:
+    """Read the checkpoint's channels in a worker (a bad file -> notification)."""
+    if not path or (w.state.info is not None and w.state.info.path == path):
+        return
+    release_trainer(w.state)  # a new model: the old run's weights no longer apply
+    w.state.info = None
+    w.checkpoint_label.setText("reading checkpoint…")
+    _job(w, None, _info_job, path, what="Cannot use this checkpoint")
+
+
+def predict(w: Any) -> None:
+    """Whole-volume prediction: with the fine-tuned weights after a run, else the checkpoint's."""
+    s, layer = w.state, w.image_combo.layer()
+    if layer is None or s.info is None:
+        return
+    model = s.trainer.model if s.trainer is not None else None
+    _job(w, "predict", jobs.predict_job, s.info.path, corr.image_level0(layer),
+         len(s.info.channel_names), w.settings.device.currentText(), model=model,
+         normalization=s.info.normalization, what="Prediction failed")
+
+
+def new_corrections_layer(w: Any) -> Any:
+    """An empty corrections layer with the model's classes, ready to paint."""
+    image, info = w.image_combo.layer(), w.state.info
+    if image is None or info is None:
+        return None
+    return corr.add_corrections_layer(w.viewer, image, info.channel_names, info.colors,
+                                      corr.store_path_of(image))
+
+
+def follow_corrections(w: Any, layer: Any) -> None:
+    """Autosave ``layer`` into its (or the image's) store; stop following the previous one."""
+    s = w.state
+    if s.autosaver is not None:
+        if s.autosaver.layer is layer:
+            return
+        s.autosaver.disconnect_layer()
+        s.autosaver = None
+    if layer is None:
+        return
+    store = corr.store_path_of(layer, w.image_combo.layer())
+    if store is None:
+        w.autosave_label.setText("corrections: not autosaved (the image is not from an OME-Zarr)")
+        return
+    names = layer.metadata.get("channel_names") or (s.info.channel_names if s.info else [])
+    s.autosaver = corr.Autosaver(
+        layer, store, names, jobs.start_call,
+        on_saved=lambda p: w.autosave_label.setText(f"corrections autosaved into {p}"),
+        on_error=lambda exc: _fail(w, exc, "Autosave of the corrections failed"),
+    )
+    w.autosave_label.setText(f"corrections autosave into {store}")
+
+
+def finetune(w: Any) -> None:
+    """Copy the corrections, start the training job (save, build, run, preview)."""
+    s, image, layer = w.state, w.image_combo.layer(), w.corrections_combo.layer()
+    if s.busy is not None or image is None or layer is None or s.info is None:
+        return
+    data = corr.image_level0(image)
+    if tuple(layer.data.shape) != tuple(data.shape):
+        _fail(w, ValueError(f"corrections {layer.data.shape} and image {data.shape} differ in "
+                            "shape; paint a layer made with 'New corrections layer'."),
+              "Cannot fine-tune")
+        return
+    try:
+        config = w.settings.config()
+    except ValueError as exc:
+        _fail(w, exc, "Invalid settings")
+        return
+    if s.autosaver is not None and s.autosaver.layer is layer:
+        labels = s.autosaver.snapshot()
+    else:
+        labels = np.array(layer.data, copy=True)
+    store = corr.store_path_of(layer, image)
+    release_trainer(s)
+    s.statuses, s.previews, s.timings = [], 0, {}
+    w.status_panel.start_run(config.steps)
+    _job(w, "train", jobs.train_job, s.info.path, data, labels, store, s.info.channel_names,
+         config, w.settings.preview_interval_s, lambda: s.region, model_hook=w._model_hook,
+         what="Fine-tuning failed")
+
+
+def after_training(w: Any) -> None:
+    """Say how the run ended; refresh the whole prediction with the new weights."""
+    s = w.state
+    last = s.statuses[-1] if s.statuses else None
+    w.status_panel.set_idle(f"{last.kind}: step {last.step} / {last.total_steps}" if last
+                            else "not started")
+    if s.trainer is not None and last is not None and prediction_layers(
+        w.viewer, s.info.channel_names
+    ):
+        predict(w)
+
+
+def stop(s: RunState) -> None:
+    """Stop at the next step (the weights of the last completed step are kept)."""
+    if s.trainer is not None:
+        s.trainer.stop()
+    elif s.worker is not None:
+        s.worker.quit()  # still saving or building: end before training starts
+
+
+def stop_on_destroy(s: RunState):
+    """A slot for ``destroyed``: a closed dock does not leave a run training."""
+    return lambda *_: stop(s)
+
+
+def release_trainer(s: RunState) -> None:
+    """Drop the previous run's trainer and give its device memory back."""
+    if s.trainer is not None:
+        s.trainer = None
+        jobs.release_memory()
+
+
+def default_export_path(w: Any) -> str:
+    """``<store>/../<name>-finetuned.pt`` next to the data, else next to the checkpoint."""
+    store = w.store_hint()
+    if store is not None:
+        stem = store.name.split(".")[0]
+        return str(store.parent / f"{stem}-finetuned.pt")
+    ckpt = Path(w.state.info.path) if w.state.info else Path.home() / "model.pt"
+    return str(ckpt.with_name(f"{ckpt.stem}-finetuned.pt"))
+
+
+def export(w: Any, path: str) -> None:
+    """``trainer.export(path)`` in a worker; the path is shown and notified."""
+    if w.state.trainer is None or w.state.busy is not None:
+        return
+    _job(w, "export", jobs.export_job, w.state.trainer, path, what="Export failed")
+
+
+def save_predictions(w: Any) -> None:
+    """Write each prediction layer into the store as ``labels/prediction-<channel>``."""
+    s = w.state
+    store = corr.store_path_of(w.image_combo.layer())
+    layers = prediction_layers(w.viewer, s.info.channel_names) if s.info else []
+    if store is None or not layers:
+        _fail(w, ValueError("predict first, on an image opened from an OME-Zarr store"),
+              "Cannot save predictions")
+        return
+    arrays = [(f"prediction-{layer.metadata[PREDICTION_KEY]}", np.array(layer.data, copy=True))
+              for layer in layers]
+    _job(w, "save", jobs.save_predictions_job, store, arrays, what="Saving predictions failed")
+

@@ -1,0 +1,207 @@
+"""The corrections Labels layer: names and colours of the classes, and autosave.
+
+Label values follow DESIGN.md: 0 unpainted, 1 background, ``k >= 2`` the
+foreground of the model's channel ``k - 2``. The layer carries a
+``features`` table (``index``, ``class``) so napari's status bar names the
+class under the cursor, and a :class:`DirectLabelColormap` so each class has
+the channel's colour.
+
+Autosave: every paint (or data change) restarts a single-shot timer; when it
+fires, the array is copied on the main thread (a memcpy, milliseconds) and
+written into the store's ``labels/corrections`` by a worker thread, so a
+stroke never waits for the disk. One lock serialises all writers (autosave
+and the save the training worker does before it starts).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from qtpy.QtCore import QObject, QTimer
+
+BACKGROUND_COLOR = "#4a6fd6"
+UNPAINTED = 0
+BACKGROUND = 1
+# Membrane yellow, mitochondria magenta, then distinct colours for more channels.
+CHANNEL_PALETTE = ["#ffd21f", "#ff3fd2", "#2fe07a", "#ff7f0e", "#17becf", "#e02f2f", "#bcbd22"]
+_SAVE_LOCK = threading.Lock()
+METADATA_KEY = "napari_finetune_corrections"
+
+
+def channel_colors(
+    channel_names: Sequence[str], metadata: dict[str, Any] | None = None
+) -> list[str]:
+    """One colour per channel: ``metadata["channel_colors"]`` if saved, else the palette."""
+    saved = list((metadata or {}).get("channel_colors") or [])
+    if len(saved) == len(channel_names):
+        return [str(c) for c in saved]
+    return [CHANNEL_PALETTE[i % len(CHANNEL_PALETTE)] for i in range(len(channel_names))]
+
+
+def class_names(channel_names: Sequence[str]) -> list[str]:
+    """Label value -> class name: ``["unpainted", "background", *channel_names]``."""
+    return ["unpainted", "background", *channel_names]
+
+
+def corrections_colormap(colors: Sequence[str]):
+    """Transparent 0, blue background, then the channel colours."""
+    from napari.utils.colormaps import DirectLabelColormap
+
+    color_dict: dict[int | None, Any] = {None: "transparent", UNPAINTED: "transparent"}
+    color_dict[BACKGROUND] = BACKGROUND_COLOR
+    for i, color in enumerate(colors):
+        color_dict[i + 2] = color
+    return DirectLabelColormap(color_dict=color_dict)
+
+
+def add_corrections_layer(
+    viewer: Any,
+    image_layer: Any,
+    channel_names: Sequence[str],
+    colors: Sequence[str],
+    store_path: str | None,
+):
+    """Add an empty corrections layer over ``image_layer``, selected and in paint mode.
+
+    The first channel is the selected label, so the first stroke paints it.
+    """
+    shape = tuple(int(s) for s in image_level0(image_layer).shape)
+    names = class_names(channel_names)
+    metadata = {METADATA_KEY: True, "channel_names": list(channel_names)}
+    if store_path:
+        metadata["ome_zarr_path"] = store_path
+    layer = viewer.add_labels(
+        np.zeros(shape, dtype=np.uint8),
+        name="corrections",
+        scale=image_layer.scale,
+        translate=image_layer.translate,
+        colormap=corrections_colormap(colors),
+        features={"index": np.arange(len(names)), "class": names},
+        metadata=metadata,
+        opacity=0.6,
+    )
+    layer.selected_label = 2 if channel_names else BACKGROUND
+    viewer.layers.selection.active = layer
+    layer.mode = "paint"
+    return layer
+
+
+def image_level0(layer: Any) -> Any:
+    """Full-resolution array of an image layer (multiscale or not)."""
+    return layer.data[0] if getattr(layer, "multiscale", False) else layer.data
+
+
+def store_path_of(*layers: Any) -> str | None:
+    """The first ``metadata["ome_zarr_path"]`` among ``layers``."""
+    for layer in layers:
+        path = (getattr(layer, "metadata", None) or {}).get("ome_zarr_path")
+        if path:
+            return str(path)
+    return None
+
+
+def save_corrections_locked(
+    path: str, labels: np.ndarray, channel_names: Sequence[str] | None = None
+) -> str:
+    """Write ``labels`` to ``<path>/labels/corrections`` (one writer at a time)."""
+    from napari_finetune.io.omezarr import save_corrections
+
+    names = list(channel_names) if channel_names else None
+    with _SAVE_LOCK:
+        save_corrections(path, labels, name="corrections", channel_names=names)
+    return path
+
+
+def is_corrections_candidate(layer: Any) -> bool:
+    """Layers offered for training: made by this widget, or named like corrections.
+
+    Other labels (a ground truth, a prediction) use other values for the
+    classes; training on them by accident would teach the model nonsense.
+    """
+    return bool(layer.metadata.get(METADATA_KEY)) or "correction" in layer.name.lower()
+
+
+class Autosaver(QObject):
+    """Debounced background save of one corrections layer into its store.
+
+    Parameters
+    ----------
+    layer : napari.layers.Labels
+        The painted layer.
+    store_path : str
+        OME-Zarr store the corrections belong to.
+    start_worker : callable
+        ``start_worker(fn, *args, on_done, on_error)`` runs ``fn`` off the main
+        thread (the widget's worker glue); kept injectable for the tests.
+    delay_ms : int
+        Quiet time after the last stroke before saving.
+    """
+
+    def __init__(
+        self,
+        layer: Any,
+        store_path: str,
+        channel_names: Sequence[str],
+        start_worker: Callable[..., Any],
+        on_saved: Callable[[str], None],
+        on_error: Callable[[Exception], None],
+        delay_ms: int = 1500,
+    ) -> None:
+        super().__init__()
+        self.layer = layer
+        self.store_path = store_path
+        self.channel_names = list(channel_names)
+        self._start_worker = start_worker
+        self._on_saved = on_saved
+        self._on_error = on_error
+        self.saves = 0
+        self.in_flight = 0
+        self.timer = QTimer(self)
+        self.timer.setSingleShot(True)
+        self.timer.setInterval(delay_ms)
+        self.timer.timeout.connect(self.save_now)
+        layer.events.paint.connect(self._changed)
+        layer.events.data.connect(self._changed)
+
+    def _changed(self, event: Any = None) -> None:
+        self.timer.start()  # restarts: one save after the strokes stop
+
+    @property
+    def pending(self) -> bool:
+        """True while a save is scheduled or being written."""
+        return self.timer.isActive() or self.in_flight > 0
+
+    def snapshot(self) -> np.ndarray:
+        """A copy of the painted array, taken on the main thread; cancels the pending save."""
+        self.timer.stop()
+        return np.array(self.layer.data, copy=True)
+
+    def save_now(self) -> None:
+        """Copy now, write in the background."""
+        labels = self.snapshot()
+        self.in_flight += 1
+        self._start_worker(
+            save_corrections_locked, self.store_path, labels, self.channel_names,
+            on_done=self._done, on_error=self._failed,
+        )
+
+    def _done(self, path: str) -> None:
+        self.in_flight -= 1
+        self.saves += 1
+        self._on_saved(path)
+
+    def _failed(self, exc: Exception) -> None:
+        self.in_flight -= 1
+        self._on_error(exc)
+
+    def disconnect_layer(self) -> None:
+        """Stop following the layer (another layer was chosen, or the widget closes)."""
+        self.timer.stop()
+        for emitter in (self.layer.events.paint, self.layer.events.data):
+            try:
+                emitter.disconnect(self._changed)
+            except (TypeError, ValueError, RuntimeError):
+                pass

@@ -1,0 +1,135 @@
+"""Prediction layers (one Labels layer per named channel) and the region in view.
+
+A prediction layer shows ``prob > 0.5`` of one channel in the channel's
+colour; live previews write a region of it in place and refresh, so a
+preview costs one slice copy on the main thread, not a new layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+PREDICTION_KEY = "napari_finetune_prediction"
+
+
+def prediction_name(channel: str) -> str:
+    """Layer name of a channel's prediction: ``"membrane prediction"``."""
+    return f"{channel} prediction"
+
+
+def _colormap(color: str):
+    from napari.utils.colormaps import DirectLabelColormap
+
+    return DirectLabelColormap(color_dict={None: "transparent", 0: "transparent", 1: color})
+
+
+def show_predictions(
+    viewer: Any, image_layer: Any, channel_names: Sequence[str], colors: Sequence[str],
+    masks: Sequence[np.ndarray], store_path: str | None,
+) -> list[Any]:
+    """Create or update one Labels layer per channel with the whole-volume masks."""
+    layers = []
+    for name, color, mask in zip(channel_names, colors, masks, strict=True):
+        layer_name = prediction_name(name)
+        if layer_name in viewer.layers:
+            layer = viewer.layers[layer_name]
+            if layer.data.shape == mask.shape:
+                layer.data[...] = mask
+                layer.refresh()
+            else:
+                layer.data = mask
+        else:
+            metadata = {PREDICTION_KEY: name}
+            if store_path:
+                metadata["ome_zarr_path"] = store_path
+            layer = viewer.add_labels(
+                mask, name=layer_name, scale=image_layer.scale, translate=image_layer.translate,
+                colormap=_colormap(color), opacity=0.5, metadata=metadata,
+            )
+        layers.append(layer)
+    return layers
+
+
+def prediction_layers(viewer: Any, channel_names: Sequence[str]) -> list[Any]:
+    """The existing prediction layers, in channel order (missing ones skipped)."""
+    return [
+        viewer.layers[prediction_name(n)]
+        for n in channel_names
+        if prediction_name(n) in viewer.layers
+    ]
+
+
+def apply_preview(
+    viewer: Any, channel_names: Sequence[str], region: tuple[slice, ...], probs: np.ndarray,
+) -> int:
+    """Write ``probs > 0.5`` of ``region`` into the prediction layers; returns layers updated."""
+    updated = 0
+    for name, channel in zip(channel_names, probs, strict=True):
+        layer_name = prediction_name(name)
+        if layer_name not in viewer.layers:
+            continue
+        layer = viewer.layers[layer_name]
+        target = layer.data[region]
+        if target.shape != channel.shape:
+            continue  # the layer was replaced meanwhile; the next preview fits again
+        layer.data[region] = (channel > 0.5).astype(layer.data.dtype)
+        layer.refresh()
+        updated += 1
+    return updated
+
+
+def visible_region(
+    viewer: Any, layer: Any, context: Sequence[int], max_extent: int = 256,
+) -> tuple[slice, ...] | None:
+    """Data-space slices around what the canvas shows of ``layer``.
+
+    Displayed axes: ``max_extent`` voxels around the camera centre (the
+    canvas' pixel size is not public API in napari 0.9, and a fixed window
+    keeps each preview's cost bounded whatever the zoom). Not displayed axes (e.g. Z in a
+    2D view): the current slice with ``context`` voxels on each side, which a
+    3D model needs to see. Returns None when the layer is not in the viewer.
+    """
+    if layer is None or layer not in viewer.layers:
+        return None
+    shape = tuple(int(s) for s in (layer.data[0] if layer.multiscale else layer.data).shape)
+    ndim = len(shape)
+    point = np.asarray(layer.world_to_data(viewer.dims.point), dtype=float)[-ndim:]
+    displayed = [d - (viewer.dims.ndim - ndim) for d in viewer.dims.displayed]
+    center = point.copy()
+    if len(viewer.dims.displayed) == 2:
+        cam = np.asarray(layer.world_to_data(_camera_world_point(viewer)), dtype=float)[-ndim:]
+        for axis in displayed:
+            if 0 <= axis < ndim:
+                center[axis] = cam[axis]
+    half_view = max_extent / 2.0
+    slices = []
+    for axis, size in enumerate(shape):
+        if axis in displayed:
+            lo = int(np.floor(center[axis] - half_view))
+            hi = int(np.ceil(center[axis] + half_view))
+        else:
+            pad = int(context[axis]) if axis < len(context) else 0
+            lo, hi = int(round(center[axis])) - pad, int(round(center[axis])) + pad + 1
+        lo, hi = max(0, lo), min(size, hi)
+        if hi <= lo:
+            lo, hi = 0, size
+        slices.append(slice(lo, hi))
+    return tuple(slices)
+
+
+def _camera_world_point(viewer: Any) -> np.ndarray:
+    # The camera centre covers the displayed axes; the others come from dims.
+    point = np.asarray(viewer.dims.point, dtype=float).copy()
+    center = np.asarray(camera_of(viewer).center, dtype=float)[-len(viewer.dims.displayed):]
+    for axis, value in zip(viewer.dims.displayed, center, strict=True):
+        point[axis] = value
+    return point
+
+
+def camera_of(viewer: Any) -> Any:
+    """``viewer.scene.camera`` (napari >= 0.9), else the older ``viewer.camera``."""
+    scene = getattr(viewer, "scene", None)
+    return scene.camera if scene is not None else viewer.camera

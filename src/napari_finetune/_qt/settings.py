@@ -1,0 +1,111 @@
+"""The run's settings as plain Qt inputs, initialised from FinetuneConfig's defaults."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+from qtpy.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QSpinBox,
+    QWidget,
+)
+
+from napari_finetune.config import FinetuneConfig
+
+DEFAULT_PREVIEW_INTERVAL_S = 5.0
+DEVICES = ["auto", "cpu", "cuda", "mps"]
+
+
+class SettingsForm(QWidget):
+    """Steps, learning rate, batch, mode, distillation, hold, precision, device, preview.
+
+    Every default comes from :class:`FinetuneConfig`, so the widget and the
+    CLI start from the same numbers.
+    """
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        d = FinetuneConfig()
+        self.steps = _spin(1, 1_000_000, d.steps, "Optimizer steps to run")
+        self.learning_rate = QDoubleSpinBox()
+        self.learning_rate.setDecimals(6)
+        self.learning_rate.setRange(1e-6, 1.0)
+        self.learning_rate.setSingleStep(1e-5)
+        self.learning_rate.setValue(d.learning_rate)
+        self.learning_rate.setToolTip("AdamW learning rate; 1e-4 suits LoRA")
+        self.batch_size = _spin(1, 512, d.batch_size,
+                                "Patches per step; halved automatically on out-of-memory")
+        self.mode = QComboBox()
+        self.mode.addItem("LoRA adapters", "lora")
+        self.mode.addItem("Full fine-tune", "full")
+        self.mode.setCurrentIndex(0 if d.mode == "lora" else 1)
+        self.lora_rank = _spin(1, 256, d.lora_rank, "LoRA rank (LoRA mode only)")
+        self.mode.currentIndexChanged.connect(
+            lambda _: self.lora_rank.setEnabled(self.mode.currentData() == "lora")
+        )
+        self.distillation = QDoubleSpinBox()
+        self.distillation.setRange(0.0, 100.0)
+        self.distillation.setSingleStep(0.1)
+        self.distillation.setValue(d.distillation)
+        self.distillation.setToolTip(
+            "Weight of the starting model's guidance on unpainted voxels (0 = off)"
+        )
+        self.hold_other_channels = QCheckBox("keep untouched channels as they were")
+        self.hold_other_channels.setChecked(d.hold_other_channels)
+        self.mixed_precision = QCheckBox("bf16 / fp16 on GPUs")
+        self.mixed_precision.setChecked(d.mixed_precision)
+        self.device = QComboBox()
+        self.device.addItems(DEVICES)
+        self.device.setCurrentText(d.device if d.device in DEVICES else "auto")
+        self.preview_interval = QDoubleSpinBox()
+        self.preview_interval.setRange(0.0, 3600.0)
+        self.preview_interval.setSuffix(" s")
+        self.preview_interval.setValue(DEFAULT_PREVIEW_INTERVAL_S)
+        self.preview_interval.setToolTip(
+            "Refresh the prediction in view every so many seconds while training (0 = never)"
+        )
+        form = QFormLayout(self)
+        form.setContentsMargins(0, 0, 0, 0)
+        form.addRow("Steps:", self.steps)
+        form.addRow("Learning rate:", self.learning_rate)
+        form.addRow("Batch size:", self.batch_size)
+        form.addRow("Mode:", self.mode)
+        form.addRow("LoRA rank:", self.lora_rank)
+        form.addRow("Distillation:", self.distillation)
+        form.addRow("Hold:", self.hold_other_channels)
+        form.addRow("Mixed precision:", self.mixed_precision)
+        form.addRow("Device:", self.device)
+        form.addRow("Preview every:", self.preview_interval)
+
+    def config(self, **overrides) -> FinetuneConfig:
+        """A validated :class:`FinetuneConfig` from the inputs (ValueError if invalid)."""
+        values = {f.name: getattr(FinetuneConfig(), f.name) for f in fields(FinetuneConfig)}
+        values.update(
+            steps=self.steps.value(),
+            learning_rate=self.learning_rate.value(),
+            batch_size=self.batch_size.value(),
+            mode=self.mode.currentData(),
+            lora_rank=self.lora_rank.value(),
+            distillation=self.distillation.value(),
+            hold_other_channels=self.hold_other_channels.isChecked(),
+            mixed_precision=self.mixed_precision.isChecked(),
+            device=self.device.currentText(),
+        )
+        values.update(overrides)
+        return FinetuneConfig(**values)
+
+    @property
+    def preview_interval_s(self) -> float:
+        """Seconds between live previews (0 = never)."""
+        return float(self.preview_interval.value())
+
+
+def _spin(low: int, high: int, value: int, tip: str) -> QSpinBox:
+    box = QSpinBox()
+    box.setRange(low, high)
+    box.setValue(value)
+    box.setToolTip(tip)
+    return box

@@ -1,0 +1,193 @@
+"""What a run looks like from the outside: labels, progress, a loss plot and a log.
+
+The panel only formats :class:`~napari_finetune.trainer.status.Status` events;
+it never reaches into the trainer. The text of each label is built by a pure
+function (``*_text``) so it can be checked without a display.
+"""
+
+from __future__ import annotations
+
+import math
+
+from qtpy.QtCore import QPointF, Qt
+from qtpy.QtGui import QColor, QPainter, QPen, QPolygonF
+from qtpy.QtWidgets import (
+    QFormLayout,
+    QLabel,
+    QPlainTextEdit,
+    QProgressBar,
+    QSizePolicy,
+    QVBoxLayout,
+    QWidget,
+)
+
+from napari_finetune.trainer.status import Status
+
+MAX_LOG_LINES = 500
+
+
+def dtype_text(status: Status) -> str:
+    """"bfloat16 (no grad scaler)", "float16 + grad scaler" or "float32"."""
+    if status.dtype == "float32":
+        return "float32"
+    suffix = " + grad scaler" if status.grad_scaler else " (no grad scaler)"
+    return status.dtype + suffix
+
+
+def batch_text(status: Status) -> str:
+    """"batch 4 × accumulation 2 (effective 8)"."""
+    return (
+        f"batch {status.batch_size} × accumulation {status.accumulation} "
+        f"(effective {status.effective_batch})"
+    )
+
+
+def switch_text(state: str, weight: float | None, dropped_at_step: int | None) -> str:
+    """"on (weight 0.5)", "on", "off" or "dropped after out-of-memory at step 12"."""
+    if state == "dropped":
+        where = f" at step {dropped_at_step}" if dropped_at_step is not None else ""
+        return f"dropped after out-of-memory{where}"
+    if state == "on" and weight is not None:
+        return f"on (weight {weight:g})"
+    return state
+
+
+def format_seconds(seconds: float) -> str:
+    """``75`` -> "1:15"; ``3725`` -> "1:02:05"."""
+    seconds = max(0, int(round(seconds)))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def eta_text(status: Status) -> str:
+    """"step 12 / 200, ETA 3:10" (no ETA before the first step)."""
+    text = f"step {status.step} / {status.total_steps}"
+    if status.step > 0 and status.elapsed_s > 0:
+        remaining = status.elapsed_s / status.step * (status.total_steps - status.step)
+        text += f", ETA {format_seconds(remaining)}"
+    return text
+
+
+class LossPlot(QWidget):
+    """A polyline of the loss per step; repainting costs microseconds, not a figure."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.losses: list[float] = []
+        self.setMinimumHeight(70)
+        self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
+        self.setToolTip("Training loss per optimizer step")
+
+    def clear(self) -> None:
+        """Forget the curve."""
+        self.losses.clear()
+        self.update()
+
+    def add(self, loss: float | None) -> None:
+        """Append one step's loss (non-finite values are skipped) and schedule a repaint."""
+        if loss is not None and math.isfinite(loss):
+            self.losses.append(float(loss))
+            self.update()
+
+    def paintEvent(self, event) -> None:  # noqa: N802 (Qt's name)
+        painter = QPainter(self)
+        painter.fillRect(self.rect(), QColor(38, 41, 48))
+        width, height = self.width(), self.height()
+        if len(self.losses) < 2:
+            painter.setPen(QColor(150, 150, 150))
+            painter.drawText(self.rect(), Qt.AlignCenter, "loss")
+            painter.end()
+            return
+        # At most one point per pixel column: the cost stays flat on long runs.
+        stride = max(1, len(self.losses) // max(width, 1))
+        values = self.losses[::stride]
+        low, high = min(values), max(values)
+        span = (high - low) or 1.0
+        margin = 6
+        polygon = QPolygonF()
+        for i, value in enumerate(values):
+            x = margin + i * (width - 2 * margin) / (len(values) - 1)
+            y = margin + (high - value) / span * (height - 2 * margin - 12)
+            polygon.append(QPointF(x, y))
+        painter.setRenderHint(QPainter.Antialiasing)
+        painter.setPen(QPen(QColor(90, 200, 250), 1.5))
+        painter.drawPolyline(polygon)
+        painter.setPen(QColor(200, 200, 200))
+        painter.drawText(margin, height - 3, f"loss {self.losses[-1]:.4g}  (min {low:.3g})")
+        painter.end()
+
+
+class StatusPanel(QWidget):
+    """Labels for dtype, batch, distillation and hold; progress with ETA; loss plot; log."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.dtype_label = QLabel("–")
+        self.batch_label = QLabel("–")
+        self.distillation_label = QLabel("–")
+        self.hold_label = QLabel("–")
+        for label in (self.dtype_label, self.batch_label, self.distillation_label, self.hold_label):
+            label.setWordWrap(True)
+            label.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        form = QFormLayout()
+        form.addRow("Precision:", self.dtype_label)
+        form.addRow("Batch:", self.batch_label)
+        form.addRow("Distillation:", self.distillation_label)
+        form.addRow("Hold other channels:", self.hold_label)
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 1)
+        self.progress.setValue(0)
+        self.progress.setFormat("idle")
+        self.progress.setTextVisible(True)
+        self.loss_plot = LossPlot()
+        self.log = QPlainTextEdit()
+        self.log.setReadOnly(True)
+        self.log.setMaximumBlockCount(MAX_LOG_LINES)
+        self.log.setMinimumHeight(80)
+        self.log.setPlaceholderText("Run log: recoveries and messages appear here.")
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addLayout(form)
+        layout.addWidget(self.progress)
+        layout.addWidget(self.loss_plot)
+        layout.addWidget(self.log)
+
+    def start_run(self, total_steps: int) -> None:
+        """Reset for a new run of ``total_steps`` steps."""
+        self.loss_plot.clear()
+        self.progress.setRange(0, max(total_steps, 1))
+        self.progress.setValue(0)
+        self.progress.setFormat("starting…")
+
+    def show_status(self, status: Status) -> None:
+        """Update every label from one event; log what is not a routine step."""
+        self.dtype_label.setText(dtype_text(status))
+        self.batch_label.setText(batch_text(status))
+        self.distillation_label.setText(
+            switch_text(status.distillation, status.distillation_weight, status.dropped_at_step)
+        )
+        self.hold_label.setText(
+            switch_text(status.hold_other_channels, None, status.dropped_at_step)
+        )
+        self.progress.setRange(0, max(status.total_steps, 1))
+        self.progress.setValue(min(status.step, status.total_steps))
+        self.progress.setFormat(eta_text(status))
+        if status.kind == "step":
+            self.loss_plot.add(status.loss)
+        if status.kind != "step" and status.message:
+            self.append_log(status.message)
+
+    def show_progress(self, done: int, total: int, what: str) -> None:
+        """Block progress of a prediction or export: "predict: 3 / 8 blocks"."""
+        self.progress.setRange(0, max(total, 1))
+        self.progress.setValue(done)
+        self.progress.setFormat(f"{what}: {done} / {total}")
+
+    def set_idle(self, text: str = "idle") -> None:
+        """Leave the bar where it stopped but say the run is over."""
+        self.progress.setFormat(text)
+
+    def append_log(self, line: str) -> None:
+        """One line at the bottom of the log."""
+        self.log.appendPlainText(line)

@@ -1,0 +1,216 @@
+"""Thread-worker glue: the jobs the widget runs off the main thread.
+
+Each job is a generator of events (tuples whose first item names them) that
+napari's ``thread_worker`` machinery delivers to the main thread:
+
+``("progress", done, total, what)``  a block of a prediction was computed
+``("prediction", masks)``            one uint8 mask per channel, whole volume
+``("saved", store_path)``            corrections written into the store
+``("trainer", trainer)``             the Finetuner exists (the widget may stop it)
+``("status", Status)``               one event of ``Finetuner.run()``
+``("preview", region, probs)``       probabilities of ``region`` with the current weights
+``("exported", path)`` / ``("written", names)``
+``("error", exc)``                   the job failed; the message is the engine's
+
+Errors are turned into an event (not raised) so the widget shows the
+engine's own message once, and is back to a usable state, instead of a
+traceback dialog. Every heavy object (checkpoint, model, trainer) is built
+inside the job, in the worker thread: a click never waits for it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import queue
+import threading
+import time
+from collections.abc import Callable, Generator, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+Event = tuple
+Job = Generator[Event, None, Any]
+
+
+def start_job(
+    job: Callable[..., Job], *args: Any, on_event: Callable[[Event], None],
+    on_finished: Callable[[], None] | None = None, **kwargs: Any,
+):
+    """Run ``job(*args, **kwargs)`` in a napari ``thread_worker``; events go to ``on_event``."""
+    from napari.qt.threading import create_worker
+
+    worker = create_worker(_guarded, job, *args, _start_thread=False, **kwargs)
+    worker.yielded.connect(on_event)
+    if on_finished is not None:
+        worker.finished.connect(on_finished)
+    worker.start()
+    return worker
+
+
+def start_call(
+    fn: Callable[..., Any], *args: Any, on_done: Callable[[Any], None],
+    on_error: Callable[[Exception], None],
+):
+    """Run a plain function in a worker: ``on_done(result)`` or ``on_error(exc)``."""
+
+    def job() -> Job:
+        yield ("done", fn(*args))
+
+    def relay(event: Event) -> None:
+        (on_done if event[0] == "done" else on_error)(event[1])
+
+    return start_job(job, on_event=relay)
+
+
+def _guarded(job: Callable[..., Job], *args: Any, **kwargs: Any) -> Job:
+    try:
+        return (yield from job(*args, **kwargs))
+    except Exception as exc:  # every failure becomes one notification
+        yield ("error", exc)
+        return None
+    finally:
+        release_memory()
+
+
+def release_memory() -> None:
+    """Collect garbage and return cached device memory to the driver."""
+    gc.collect()
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def with_progress(fn: Callable[[Callable[[int, int], None]], Any], what: str) -> Job:
+    """Run ``fn(progress)`` in a helper thread and yield its ``progress(done, total)`` calls.
+
+    ``predict_volume`` reports progress through a callback; a generator cannot
+    yield from inside a callback, so the computation runs beside the
+    generator and the progress crosses over a queue.
+    """
+    events: queue.Queue = queue.Queue()
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["result"] = fn(lambda done, total: events.put((done, total)))
+        except BaseException as exc:  # re-raised in the generator's thread
+            outcome["error"] = exc
+        finally:
+            events.put(None)
+
+    thread = threading.Thread(target=target, name=f"napari-finetune-{what}", daemon=True)
+    thread.start()
+    while (item := events.get()) is not None:
+        yield ("progress", item[0], item[1], what)
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("result")
+
+
+def predict_job(
+    checkpoint_path: str, image: Any, channel_count: int | None, device: str,
+    model: Any = None, normalization: dict | None = None,
+) -> Job:
+    """Whole-volume prediction, blockwise; ``model`` (a fine-tuned one) skips loading."""
+    from napari_finetune.config import PredictConfig
+    from napari_finetune.data.normalization import intensity_range
+    from napari_finetune.predict import predict_volume
+
+    if model is None:
+        from napari_finetune.model.checkpoint import load_checkpoint
+
+        ckpt = load_checkpoint(checkpoint_path)
+        model, normalization = ckpt.model, ckpt.normalization
+        channel_count = len(ckpt.channel_names)
+    low_high = intensity_range(image, normalization or {})
+    shape = tuple(int(s) for s in image.shape)
+    masks = [np.zeros(shape, dtype=np.uint8) for _ in range(channel_count or 1)]
+    config = PredictConfig(device=device)
+    yield from with_progress(
+        lambda progress: predict_volume(model, image, low_high, config, out=masks,
+                                        progress=progress),
+        "predict",
+    )
+    yield ("prediction", masks)
+
+
+def fit_patch_shape(patch: Sequence[int], shape: Sequence[int], multiple: int) -> tuple[int, ...]:
+    """The configured patch cut to the volume, kept a multiple of the model's pooling.
+
+    A 3-axis default used with a 2D model keeps its last two axes.
+    """
+    patch = tuple(patch)[-len(shape):]
+    if len(patch) < len(shape):
+        patch = (patch[0],) * (len(shape) - len(patch)) + patch
+    fitted = []
+    for p, s in zip(patch, shape, strict=True):
+        size = min(p, s) // multiple * multiple
+        fitted.append(max(size, multiple))
+    return tuple(fitted)
+
+
+def train_job(
+    checkpoint_path: str, image: Any, corrections: np.ndarray, store_path: str | None,
+    channel_names: Sequence[str], config: Any, preview_interval_s: float,
+    region: Callable[[], tuple[slice, ...] | None],
+    model_hook: Callable[[Any], Any] | None = None,
+) -> Job:
+    """Save the corrections, build model and trainer here, run, yield previews between steps.
+
+    The first preview comes after the first optimizer step (the user sees the
+    model move at once), then every ``preview_interval_s`` seconds (0: never).
+    """
+    if store_path:
+        from napari_finetune._qt.corrections import save_corrections_locked
+
+        save_corrections_locked(store_path, corrections, channel_names)  # before anything can fail
+        yield ("saved", store_path)
+    from napari_finetune.model.checkpoint import load_checkpoint
+    from napari_finetune.trainer.loop import Finetuner
+
+    ckpt = load_checkpoint(checkpoint_path)
+    if model_hook is not None:
+        model_hook(ckpt.model)  # fault injection for the tests and the benchmark
+    multiple = int(getattr(ckpt.model, "shape_multiple", 1) or 1)
+    config = dataclasses.replace(
+        config, patch_shape=fit_patch_shape(config.patch_shape, image.shape, multiple)
+    )
+    trainer = Finetuner(ckpt.model, image, corrections, config, metadata=ckpt.metadata,
+                        source_sha256=ckpt.sha256)
+    del ckpt
+    yield ("trainer", trainer)
+    last_preview: float | None = None
+    for status in _statuses(trainer):
+        yield ("status", status)
+        now = time.monotonic()
+        due = last_preview is None or now - last_preview >= preview_interval_s
+        if preview_interval_s > 0 and status.kind == "step" and due:
+            where = region()
+            if where is not None:
+                yield ("preview", where, np.asarray(trainer.predict(where)))
+            last_preview = time.monotonic()
+
+
+def _statuses(trainer: Any) -> Iterator[Any]:
+    yield from trainer.run()
+
+
+def export_job(trainer: Any, path: str) -> Job:
+    """``trainer.export(path)`` off the main thread."""
+    yield ("exported", str(trainer.export(path)))
+
+
+def save_predictions_job(store_path: str, arrays: Sequence[tuple[str, np.ndarray]]) -> Job:
+    """Write each ``(name, mask)`` into ``<store>/labels/<name>``."""
+    from napari_finetune.io.omezarr import write_labels
+
+    names = []
+    for i, (name, array) in enumerate(arrays):
+        write_labels(store_path, name, array)
+        names.append(name)
+        yield ("progress", i + 1, len(arrays), "save predictions")
+    yield ("written", names)

@@ -1,0 +1,110 @@
+"""Dock, predict, corrections layer, autosave, bad checkpoint: the widget without training."""
+
+from __future__ import annotations
+
+import numpy as np
+from napari.utils.notifications import NotificationSeverity, notification_manager
+from qtpy.QtCore import Qt
+from tests._qt.conftest import CHANNELS, SHAPE, wait_idle
+
+
+def _errors() -> list[str]:
+    return [
+        str(n.message) for n in notification_manager.records
+        if n.severity == NotificationSeverity.ERROR
+    ]
+
+
+def test_dock_lists_the_image_and_reads_the_checkpoint(docked):
+    viewer, widget, image = docked
+    assert widget.image_combo.layer() is image
+    assert widget.state.info.channel_names == CHANNELS
+    assert "membrane, mitochondria" in widget.checkpoint_label.text()
+    assert widget.predict_button.isEnabled()
+    assert not widget.finetune_button.isEnabled()  # nothing to train on yet
+    assert not widget.stop_button.isEnabled()
+    # The settings start from FinetuneConfig's defaults.
+    from napari_finetune.config import FinetuneConfig
+
+    assert widget.settings.config() == FinetuneConfig()
+
+
+def test_predict_button_adds_one_layer_per_channel(docked, qtbot):
+    viewer, widget, image = docked
+    qtbot.mouseClick(widget.predict_button, Qt.LeftButton)
+    assert widget.state.busy == "predict"  # the click returned while the worker runs
+    wait_idle(qtbot, widget)
+    names = [f"{c} prediction" for c in CHANNELS]
+    assert all(n in viewer.layers for n in names)
+
+    # Same masks as predict_volume called directly with the checkpoint.
+    from napari_finetune.config import PredictConfig
+    from napari_finetune.data.normalization import intensity_range
+    from napari_finetune.model.checkpoint import load_checkpoint
+    from napari_finetune.predict import predict_volume
+
+    ckpt = load_checkpoint(widget.state.info.path)
+    data = np.asarray(image.data)
+    probs = predict_volume(ckpt.model, data, intensity_range(data, ckpt.normalization),
+                           PredictConfig(device="cpu"))
+    for name, channel in zip(names, probs, strict=True):
+        layer = viewer.layers[name]
+        assert layer.data.shape == SHAPE and layer.data.dtype == np.uint8
+        np.testing.assert_array_equal(layer.data, (channel > 0.5).astype(np.uint8))
+    assert "predict" in widget.status_panel.progress.format() or "done" in (
+        widget.status_panel.progress.format())
+
+
+def test_new_corrections_layer_names_classes_and_autosaves(docked, qtbot):
+    viewer, widget, image = docked
+    qtbot.mouseClick(widget.new_corrections_button, Qt.LeftButton)
+    layer = viewer.layers["corrections"]
+    assert widget.corrections_combo.layer() is layer
+    assert viewer.layers.selection.active is layer
+    assert layer.mode == "paint" and layer.selected_label == 2
+    assert list(layer.features["class"]) == ["unpainted", "background", *CHANNELS]
+    # Channel colours differ from each other and from background; 0 is transparent.
+    colors = [tuple(np.round(layer.colormap.map(v), 3)) for v in (0, 1, 2, 3)]
+    assert colors[0][3] == 0 and len(set(colors[1:])) == 3
+    assert widget.finetune_button.isEnabled()
+
+    saver = widget.state.autosaver
+    saver.timer.setInterval(50)  # the default waits 1.5 s after the last stroke
+    layer.paint((8, 30, 30), 3)  # mitochondria
+    layer.paint((8, 5, 5), 1)  # background
+    assert saver.pending
+    qtbot.waitUntil(lambda: saver.saves >= 1 and saver.in_flight == 0, timeout=20_000)
+
+    from napari_finetune.io.omezarr import list_labels, load_corrections
+
+    store = image.metadata["ome_zarr_path"]
+    assert "corrections" in list_labels(store)
+    np.testing.assert_array_equal(load_corrections(store), layer.data)
+    assert "autosaved" in widget.autosave_label.text()
+
+
+def test_bad_checkpoint_notifies_and_keeps_the_widget_usable(docked, qtbot, tmp_path):
+    viewer, widget, image = docked
+    good = widget.state.info.path
+    bad = tmp_path / "broken.pt"
+    bad.write_bytes(b"this is not a checkpoint")
+    before = len(_errors())
+    widget.checkpoint_edit.setText(str(bad))
+    widget._checkpoint_changed()
+    qtbot.waitUntil(lambda: len(_errors()) > before, timeout=20_000)
+    assert "not a readable PyTorch checkpoint" in _errors()[-1]
+    assert widget.state.info is None
+    assert not widget.predict_button.isEnabled()
+    # Back to a good file: everything works again.
+    widget.checkpoint_edit.setText(good)
+    widget._checkpoint_changed()
+    qtbot.waitUntil(lambda: widget.state.info is not None, timeout=20_000)
+    assert widget.predict_button.isEnabled()
+
+
+def test_corrections_combo_ignores_ground_truth_and_predictions(docked, qtbot):
+    viewer, widget, image = docked
+    viewer.add_labels(np.zeros(SHAPE, np.uint8), name="ground truth")
+    assert widget.corrections_combo.layer() is None
+    viewer.add_labels(np.zeros(SHAPE, np.uint8), name="my corrections")
+    assert widget.corrections_combo.layer().name == "my corrections"
