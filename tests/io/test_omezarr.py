@@ -302,3 +302,38 @@ def test_labels_image_itself_opens_as_volume(store: Path) -> None:
     labels = open_volume(store / "labels" / "ground_truth")
     assert labels.shape == SHAPE and int(np.asarray(labels.data).max()) == 2
     assert os.fspath(labels.path).endswith("ground_truth")
+
+
+def test_save_while_another_thread_writes(store: Path, monkeypatch) -> None:
+    """The widget autosaves corrections while predictions are being written: neither is lost.
+
+    The prediction's write is held half way (in its staging folder) while the
+    corrections are saved, whose start-up recovery must leave that folder alone.
+    """
+    import threading
+
+    import ome_zarr.writer
+
+    real, halfway, go_on = ome_zarr.writer.write_labels, threading.Event(), threading.Event()
+
+    def held_write(data, group, **kwargs):
+        real(data, group, **kwargs)
+        if kwargs["name"] == "prediction":
+            halfway.set()
+            assert go_on.wait(60)
+
+    monkeypatch.setattr(ome_zarr.writer, "write_labels", held_write)
+    mask = np.full(SHAPE, 5, np.uint8)
+    writer = threading.Thread(target=write_labels, args=(store, "prediction", mask))
+    writer.start()
+    try:
+        assert halfway.wait(60)
+        save_corrections(store, _corrections(2))
+        assert len(_staging_dirs(store)) == 1  # the prediction's, still in progress
+    finally:
+        go_on.set()
+        writer.join(60)
+    assert sorted(list_labels(store)) == ["corrections", "ground_truth", "prediction"]
+    np.testing.assert_array_equal(load_corrections(store, "prediction"), mask)
+    np.testing.assert_array_equal(load_corrections(store), _corrections(2))
+    assert _staging_dirs(store) == []

@@ -6,35 +6,29 @@ ome-zarr-py's Reader and napari-ome-zarr read what we write. Labels are single
 resolution (level 0 only) with the image's spatial axes and level-0 scale;
 viewers draw them over the image pyramid.
 
-What ``write_labels``/``save_corrections`` guarantee when they replace
-``labels/<name>`` (the process may be killed at any instant):
-
-1. Everything is validated (shape, dtype, write permission) before anything
-   is written; the raw image is never opened for writing.
-2. The new labels image is written completely into a staging folder inside the
-   store (``.napari-finetune-staging-<pid>-<id>``), then a ``COMPLETE`` marker.
-3. Only then is the old ``labels/<name>`` moved into the staging folder and the
-   new one moved into its place: two directory renames on the same file system.
-4. The old copy is deleted last.
-
-So at every instant either ``labels/<name>`` is a complete image (old or new),
-or, between the two renames of step 3, both complete copies are in the staging
-folder; the next write or load (``_recover``) puts the new one, or failing that
-the old one, back in place. Not covered: power loss before the OS flushed its
-caches (nothing is fsynced), and two processes saving the same name at once.
+Replacing an existing ``labels/<name>`` (``write_labels``, ``save_corrections``)
+goes through :func:`napari_finetune.io.staging.staged_replace`: the new image is
+written completely beside the old one and swapped in by renames, so a crash or
+an error mid-write never loses the old labels (its module doc says exactly what
+is guaranteed). Nothing is written before every check has passed.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import stat
-import uuid
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from napari_finetune.io.staging import (
+    check_writable,
+    labels_group,
+    list_name,
+    recover,
+    staged_replace,
+)
 from napari_finetune.io.volume import (
     Volume,
     VolumeError,
@@ -44,7 +38,6 @@ from napari_finetune.io.volume import (
     open_volume,
 )
 
-STAGING_PREFIX = ".napari-finetune-staging-"
 BACKGROUND_RGBA = [128, 128, 128, 255]
 # Colours of the correction classes k >= 2 (channel k - 2), cycled.
 CHANNEL_RGBA = [[255, 0, 255, 255], [0, 255, 255, 255], [255, 200, 0, 255], [0, 200, 0, 255]]
@@ -54,25 +47,6 @@ def _format(volume: Volume) -> Any:
     from ome_zarr.format import FormatV04, FormatV05
 
     return FormatV04() if volume.zarr_format == 2 else FormatV05()
-
-
-def _dir_writable(d: Path) -> bool:
-    # A directory with no write bit for anyone was made read-only on purpose:
-    # honour that even as root, for whom os.access always says "writable".
-    if not d.stat().st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
-        return False
-    return os.access(d, os.W_OK | os.X_OK)
-
-
-def check_writable(store: Path, name: str | None = None) -> None:
-    """Raise :class:`VolumeError` unless the directories a labels write touches are writable."""
-    dirs = [store, store / "labels"] + ([store / "labels" / name] if name else [])
-    for d in dirs:
-        if d.is_dir() and not _dir_writable(d):
-            raise VolumeError(
-                f"{store} is read-only ({d} is not writable), so labels cannot be saved "
-                "into it; copy the store somewhere writable (or make it writable) and save again."
-            )
 
 
 def _check_name(name: str) -> None:
@@ -102,57 +76,6 @@ def _axes_meta(volume: Volume) -> list[dict[str, str]]:
             entry["unit"] = volume.axis_units[a]
         axes.append(entry)
     return axes
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _recover(store: Path) -> None:
-    """Finish or undo a labels swap that a killed process left half done (see module doc)."""
-    for staging in store.glob(STAGING_PREFIX + "*"):
-        try:
-            pid = int(staging.name[len(STAGING_PREFIX):].split("-")[0])
-        except ValueError:
-            continue
-        if pid != os.getpid() and _pid_alive(pid):
-            continue  # another live process is writing
-        marker = staging / "COMPLETE"
-        if marker.is_file():
-            name = marker.read_text().strip()
-            target = store / "labels" / name
-            new, old = staging / "labels" / name, staging / "old"
-            if not target.exists() and (new.is_dir() or old.is_dir()):
-                os.rename(new if new.is_dir() else old, target)
-                _list_name(_labels_group(store), name)
-        shutil.rmtree(staging, ignore_errors=True)
-
-
-def _labels_group(store: Path) -> Any:
-    import zarr
-    from zarr.storage import LocalStore
-
-    root = zarr.open_group(store=LocalStore(store), mode="r+")
-    return root.require_group("labels")
-
-
-def _list_name(labels_group: Any, name: str) -> None:
-    """Make ``name`` appear exactly once in the labels group's ``labels`` list."""
-    from ome_zarr.format import FormatV04, FormatV05
-    from ome_zarr.writer import add_metadata, get_metadata
-
-    fmt = FormatV04() if labels_group.metadata.zarr_format == 2 else FormatV05()
-    names = [n for n in get_metadata(labels_group).get("labels", []) if n != name] + [name]
-    meta: dict[str, Any] = {"labels": names}
-    if fmt.version != "0.4":
-        meta = {"version": fmt.version, **meta}
-    add_metadata(labels_group, meta, fmt=fmt)
 
 
 def _image_label(
@@ -202,43 +125,27 @@ def write_labels(
     volume = open_volume(store)
     _check_array(volume, array, f"labels {name!r}")
     check_writable(store, name)
-    _recover(store)
+    recover(store)
 
     data = array if isinstance(array, da.Array) else da.from_array(array)
     if data.dtype == np.bool_:
         data = data.astype(np.uint8)
     data = data.rechunk(volume.data.chunksize)  # same blocks as the image: cheap blockwise IO
     fmt = _format(volume)
-    staging = store / f"{STAGING_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    target = store / "labels" / name
-    try:
+    with staged_replace(store, name) as staging:
         group = zarr.open_group(store=LocalStore(staging), mode="w", zarr_format=fmt.zarr_format)
         ome_write_labels(
             data,
             group,
             name=name,
-            scaler=None,
+            scaler=None,  # its default (a deprecated Scaler) would build a pyramid
             scale_factors=[],
             fmt=fmt,
             axes=_axes_meta(volume),
             scale=dict(zip(volume.axes, volume.scale[0], strict=True)),
             label_metadata=_image_label(colors, properties),
         )
-        (staging / "COMPLETE").write_text(name)
-        labels_group = _labels_group(store)
-        if target.exists():
-            os.rename(target, staging / "old")
-        os.rename(staging / "labels" / name, target)
-        _list_name(labels_group, name)
-    except BaseException:
-        if not target.exists() and (staging / "old").is_dir():
-            os.rename(staging / "old", target)  # put the old labels back
-        raise
-    finally:
-        # Never delete the only copy: the old one, if it could not be put back.
-        if target.is_dir() or not (staging / "old").is_dir():
-            shutil.rmtree(staging, ignore_errors=True)
-    return target
+    return store / "labels" / name
 
 
 def correction_metadata(
@@ -286,7 +193,7 @@ def load_corrections(path: str | os.PathLike, name: str = "corrections") -> np.n
     volume = open_volume(store)
     try:
         check_writable(store, None)
-        _recover(store)  # a save killed between its two renames leaves the copy aside
+        recover(store)  # a save killed between its two renames leaves the copy aside
     except VolumeError:
         pass  # read-only store: nothing to recover into, read what is there
     if name not in list_labels(store):
@@ -327,12 +234,12 @@ def create_labels_array(
     volume = open_volume(store)
     _check_array(volume, _Shape(shape, dtype), f"labels {name!r}")
     check_writable(store, name)
-    _recover(store)
+    recover(store)
     fmt = _format(volume)
-    labels_group = _labels_group(store)
+    group = labels_group(store)
     if _zarr_kind(store / "labels" / name) is not None:
         shutil.rmtree(store / "labels" / name)
-    sub = labels_group.create_group(name)
+    sub = group.create_group(name)
     kwargs: dict[str, Any] = {}
     if fmt.zarr_format == 2:
         kwargs["chunk_key_encoding"] = {"name": "v2", "separator": "/"}  # NGFF 0.4 wants "/"
@@ -354,8 +261,8 @@ def create_labels_array(
         axes=_axes_meta(volume),
         name=name,
     )
-    write_label_metadata(labels_group, name, fmt=fmt, **_image_label(colors, properties))
-    _list_name(labels_group, name)
+    write_label_metadata(group, name, fmt=fmt, **_image_label(colors, properties))
+    list_name(group, name)
     return array
 
 

@@ -7,13 +7,13 @@ other labels are written into the store's ``labels/`` group in the same format
 """
 
 from napari_finetune.io.labels import (
-    check_writable,
     correction_metadata,
     create_labels_array,
     load_corrections,
     save_corrections,
     write_labels,
 )
+from napari_finetune.io.staging import check_writable
 from napari_finetune.io.volume import (
     Volume,
     VolumeError,
