@@ -1,0 +1,92 @@
+"""The cached OME-Zarr sample stores: readable by ome-zarr-py, reused, never half."""
+
+import numpy as np
+import pytest
+import zarr
+from ome_zarr.io import parse_url
+from ome_zarr.reader import Reader
+
+from napari_finetune.samples import _store
+from napari_finetune.samples import synthetic_em as gen
+
+SHAPE = (16, 64, 64)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("NAPARI_FINETUNE_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_store_is_ngff_with_multiscale_image_and_ground_truth_labels(cache):
+    path = gen.ensure_sample("target", SHAPE, seed=7)
+    assert path.parent == cache and path.is_dir()
+    image, truth = gen.generate_volume(SHAPE, 7, "target")
+    nodes = list(Reader(parse_url(str(path)))())
+    image_node = nodes[0]
+    levels = image_node.data
+    assert len(levels) >= 2 and tuple(levels[0].shape) == SHAPE
+    assert levels[0].dtype == np.uint8
+    np.testing.assert_array_equal(np.asarray(levels[0]), image)
+    labels = [n for n in nodes if n.metadata.get("name") == "ground_truth"]
+    assert labels, [n.metadata.get("name") for n in nodes]
+    np.testing.assert_array_equal(np.asarray(labels[0].data[0]), truth)
+    root = zarr.open_group(str(path), mode="r")
+    assert "ground_truth" in root["labels"].attrs.asdict().get("ome", root["labels"].attrs)[
+        "labels"
+    ]
+
+
+def test_key_includes_domain_seed_and_shape(cache):
+    a = gen.ensure_sample("target", SHAPE, seed=1)
+    b = gen.ensure_sample("source", SHAPE, seed=1)
+    c = gen.ensure_sample("target", (16, 64, 48), seed=1)
+    d = gen.ensure_sample("target", SHAPE, seed=2)
+    assert len({a, b, c, d}) == 4
+    assert f"v{gen.GENERATOR_VERSION}" in a.name
+
+
+def test_existing_store_is_reused_without_generating(cache, monkeypatch):
+    first = gen.ensure_sample("source", SHAPE, seed=3)
+    stamp = (first / "zarr.json").stat().st_mtime_ns
+
+    def fail(*args, **kwargs):
+        raise AssertionError("regenerated a complete store")
+
+    monkeypatch.setattr(gen, "generate_volume", fail)
+    assert gen.ensure_sample("source", SHAPE, seed=3) == first
+    assert (first / "zarr.json").stat().st_mtime_ns == stamp
+
+
+def test_half_written_store_is_regenerated(cache):
+    final = cache / _store.store_name("target", SHAPE, 4)
+    # What a copy interrupted half-way leaves: a group, some arrays, no completion record.
+    root = zarr.open_group(str(final), mode="w")
+    root.create_array("s0", shape=SHAPE, dtype="uint8")
+    assert not _store.is_complete(final)
+    path = gen.ensure_sample("target", SHAPE, seed=4)
+    assert path == final and _store.is_complete(final)
+    image, _ = gen.generate_volume(SHAPE, 4, "target")
+    np.testing.assert_array_equal(zarr.open_group(str(final), mode="r")["s0"][:], image)
+
+
+def test_crash_while_writing_leaves_nothing_behind(cache, monkeypatch):
+    real = _store.write_store
+
+    def crash(path, image, truth, record):
+        real(path, image, truth, {"partial": True})
+        raise KeyboardInterrupt("power cut")
+
+    monkeypatch.setattr(_store, "write_store", crash)
+    with pytest.raises(KeyboardInterrupt):
+        gen.ensure_sample("target", SHAPE, seed=5)
+    assert list(cache.iterdir()) == []  # no final store, no temporary folder
+    monkeypatch.setattr(_store, "write_store", real)
+    assert _store.is_complete(gen.ensure_sample("target", SHAPE, seed=5))
+
+
+def test_cache_dir_default_and_override(monkeypatch, tmp_path):
+    monkeypatch.delenv("NAPARI_FINETUNE_CACHE", raising=False)
+    assert gen.cache_dir().parts[-2:] == (".cache", "napari-finetune")
+    monkeypatch.setenv("NAPARI_FINETUNE_CACHE", str(tmp_path))
+    assert gen.cache_dir() == tmp_path
