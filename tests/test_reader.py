@@ -107,3 +107,22 @@ def test_napari_opens_store(make_napari_viewer, store: Path) -> None:
     corrections = viewer.layers["corrections"]
     corrections.data[3, 0, 0] = 1  # an editable array, as the brush needs
     assert int(corrections.data[2, 25, 25]) == 2
+
+
+def test_big_labels_stay_lazy_and_broken_ones_are_skipped(store: Path, monkeypatch) -> None:
+    import dask.array as da
+
+    import napari_finetune._reader as reader
+
+    monkeypatch.setattr(reader, "EDITABLE_LABELS_BYTES", 0)
+    broken = zarr.open_group(str(store), mode="r+")["labels"].create_group("broken")
+    del broken  # a group without NGFF metadata, listed below as if it were labels
+    attrs = zarr.open_group(str(store / "labels"), mode="r+").attrs
+    if "ome" in attrs:
+        attrs["ome"] = {**attrs["ome"], "labels": [*attrs["ome"]["labels"], "broken"]}
+    else:
+        attrs["labels"] = [*attrs["labels"], "broken"]
+    with pytest.warns(UserWarning, match=r"labels/broken skipped: .*without OME-NGFF"):
+        layers = read_ome_zarr(str(store))
+    assert [kw["name"] for _, kw, _ in layers[1:]] == ["ground_truth", "corrections"]
+    assert all(isinstance(data, da.Array) for data, _, _ in layers[1:])

@@ -8,6 +8,7 @@ that are not ours.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -109,7 +110,7 @@ def _labels_layer(store: Path, name: str) -> LayerData:
 
 def read_ome_zarr(path: str | os.PathLike | list[Any]) -> list[LayerData]:
     """Layer data for napari: the image (multiscale when the store has levels) and its labels."""
-    from napari_finetune.io.volume import open_volume
+    from napari_finetune.io.volume import VolumeError, open_volume
 
     p = _single_path(path)
     volume = open_volume(p)  # VolumeError (a clear message) for what we cannot use
@@ -126,5 +127,8 @@ def read_ome_zarr(path: str | os.PathLike | list[Any]) -> list[LayerData]:
         (volume.levels if multiscale else volume.data, image_kwargs, "image")
     ]
     for name in volume.label_names:
-        layers.append(_labels_layer(volume.path, name))
+        try:
+            layers.append(_labels_layer(volume.path, name))
+        except VolumeError as exc:  # one damaged labels image should not hide the volume
+            warnings.warn(f"labels/{name} skipped: {exc}", stacklevel=2)
     return layers

@@ -337,3 +337,27 @@ def test_save_while_another_thread_writes(store: Path, monkeypatch) -> None:
     np.testing.assert_array_equal(load_corrections(store, "prediction"), mask)
     np.testing.assert_array_equal(load_corrections(store), _corrections(2))
     assert _staging_dirs(store) == []
+
+
+def test_scale_and_translation_compose(store: Path, version: str) -> None:
+    """Dataset transforms, then the multiscales-level one (NGFF order)."""
+    group = zarr.open_group(str(store), mode="r+")
+    attrs = dict(group.attrs)
+    meta = attrs["ome"] if version == "0.5" else attrs
+    multiscale = meta["multiscales"][0]
+    multiscale["datasets"][0]["coordinateTransformations"] = [
+        {"type": "scale", "scale": [2.0, 0.5, 0.5]},
+        {"type": "translation", "translation": [10.0, 1.0, 0.0]}]
+    multiscale["coordinateTransformations"] = [{"type": "scale", "scale": [1.0, 3.0, 3.0]}]
+    group.attrs.update(attrs)
+    volume = open_volume(store)
+    assert volume.scale[0] == [2.0, 1.5, 1.5]
+    assert volume.translation[0] == [10.0, 3.0, 0.0]
+    assert volume.scale[1] == [2.0, 3.0, 3.0]
+    # Labels written now overlay the image: same level-0 scale and translation.
+    save_corrections(store, _corrections())
+    create_labels_array(store, "prediction", SHAPE, np.uint8)
+    for name in ("corrections", "prediction"):
+        labels = open_volume(store / "labels" / name)
+        assert (labels.scale[0], labels.translation[0]) == (volume.scale[0], volume.translation[0])
+    np.testing.assert_array_equal(load_corrections(store), _corrections())

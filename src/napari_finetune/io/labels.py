@@ -145,7 +145,28 @@ def write_labels(
             scale=dict(zip(volume.axes, volume.scale[0], strict=True)),
             label_metadata=_image_label(colors, properties),
         )
+        _align(group[f"labels/{name}"], volume)
     return store / "labels" / name
+
+
+def _transforms(volume: Volume) -> list[dict[str, Any]]:
+    """Level-0 transforms of the image, so the labels overlay it in every viewer."""
+    transforms: list[dict[str, Any]] = [{"type": "scale", "scale": list(volume.scale[0])}]
+    if any(volume.translation[0]):
+        transforms.append({"type": "translation", "translation": list(volume.translation[0])})
+    return transforms
+
+
+def _align(group: Any, volume: Volume) -> None:
+    """Give a freshly written single-level labels image the image's level-0 transforms.
+
+    ome-zarr-py's write_labels takes a scale only; an image with an origin
+    offset (translation) would otherwise be overlaid shifted.
+    """
+    attrs = group.attrs.asdict()
+    meta = attrs.get("ome", attrs)
+    meta["multiscales"][0]["datasets"][0]["coordinateTransformations"] = _transforms(volume)
+    group.attrs.update(attrs)
 
 
 def correction_metadata(
@@ -255,8 +276,7 @@ def create_labels_array(
     )
     write_multiscales_metadata(
         sub,
-        datasets=[{"path": "s0", "coordinateTransformations": [
-            {"type": "scale", "scale": list(volume.scale[0])}]}],
+        datasets=[{"path": "s0", "coordinateTransformations": _transforms(volume)}],
         fmt=fmt,
         axes=_axes_meta(volume),
         name=name,
