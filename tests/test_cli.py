@@ -214,3 +214,117 @@ def test_export_errors_are_one_line(capsys, tmp_path, checkpoint):
     )
     assert_one_line_error(code, err)
     assert "no_such_pkg" in err
+
+
+@pytest.fixture
+def painted_store(store):
+    from napari_finetune.io.omezarr import save_corrections
+
+    corrections = np.zeros((16, 40, 40), np.uint8)
+    corrections[4, 5:15, 5:15] = 1
+    corrections[4, 20:25, 20:30] = 2
+    corrections[6, 20:25, 20:30] = 3
+    save_corrections(store, corrections)
+    return store
+
+
+TRAIN_FAST = ["--patch-shape", "8", "16", "16", "--batch-size", "2", "--device", "cpu", "-q"]
+
+
+def test_train_exports_a_checkpoint_with_the_run(capsys, tmp_path, painted_store, checkpoint):
+    out = tmp_path / "tuned.pt"
+    code, stdout, err = run_cli(
+        capsys,
+        "train",
+        painted_store,
+        "-c",
+        checkpoint,
+        "-o",
+        out,
+        "--steps",
+        "2",
+        "--no-hold-other-channels",
+        *TRAIN_FAST,
+    )
+    assert code == 0, err
+    assert "[probe 0/2] dtype=float32" in stdout and "batch 2 x accumulation 1" in stdout
+    assert "hold_other_channels=off" in stdout
+    assert "finished after 2/2 steps" in stdout
+    run = load_checkpoint(out).metadata["run"]
+    assert run["steps_done"] == 2 and run["painted_voxels"] == 200
+    assert run["config"]["hold_other_channels"] is False
+
+
+def test_train_errors_are_one_line(capsys, tmp_path, store, painted_store, checkpoint):
+    out = tmp_path / "tuned.pt"
+    code, _, err = run_cli(
+        capsys, "train", store, "-c", checkpoint, "-o", out, "--corrections", "nope", *TRAIN_FAST
+    )
+    assert_one_line_error(code, err)
+    code, _, err = run_cli(
+        capsys,
+        "train",
+        store,
+        "-c",
+        checkpoint,
+        "-o",
+        tmp_path / "no" / "dir" / "o.pt",
+        *TRAIN_FAST,
+    )
+    assert_one_line_error(code, err)
+    code, _, err = run_cli(
+        capsys, "train", store, "-c", checkpoint, "-o", out, "--learning-rate", "-1", *TRAIN_FAST
+    )
+    assert_one_line_error(code, err)
+    assert "learning_rate" in err
+    assert not out.exists()
+
+
+def test_train_nothing_painted_is_one_line(capsys, tmp_path, store, checkpoint):
+    from napari_finetune.io.omezarr import save_corrections
+
+    save_corrections(store, np.zeros((16, 40, 40), np.uint8))
+    code, _, err = run_cli(
+        capsys, "train", store, "-c", checkpoint, "-o", tmp_path / "o.pt", *TRAIN_FAST
+    )
+    assert_one_line_error(code, err)
+    assert "nothing is painted" in err
+
+
+def test_ctrl_c_stops_cleanly_and_exports(tmp_path, painted_store, checkpoint):
+    out = tmp_path / "tuned.pt"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "napari_finetune.cli",
+            "train",
+            str(painted_store),
+            "-c",
+            str(checkpoint),
+            "-o",
+            str(out),
+            "--steps",
+            "500",
+            *TRAIN_FAST,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        for line in proc.stdout:
+            if line.startswith("[probe"):
+                break
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, stderr
+    assert "Traceback" not in stderr
+    assert "stopped by Ctrl-C" in stdout and f"exported {out}" in stdout
+    run = load_checkpoint(out).metadata["run"]
+    assert 0 <= run["steps_done"] < 500

@@ -153,6 +153,14 @@ def run_finetune(
         for status in trainer.run():
             printer(status)
             last = status
+    except (RuntimeError, FloatingPointError) as exc:
+        # RecoveryError (out of memory with nothing left) and a non-finite fp32
+        # loss: the message already says what was tried and what to do.
+        if type(exc).__name__ != "RecoveryError" and not isinstance(exc, FloatingPointError):
+            raise
+        from napari_finetune.cli import CLIError
+
+        raise CLIError(str(exc)) from None
     finally:
         signal.signal(signal.SIGINT, previous)
         printer.close()
