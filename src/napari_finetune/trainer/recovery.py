@@ -180,10 +180,10 @@ class Precision:
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         if not grads:
             return True
-        norms = torch._foreach_norm(grads) if hasattr(torch, "_foreach_norm") else [
-            torch.linalg.vector_norm(g) for g in grads
-        ]
-        return bool(torch.isfinite(torch.stack([n.float() for n in norms])).all())
+        # Measured on torch 2.13 CPU: bf16 conv3d backward on a tiny (1x2x2)
+        # level now and then leaves NaN in a weight gradient: this check is
+        # what turns that into a clean fall-back to fp32.
+        return bool(torch.stack([torch.isfinite(g).all() for g in grads]).all())
 
 
 def release_failed_attempt(trainer: Any) -> None:
@@ -339,7 +339,6 @@ def probe_precision(trainer: Any) -> list[str]:
         restore_rng(trainer, rng)
         restore_batchnorm(bn)
         restore_grads(grads)
-        gc.collect()
     return messages
 
 

@@ -1,0 +1,206 @@
+"""Precision, is_oom_error, the batch ladder and the precision probe."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+from engine_setup import make_trainer
+
+from napari_finetune.trainer import faults, recovery
+from napari_finetune.trainer.recovery import (
+    Precision,
+    RecoveryError,
+    halve_batch,
+    is_oom_error,
+    probe_precision,
+    survive_oom,
+)
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        torch.OutOfMemoryError("whatever"),
+        torch.cuda.OutOfMemoryError("x"),
+        MemoryError(),
+        RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+        RuntimeError("CUDA error: out of memory\nCUDA kernel errors might be ..."),
+        RuntimeError("HIP out of memory. Tried to allocate 20 MiB"),
+        RuntimeError("XPU out of memory, please use `empty_cache`"),
+        RuntimeError("MPS backend out of memory (MPS allocated: 1 GB)"),
+        RuntimeError("[enforce fail at alloc_cpu.cpp:114] DefaultCPUAllocator: can't allocate "
+                     "memory: you tried to allocate 1000 bytes."),
+        RuntimeError("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if ..."),
+        RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate`"),
+    ],
+)
+def test_is_oom_error_recognises_allocator_failures(exc):
+    assert is_oom_error(exc)
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        RuntimeError("mat1 and mat2 shapes cannot be multiplied"),
+        ValueError("out of memory"),  # not an allocator error type
+        RecoveryError("out of memory in step 3 with nothing left; CUDA out of memory"),
+        KeyError("CUDA out of memory"),
+    ],
+)
+def test_is_oom_error_rejects_the_rest(exc):
+    assert not is_oom_error(exc)
+
+
+def test_precision_on_cpu_is_off_unless_cpu_bf16():
+    off = Precision("cpu", enabled=True)
+    assert off.describe() == "False (fp32)" and off.dtype_name == "float32"
+    bf16 = Precision("cpu", enabled=True, cpu_bf16=True)
+    assert bf16.describe() == "True (dtype=bfloat16, grad_scaler=False)"
+    bf16.fall_back_to_fp32()
+    assert bf16.describe() == "False (fp32)" and bf16.fell_back and not bf16.enabled
+    assert Precision("cpu", enabled=False, cpu_bf16=True).describe() == "False (fp32)"
+
+
+@pytest.mark.parametrize(
+    ("capability", "native_bf16", "expected"),
+    [((9, 0), True, (torch.bfloat16, False)), ((8, 0), True, (torch.bfloat16, False)),
+     ((7, 5), True, (torch.float16, True)), ((8, 6), False, (torch.float16, True))],
+)
+def test_cuda_choice_follows_native_bf16(monkeypatch, capability, native_bf16, expected):
+    asked = {}
+
+    def is_bf16_supported(including_emulation=True):
+        asked["emulation"] = including_emulation
+        return native_bf16
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
+    assert recovery.choose_precision(torch.device("cuda"), True) == expected
+    assert asked.get("emulation", False) is False  # emulated bf16 never counts
+    assert recovery.choose_precision(torch.device("cuda"), False) == (None, False)
+    assert recovery.choose_precision(torch.device("mps"), True) == (None, False)
+
+
+def test_fp16_with_scaler_describes_itself(monkeypatch):
+    monkeypatch.setattr(recovery, "choose_precision", lambda *a: (torch.float16, True))
+    p = Precision("cpu", enabled=True)
+    assert p.describe() == "True (dtype=float16, grad_scaler=True)"
+    assert p.grad_scaler and p.scaler is not None
+
+
+def test_gradients_finite():
+    model = torch.nn.Linear(3, 2)
+    assert Precision.gradients_finite(model)  # no gradients yet
+    model(torch.ones(1, 3)).sum().backward()
+    assert Precision.gradients_finite(model)
+    model.weight.grad[0, 0] = float("inf")
+    assert not Precision.gradients_finite(model)
+    model.weight.grad[0, 0] = float("nan")
+    assert not Precision.gradients_finite(model)
+
+
+class _Holder:
+    def __init__(self, batch, accumulation):
+        self.batch_size, self.accumulation = batch, accumulation
+        self.samples_per_step = batch * accumulation
+        self.teacher = object()
+        self.distillation, self.hold_other_channels = 0.5, True
+        self.optimizer = None
+        self.model = torch.nn.Linear(2, 2)
+        self.precision = Precision("cpu", False)
+        self.device = "cpu"
+        self.recovery_log = []
+        self.dropped_at_step = None
+        self.steps_done = 6
+
+
+def test_halve_batch_keeps_samples_per_step():
+    h = _Holder(8, 1)
+    pairs = []
+    while halve_batch(h):
+        pairs.append((h.batch_size, h.accumulation))
+    assert pairs == [(4, 2), (2, 4), (1, 8)]
+    odd = _Holder(5, 1)
+    pairs = []
+    while halve_batch(odd):
+        pairs.append((odd.batch_size, odd.accumulation))
+    assert pairs == [(3, 2), (2, 3), (1, 5)]
+
+
+def test_survive_oom_halves_then_drops_the_teacher_then_gives_up():
+    h = _Holder(2, 2)
+    h.model(torch.ones(1, 2)).sum().backward()
+    assert survive_oom(h, epoch=1)
+    assert (h.batch_size, h.accumulation) == (1, 4)
+    assert all(p.grad is None for p in h.model.parameters())  # stale gradients cleared
+    assert h.recovery_log[-1].startswith("out of memory at step 7: batch 2 → 1, accumulation 2 → 4")
+    assert h.teacher is not None
+    assert survive_oom(h, epoch=1)
+    assert h.teacher is None and h.distillation == 0.0 and not h.hold_other_channels
+    assert h.dropped_at_step == 7
+    assert not survive_oom(h, epoch=1)
+
+
+def test_probe_leaves_rng_batchnorm_and_gradients_as_they_were():
+    trainer = make_trainer(norm="batch", batch_size=4)
+    trainer.build()
+    model = trainer.model
+    model(torch.rand(2, 1, *trainer.config.patch_shape)).sum().backward()  # grads + BN stats
+    grads = [p.grad.clone() for p in model.parameters()]
+    bn = {k: v.clone() for k, v in model.state_dict().items() if "running" in k or "num_b" in k}
+    assert bn
+    torch.manual_seed(123)
+    np.random.seed(4)  # noqa: NPY002 - the legacy global state is what the probe must keep
+    random.seed(5)
+    sampler_state = trainer.sampler.get_state()
+    expected = (torch.rand(3), np.random.rand(3), random.random())  # noqa: NPY002
+    torch.manual_seed(123)
+    np.random.seed(4)  # noqa: NPY002
+    random.seed(5)
+    messages = probe_precision(trainer)
+    assert messages[-1].startswith("precision probe passed")
+    got = (torch.rand(3), np.random.rand(3), random.random())  # noqa: NPY002
+    assert torch.equal(got[0], expected[0]) and np.array_equal(got[1], expected[1])
+    assert got[2] == expected[2]
+    assert trainer.sampler.get_state() == sampler_state
+    for k, v in bn.items():
+        assert torch.equal(model.state_dict()[k], v), k
+    for p, g in zip(model.parameters(), grads, strict=True):
+        assert torch.equal(p.grad, g)
+
+
+def test_probe_falls_back_to_fp32_on_non_finite_bf16():
+    trainer = make_trainer(mixed_precision=True, cpu_bf16=True, batch_size=2)
+    trainer.build()
+    fault = faults.nan_in_forward(trainer.model.head)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    messages = probe_precision(trainer)
+    assert fault.count == 1
+    assert "fp32" in messages[-1] and trainer.precision.describe() == "False (fp32)"
+    for p, b in zip(trainer.model.parameters(), before, strict=True):
+        assert torch.equal(p, b)
+
+
+def test_probe_halves_the_batch_on_oom():
+    trainer = make_trainer(batch_size=8)
+    trainer.build()
+    fault = faults.oom_above_batch(trainer.model, 2)
+    messages = probe_precision(trainer)
+    assert fault.count == 2
+    assert (trainer.batch_size, trainer.accumulation) == (2, 4)
+    assert messages[0] == (
+        "out of memory in the precision probe: batch 8 → 4, accumulation 1 → 2 (effective 8)"
+    )
+
+
+def test_probe_with_nothing_left_raises_a_clear_error():
+    trainer = make_trainer(batch_size=2)
+    trainer.build()
+    faults.always_oom(trainer.model)
+    with pytest.raises(RecoveryError) as info:
+        probe_precision(trainer)
+    text = str(info.value)
+    assert "batch 2 → 1" in text and "dropped distillation" in text and "Tried" in text
