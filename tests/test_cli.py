@@ -328,3 +328,39 @@ def test_ctrl_c_stops_cleanly_and_exports(tmp_path, painted_store, checkpoint):
     assert "stopped by Ctrl-C" in stdout and f"exported {out}" in stdout
     run = load_checkpoint(out).metadata["run"]
     assert 0 <= run["steps_done"] < 500
+
+
+def test_simulated_painting_respects_budget_slices_and_truth():
+    from napari_finetune.cli.simulate import (
+        prediction_errors,
+        simulate_corrections,
+        split_slices,
+    )
+
+    rng = np.random.default_rng(0)
+    truth = rng.integers(0, 3, (12, 30, 30)).astype(np.uint8)
+    probs = rng.random((2, 12, 30, 30)).astype(np.float32)
+    painted_z, held_out = split_slices(12)
+    assert max(painted_z) < held_out.start == 6
+    corr = simulate_corrections(truth, probs, painted_z, 0.01, seed=3)
+    assert (corr > 0).sum() <= 0.01 * truth.size and (corr > 0).sum() > 0.009 * truth.size
+    mask = corr > 0
+    assert (corr[mask] == truth[mask] + 1).all()
+    assert not mask[[z for z in range(12) if z not in painted_z]].any()
+    # Most strokes land on the model's errors.
+    assert prediction_errors(probs, truth)[mask].mean() > 0.5
+    np.testing.assert_array_equal(corr, simulate_corrections(truth, probs, painted_z, 0.01, 3))
+
+
+def test_demo_quick(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("NAPARI_FINETUNE_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "demo"
+    code, stdout, err = run_cli(capsys, "demo", "--quick", "--out", out, "--steps", "2", "-q")
+    assert code == 0, err
+    assert "[probe 0/2] dtype=" in stdout and "foreground IoU on held-out" in stdout
+    results = json.loads((out / "results.json").read_text())
+    assert 0 < results["painted_fraction"] <= 0.01 and results["steps"] == 2
+    assert len(results["iou_before"]) == len(results["iou_after"]) == 2
+    assert (out / "before_after.png").stat().st_size > 10_000
+    tuned = load_checkpoint(out / "finetuned.pt")
+    assert tuned.metadata["run"]["painted_voxels"] == results["painted_voxels"]

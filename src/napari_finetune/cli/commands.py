@@ -147,6 +147,10 @@ def run_finetune(
         trainer.stop()
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
+    printer.bar.write(
+        f"fine-tuning {config.steps} steps ({config.mode}, device {trainer.device}); "
+        "building the trainer (PEFT, optimizer, precision probe)..."
+    )
     previous = signal.signal(signal.SIGINT, on_sigint)
     last = None
     try:

@@ -226,7 +226,7 @@ def write_figure(
         ax.set_title(title)
         ax.axis("off")
     fig.suptitle(f"held-out slice z={z} ({', '.join(f'{i + 1}={n}' for i, n in enumerate(names))})")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.94))
     fig.savefig(path, dpi=80)
     plt.close(fig)
     return path
