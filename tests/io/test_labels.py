@@ -198,3 +198,22 @@ def test_save_while_another_thread_writes(store: Path, monkeypatch) -> None:
     np.testing.assert_array_equal(load_corrections(store, "prediction"), mask)
     np.testing.assert_array_equal(load_corrections(store), _corrections(2))
     assert _staging_dirs(store) == []
+
+
+def test_consolidated_metadata_is_refreshed(store: Path) -> None:
+    """A store with consolidated metadata lists new labels there too (zarr readers trust it)."""
+    import warnings
+
+    import zarr
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        zarr.consolidate_metadata(str(store))
+    save_corrections(store, _corrections())
+    create_labels_array(store, "prediction", SHAPE, np.uint8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        root = zarr.open_group(str(store), mode="r")
+        assert root["labels/corrections/s0"].shape == SHAPE
+        assert root["labels/prediction/s0"].shape == SHAPE
+    np.testing.assert_array_equal(load_corrections(store), _corrections())

@@ -27,6 +27,7 @@ from napari_finetune.io.staging import (
     labels_group,
     list_name,
     recover,
+    refresh_consolidated,
     staged_replace,
 )
 from napari_finetune.io.volume import (
@@ -283,6 +284,7 @@ def create_labels_array(
     )
     write_label_metadata(group, name, fmt=fmt, **_image_label(colors, properties))
     list_name(group, name)
+    refresh_consolidated(store)
     return array
 
 

@@ -21,11 +21,13 @@ old one back itself. Not covered: power loss before the OS flushed its caches
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
 import threading
 import uuid
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -64,7 +66,8 @@ def labels_group(store: Path) -> Any:
     import zarr
     from zarr.storage import LocalStore
 
-    root = zarr.open_group(store=LocalStore(store), mode="r+")
+    # Consolidated metadata (if any) is a snapshot: read the real hierarchy instead.
+    root = zarr.open_group(store=LocalStore(store), mode="r+", use_consolidated=False)
     return root.require_group("labels")
 
 
@@ -80,6 +83,26 @@ def list_name(group: Any, name: str) -> None:
         if fmt.version != "0.4":
             meta = {"version": fmt.version, **meta}
         add_metadata(group, meta, fmt=fmt)
+
+
+def refresh_consolidated(store: Path) -> None:
+    """Re-consolidate a store that has consolidated metadata, so readers that trust it
+    (``zarr.open_group(store)["labels/<name>"]``) see the labels just written."""
+    import zarr
+    from zarr.storage import LocalStore
+
+    if (store / ".zmetadata").is_file():
+        consolidated = True
+    else:
+        try:
+            root_meta = json.loads((store / "zarr.json").read_text())
+        except (OSError, ValueError):
+            return
+        consolidated = root_meta.get("consolidated_metadata") is not None
+    if consolidated:
+        with _LOCK, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # zarr's "not part of the v3 spec" notice
+            zarr.consolidate_metadata(LocalStore(store))
 
 
 def _pid_alive(pid: int) -> bool:
@@ -110,6 +133,7 @@ def recover(store: Path) -> None:
                 if not target.exists() and (new.is_dir() or old.is_dir()):
                     os.rename(new if new.is_dir() else old, target)
                     list_name(labels_group(store), name)
+                    refresh_consolidated(store)
             shutil.rmtree(staging, ignore_errors=True)
 
 
@@ -133,6 +157,7 @@ def staged_replace(store: Path, name: str) -> Iterator[Path]:
                 os.rename(target, staging / "old")
             os.rename(staging / "labels" / name, target)
             list_name(group, name)
+            refresh_consolidated(store)
     except BaseException:
         if not target.exists() and (staging / "old").is_dir():
             os.rename(staging / "old", target)  # put the old labels back
