@@ -1,0 +1,81 @@
+"""Checkpoints: atomic writes, safe loading, clear errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from napari_finetune.model import checkpoint as ckpt_module
+from napari_finetune.model.checkpoint import (
+    CheckpointError,
+    checkpoint_from_factory,
+    describe_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from napari_finetune.model.unet import UNet
+
+
+def _model():
+    torch.manual_seed(0)
+    return UNet(dims=3, depth=1, features=4, norm="batch")
+
+
+def test_round_trip_same_outputs_and_weights_only(tmp_path):
+    model = _model().eval()
+    path = save_checkpoint(tmp_path / "m.pt", model, {"channel_names": ["a", "b"]})
+    payload = torch.load(path, weights_only=True)
+    assert payload["format"] == "napari-finetune-checkpoint"
+    loaded = load_checkpoint(path)
+    x = torch.rand(1, 1, 4, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.model(x), model(x), rtol=0, atol=0)
+    assert loaded.channel_names == ["a", "b"] and len(loaded.sha256) == 64
+    assert not loaded.model.training
+    assert "channels:      a, b" in describe_checkpoint(loaded)
+
+
+def test_failed_save_leaves_the_old_file_and_no_temp_file(tmp_path, monkeypatch):
+    path = save_checkpoint(tmp_path / "m.pt", _model())
+    before = path.read_bytes()
+
+    def broken_save(obj, handle, *args, **kwargs):
+        handle.write(b"half a checkpoint")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ckpt_module.torch, "save", broken_save)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(path, UNet(dims=3, depth=1, features=8))
+    assert [p.name for p in tmp_path.iterdir()] == ["m.pt"]
+    assert path.read_bytes() == before
+
+
+def test_corrupt_file_is_a_checkpoint_error(tmp_path):
+    path = save_checkpoint(tmp_path / "m.pt", _model())
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(CheckpointError, match="not a readable PyTorch checkpoint"):
+        load_checkpoint(path)
+    with pytest.raises(CheckpointError, match="not found"):
+        load_checkpoint(tmp_path / "missing.pt")
+
+
+def test_wrong_format_gets_a_clear_error(tmp_path):
+    bare = tmp_path / "bare.pt"
+    torch.save(_model().state_dict(), bare)
+    with pytest.raises(CheckpointError, match="not a napari-finetune checkpoint"):
+        load_checkpoint(bare)
+    # ...and the message's advice works: wrap the bare state dict.
+    wrapped = checkpoint_from_factory(
+        tmp_path / "wrapped.pt", "napari_finetune.model.unet:UNet",
+        {"dims": 3, "depth": 1, "features": 4, "norm": "batch"}, bare,
+    )
+    assert isinstance(load_checkpoint(wrapped).model, UNet)
+
+
+def test_weights_that_do_not_fit_the_architecture(tmp_path):
+    path = save_checkpoint(tmp_path / "m.pt", _model())
+    payload = torch.load(path, weights_only=True)
+    payload["architecture"]["kwargs"]["features"] = 8
+    torch.save(payload, path)
+    with pytest.raises(CheckpointError, match="do not fit"):
+        load_checkpoint(path)

@@ -1,0 +1,92 @@
+"""Label semantics of the losses and whole-step normalisation."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from engine_setup import make_trainer
+
+from napari_finetune.trainer.losses import (
+    HOLD_WEIGHT,
+    corrected_channels,
+    finetune_loss,
+    needs_teacher,
+    step_normalisers,
+)
+from napari_finetune.trainer.step import accumulate_gradients, split_sizes
+
+
+def test_corrected_channels():
+    assert corrected_channels([1, 2], 3).tolist() == [True, False, False]
+    assert corrected_channels([2, 4], 3).tolist() == [True, False, True]
+    # Only background painted: every channel counts as corrected.
+    assert corrected_channels([1], 3).tolist() == [True, True, True]
+    assert needs_teacher(torch.tensor([True, False]), 0.0, True)
+    assert not needs_teacher(torch.tensor([True, True]), 0.0, True)
+    assert not needs_teacher(torch.tensor([True, False]), 0.0, False)
+
+
+def _bce(logit, target):
+    return F.binary_cross_entropy_with_logits(torch.tensor(logit), torch.tensor(target)).item()
+
+
+def test_supervised_targets_follow_the_label_semantics():
+    # 3 channels, channel 0 and 1 corrected, channel 2 untouched; 4 voxels:
+    # unpainted, background, channel 0, channel 1.
+    labels = torch.tensor([[0, 1, 2, 3]])
+    logits = torch.tensor([[[0.1, 0.2, 0.3, 0.4], [0.5, 0.6, 0.7, 0.8], [0.9, 1.0, 1.1, 1.2]]])
+    corrected = corrected_channels([1, 2, 3], 3)
+    norms = step_normalisers(labels, corrected, distillation=0.0, hold=False)
+    assert norms.supervised == 3 * 2
+    loss = finetune_loss(logits, labels, corrected, norms)
+    expected = (
+        _bce(0.2, 0.0) + _bce(0.6, 0.0)  # background: negative for corrected 0 and 1
+        + _bce(0.3, 1.0) + _bce(0.7, 0.0)  # channel 0: positive 0, negative 1
+        + _bce(0.4, 0.0) + _bce(0.8, 1.0)  # channel 1: negative 0, positive 1
+    ) / 6  # channel 2 (uncorrected) and the unpainted voxel are not supervised
+    assert abs(loss.item() - expected) < 1e-6
+
+
+def test_distillation_on_unpainted_and_hold_on_other_channels():
+    labels = torch.tensor([[0, 2]])
+    logits = torch.tensor([[[0.1, 0.2], [0.3, 0.4]]])
+    teacher = torch.tensor([[[0.25, 0.5], [0.75, 0.125]]])
+    corrected = corrected_channels([2], 2)  # channel 0 corrected, channel 1 held
+    norms = step_normalisers(labels, corrected, distillation=0.5, hold=True)
+    assert (norms.supervised, norms.distillation, norms.hold) == (1, 1, 2)
+    loss = finetune_loss(logits, labels, corrected, norms, teacher, 0.5, True)
+    expected = (
+        _bce(0.2, 1.0)  # painted channel-0 voxel
+        + 0.5 * _bce(0.1, 0.25)  # teacher on the unpainted voxel, corrected channel
+        + HOLD_WEIGHT * (_bce(0.3, 0.75) + _bce(0.4, 0.125)) / 2  # channel 1 everywhere
+    )
+    assert abs(loss.item() - expected) < 1e-6
+    without = finetune_loss(logits, labels, corrected, norms, None, 0.5, True)
+    assert abs(without.item() - _bce(0.2, 1.0)) < 1e-6
+
+
+def test_split_sizes():
+    assert split_sizes(5, 3) == [3, 2]
+    assert split_sizes(8, 4) == [4, 4]
+    assert split_sizes(8, 3) == [3, 3, 2]
+    assert split_sizes(1, 8) == [1]
+    assert sum(split_sizes(13, 2)) == 13 and max(split_sizes(13, 2)) == 2
+
+
+def _grads(trainer, images, labels, sizes):
+    trainer.model.zero_grad(set_to_none=True)
+    loss = accumulate_gradients(trainer, images, labels, micro_batches=sizes)
+    return loss.item(), [p.grad.clone() for p in trainer.model.parameters()]
+
+
+def test_batch_8_and_4x2_give_the_same_gradients():
+    """Whole-step normalisation: how a step is cut does not change its gradients."""
+    trainer = make_trainer(norm="group", batch_size=8, mode="full")
+    trainer.build()
+    images, labels = trainer.sampler.sample(8)
+    loss8, g8 = _grads(trainer, images, labels, [8])
+    for sizes in ([4, 4], [3, 3, 2], [1] * 8):
+        loss, grads = _grads(trainer, images, labels, sizes)
+        assert abs(loss - loss8) < 1e-6
+        for a, b in zip(g8, grads, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
