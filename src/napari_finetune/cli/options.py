@@ -89,12 +89,13 @@ class StatusPrinter:
     differ from the last printed line; the bar shows steps and loss.
     """
 
-    def __init__(self, total: int, quiet: bool = False) -> None:
+    def __init__(self, total: int, quiet: bool = False, echo: bool = True) -> None:
         from tqdm import tqdm
 
         self.bar = tqdm(
             total=total, unit="step", disable=quiet, file=sys.stderr, dynamic_ncols=True
         )
+        self.echo = echo  # False: only collect the lines (benchmarks)
         self.last_key: tuple | None = None
         self.lines: list[str] = []
 
@@ -122,7 +123,8 @@ class StatusPrinter:
             if status.message:
                 line += f"  | {status.message}"
             self.lines.append(line)
-            self.bar.write(line)
+            if self.echo:
+                self.bar.write(line)
             self.last_key = key
         self.bar.n = status.step
         if status.loss is not None:
