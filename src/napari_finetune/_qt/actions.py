@@ -132,6 +132,19 @@ def handle_event(w: Any, event: tuple, what: str) -> None:
     w._refresh_buttons()
 
 
+def warm_up(w: Any) -> None:
+    """Start importing the engine and PEFT in the background (see ``warm_up_job``)."""
+    _job(w, None, jobs.warm_up_job, what="Loading the fine-tuning engine failed")
+
+
+def _empty_predictions(w: Any) -> None:
+    image = w.image_combo.layer()
+    shape = tuple(int(n) for n in corr.image_level0(image).shape)
+    masks = [np.zeros(shape, np.uint8) for _ in w.state.info.channel_names]
+    show_predictions(w.viewer, image, w.state.info.channel_names, w.state.info.colors, masks,
+                     corr.store_path_of(image))
+
+
 def _info_job(path: str) -> jobs.Job:
     from napari_finetune.model.checkpoint import load_checkpoint
 
@@ -217,12 +230,14 @@ def finetune(w: Any) -> None:
     else:
         labels = np.array(layer.data, copy=True)
     store = corr.store_path_of(layer, image)
+    if not prediction_layers(w.viewer, s.info.channel_names):
+        _empty_predictions(w)  # now, at the click, rather than mid-run at the first preview
     release_trainer(s)
     s.statuses, s.previews, s.timings = [], 0, {}
     w.status_panel.start_run(config.steps)
     _job(w, "train", jobs.train_job, s.info.path, data, labels, store, s.info.channel_names,
          config, w.settings.preview_interval_s, lambda: s.region, model_hook=w._model_hook,
-         what="Fine-tuning failed")
+         trainer_hook=w._trainer_hook, what="Fine-tuning failed")
 
 
 def after_training(w: Any) -> None:

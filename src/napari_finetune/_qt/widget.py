@@ -71,7 +71,10 @@ class FinetuneWidget(QWidget):
         from napari.layers import Image, Labels
 
         self.viewer = napari_viewer
-        self._model_hook = None  # tests/benchmarks: fault injection applied in the worker
+        # Fault injection for tests and benchmarks, applied inside the worker:
+        # _model_hook(model) before the trainer exists, _trainer_hook(trainer) once built.
+        self._model_hook = None
+        self._trainer_hook = None
         self.state = actions.RunState()
         self.image_combo = LayerCombo(napari_viewer, Image)
         self.checkpoint_edit = QLineEdit(default_checkpoint())
@@ -137,6 +140,7 @@ class FinetuneWidget(QWidget):
         self._refresh_buttons()
         if self.checkpoint_edit.text():
             self._checkpoint_changed()
+        actions.warm_up(self)
 
     # -- state -------------------------------------------------------------------------------
     def _refresh_buttons(self) -> None:

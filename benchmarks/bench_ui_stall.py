@@ -1,0 +1,199 @@
+"""How long does napari's main thread freeze while the dock widget fine-tunes?
+
+A 10 ms QTimer runs on the main thread during the whole run (from the click on
+Fine-tune to the end of the final prediction); the gaps between its ticks are
+the UI's stalls. Also timed: docking the widget (the pre-imports), the click
+itself, the first Status and the first refreshed preview after the click.
+
+Run under a display (Xvfb on a headless machine)::
+
+    xvfb-run -a -s "-screen 0 1280x1024x24" .venv/bin/python benchmarks/bench_ui_stall.py
+    ... --shape 32,128,128 --steps 20 --mode lora --preview 1 --diagnose
+
+Uses the synthetic-em sample store and its pretrained checkpoint when the
+sample is installed, otherwise a generated store and a random 3D UNet.
+``--diagnose`` prints the main thread's stack during the longest stalls
+(sampled by a watchdog thread). Goal: max gap < 50 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _store_and_checkpoint(shape, tmp: Path) -> tuple[Path, Path, str]:
+    from napari_finetune.samples.synthetic_em import ensure_sample, sample_checkpoint_path
+
+    ckpt = sample_checkpoint_path()
+    if ckpt.is_file():
+        return ensure_sample("target", shape), ckpt, "synthetic-em sample + pretrained UNet"
+    import torch
+
+    from napari_finetune.model.checkpoint import save_checkpoint
+    from napari_finetune.model.unet import UNet
+
+    torch.manual_seed(0)
+    path = save_checkpoint(tmp / "random_unet.pt", UNet(dims=3, out_channels=2),
+                           {"channel_names": ["membrane", "mitochondria"]})
+    return ensure_sample("target", shape), path, "synthetic-em sample + random UNet (no sample .pt)"
+
+
+def _wait(app, condition, timeout_s: float = 1800) -> None:
+    end = time.perf_counter() + timeout_s
+    while not condition():
+        app.processEvents()
+        time.sleep(0.002)
+        if time.perf_counter() > end:
+            raise TimeoutError("the widget did not finish in time")
+
+
+class Meter:
+    """10 ms ticks on the main thread; optional watchdog that samples its stack when late."""
+
+    def __init__(self, diagnose: bool) -> None:
+        from qtpy.QtCore import QTimer
+
+        self.ticks: list[float] = []
+        self.stacks: list[tuple[float, float, str]] = []
+        self.diagnose = diagnose
+        self._running = False
+        self.timer = QTimer()
+        self.timer.setInterval(10)
+        self.timer.timeout.connect(lambda: self.ticks.append(time.perf_counter()))
+
+    def start(self) -> None:
+        self.t0 = time.perf_counter()
+        self.ticks.append(self.t0)
+        self._running = True
+        self.timer.start()
+        if self.diagnose:
+            threading.Thread(target=self._watch, daemon=True).start()
+
+    def stop(self) -> None:
+        self.timer.stop()
+        self._running = False
+
+    def _watch(self) -> None:
+        main = threading.main_thread().ident
+        while self._running:
+            time.sleep(0.02)
+            lag = time.perf_counter() - self.ticks[-1]
+            if lag > 0.1:
+                frame = sys._current_frames().get(main)
+                stack = "".join(traceback.format_stack(frame)[-5:]) if frame else ""
+                self.stacks.append((lag * 1000, time.perf_counter() - self.t0, stack))
+
+    def gaps_ms(self) -> np.ndarray:
+        return np.diff(np.asarray(self.ticks)) * 1000
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="32,128,128", help="sample shape z,y,x")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--mode", choices=["lora", "full"], default="lora")
+    parser.add_argument("--preview", type=float, default=1.0, help="preview interval, s")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--diagnose", action="store_true")
+    args = parser.parse_args(argv)
+    shape = tuple(int(s) for s in args.shape.split(","))
+    tmp = Path(tempfile.mkdtemp(prefix="bench-ui-"))
+    os.environ.setdefault("NAPARI_FINETUNE_CACHE", str(tmp / "cache"))
+
+    import napari
+    from qtpy.QtWidgets import QApplication
+
+    store, ckpt, what = _store_and_checkpoint(shape, tmp)
+    viewer = napari.Viewer()
+    app = QApplication.instance()
+    viewer.open(str(store), plugin="napari-finetune")
+    t = time.perf_counter()
+    _, widget = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
+    dock_s = time.perf_counter() - t
+    widget.checkpoint_edit.setText(str(ckpt))
+    widget._checkpoint_changed()
+    _wait(app, lambda: widget.state.info is not None and widget.state.running == 0)
+    t = time.perf_counter()
+    widget.predict_button.click()
+    _wait(app, lambda: widget.state.busy is None)
+    predict_s = time.perf_counter() - t
+
+    widget.new_corrections_button.click()
+    layer = viewer.layers["corrections"]
+    layer.brush_size = 7
+    truth = np.asarray(viewer.layers["ground truth"].data) if "ground truth" in viewer.layers \
+        else None
+    rng = np.random.default_rng(0)
+    for _ in range(12):  # strokes where the ground truth says what is there
+        z, y, x = (int(rng.integers(0, s)) for s in shape)
+        value = 1 + int(truth[z, y, x]) if truth is not None else 2
+        layer.paint((z, y, x), value)
+    s = widget.settings
+    s.steps.setValue(args.steps)
+    s.batch_size.setValue(args.batch)
+    s.mode.setCurrentIndex(0 if args.mode == "lora" else 1)
+    s.preview_interval.setValue(args.preview)
+    s.device.setCurrentText(args.device)
+
+    meter = Meter(args.diagnose)
+    meter.start()
+    t = time.perf_counter()
+    widget.finetune_button.click()
+    click_ms = (time.perf_counter() - t) * 1000
+    _wait(app, lambda: widget.state.busy is None and widget.state.running == 0)
+    meter.stop()
+    total_s = time.perf_counter() - meter.t0
+    gaps = meter.gaps_ms()
+    statuses = widget.state.statuses
+    steps = [st for st in statuses if st.kind == "step"]
+    timings = widget.state.timings
+    last = statuses[-1] if statuses else None
+    rate = (len(steps) - 1) / (steps[-1].elapsed_s - steps[0].elapsed_s) if len(steps) > 1 else 0
+
+    print(f"# bench_ui_stall: {what}; image {shape}; {args.mode}, {args.steps} steps, batch "
+          f"{args.batch}, preview every {args.preview} s; {os.cpu_count()} CPUs; "
+          f"load average {os.getloadavg()[0]:.1f}")
+    rows = [
+        ("dock the widget (pre-imports)", f"{dock_s * 1000:.0f} ms"),
+        ("whole-volume Predict", f"{predict_s:.2f} s"),
+        ("Fine-tune click handler", f"{click_ms:.0f} ms"),
+        ("click -> first Status", f"{timings.get('first_status_s', float('nan')):.2f} s"),
+        ("click -> first refreshed preview",
+         f"{timings.get('first_preview_s', float('nan')):.2f} s"),
+        ("previews applied", str(widget.state.previews)),
+        ("run", f"{last.kind if last else '-'} at step {last.step if last else 0}, "
+                f"{rate:.2f} steps/s, {total_s:.1f} s incl. final predict"),
+        ("main-thread gap max", f"{gaps.max():.1f} ms"),
+        ("main-thread gap p99", f"{np.percentile(gaps, 99):.1f} ms"),
+        ("main-thread gap median", f"{np.median(gaps):.1f} ms"),
+        ("gaps > 50 ms", f"{int((gaps > 50).sum())} of {gaps.size}"),
+    ]
+    width = max(len(r[0]) for r in rows)
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}")
+    if widget.state.errors:
+        print("errors:", *widget.state.errors, sep="\n  ")
+    if args.diagnose:
+        seen = set()
+        for lag, at, stack in sorted(meter.stacks, reverse=True)[:20]:
+            if stack not in seen:
+                seen.add(stack)
+                print(f"--- {lag:.0f} ms late at t={at:.2f} s:\n{stack}")
+    viewer.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
