@@ -46,7 +46,8 @@ def get_reader(path: str | os.PathLike | list[Any]) -> Callable[..., list[LayerD
     try:
         from napari_finetune.io.volume import _open_location
 
-        if "multiscales" not in _open_location(p.resolve()).root_attrs:
+        attrs = _open_location(p.resolve()).root_attrs
+        if "multiscales" not in attrs and "bioformats2raw.layout" not in attrs:
             return None
     except Exception:  # noqa: BLE001 - anything unreadable is simply not ours
         return None

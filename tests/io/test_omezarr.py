@@ -198,3 +198,26 @@ def test_scale_and_translation_compose(store: Path, version: str) -> None:
         labels = open_volume(store / "labels" / name)
         assert (labels.scale[0], labels.translation[0]) == (volume.scale[0], volume.translation[0])
     np.testing.assert_array_equal(load_corrections(store), _corrections())
+
+
+def test_bioformats2raw_layout_opens_series_0(tmp_path: Path, version: str, make_store) -> None:
+    root = tmp_path / "converted.zarr"
+    make_store(root / "0", version)
+    group = zarr.open_group(str(root), mode="a", zarr_format=2 if version == "0.4" else 3)
+    if version == "0.4":
+        group.attrs["bioformats2raw.layout"] = 3
+    else:
+        group.attrs["ome"] = {"version": "0.5", "bioformats2raw.layout": 3}
+    volume = open_volume(root, ndim=3)
+    assert volume.path == (root / "0").resolve() and volume.shape == SHAPE
+    save_corrections(root, _corrections())  # into the image's own labels group
+    assert (root / "0" / "labels" / "corrections").is_dir()
+    np.testing.assert_array_equal(load_corrections(root / "0"), _corrections())
+
+
+def test_plate_is_an_error(tmp_path: Path) -> None:
+    group = zarr.open_group(str(tmp_path / "plate.zarr"), mode="w", zarr_format=2)
+    group.attrs["plate"] = {"version": "0.4", "rows": [{"name": "A"}], "columns": [{"name": "1"}],
+                            "wells": [{"path": "A/1", "rowIndex": 0, "columnIndex": 0}]}
+    with pytest.raises(VolumeError, match=r"is an HCS plate, not one image; open one field"):
+        open_volume(tmp_path / "plate.zarr")

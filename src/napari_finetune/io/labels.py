@@ -34,7 +34,6 @@ from napari_finetune.io.volume import (
     Volume,
     VolumeError,
     _zarr_kind,
-    check_store,
     list_labels,
     open_volume,
 )
@@ -121,9 +120,9 @@ def write_labels(
     from ome_zarr.writer import write_labels as ome_write_labels
     from zarr.storage import LocalStore
 
-    store = check_store(path)
     _check_name(name)
-    volume = open_volume(store)
+    volume = open_volume(path)
+    store = volume.path  # the image group (series 0 of a bioformats2raw store)
     _check_array(volume, array, f"labels {name!r}")
     check_writable(store, name)
     recover(store)
@@ -211,8 +210,8 @@ def save_corrections(
 
 def load_corrections(path: str | os.PathLike, name: str = "corrections") -> np.ndarray:
     """Level 0 of ``labels/<name>`` as numpy; :class:`VolumeError` when absent or mismatched."""
-    store = check_store(path)
-    volume = open_volume(store)
+    volume = open_volume(path)
+    store = volume.path
     try:
         check_writable(store, None)
         recover(store)  # a save killed between its two renames leaves the copy aside
@@ -251,9 +250,9 @@ def create_labels_array(
     """
     from ome_zarr.writer import write_label_metadata, write_multiscales_metadata
 
-    store = check_store(path)
     _check_name(name)
-    volume = open_volume(store)
+    volume = open_volume(path)
+    store = volume.path  # the image group (series 0 of a bioformats2raw store)
     _check_array(volume, _Shape(shape, dtype), f"labels {name!r}")
     check_writable(store, name)
     recover(store)

@@ -195,6 +195,13 @@ def open_volume(path: str | os.PathLike, ndim: int | None = None) -> Volume:
     p = check_store(path)
     is_array = _zarr_kind(p) == "array"
     attrs = {} if is_array else (loc := _open_location(p)).root_attrs
+    if "bioformats2raw.layout" in attrs and _zarr_kind(p / "0") == "group":
+        return open_volume(p / "0", ndim)  # bioformats2raw output: the image is series 0
+    if "plate" in attrs or "well" in attrs:
+        raise VolumeError(
+            f"{p} is an HCS {'plate' if 'plate' in attrs else 'well'}, not one image; open "
+            "one field of it (e.g. <plate>/A/1/0)."
+        )
     if "multiscales" not in attrs:
         what = "a zarr array" if is_array else "a zarr group"
         raise VolumeError(
