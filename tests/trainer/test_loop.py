@@ -10,7 +10,8 @@ import pytest
 import torch
 from engine_setup import count_calls, make_trainer
 
-from napari_finetune.trainer import faults, recovery
+from napari_finetune.trainer import faults
+from napari_finetune.trainer import precision as precision_module
 from napari_finetune.trainer.recovery import RecoveryError
 
 
@@ -168,7 +169,7 @@ def test_odd_step_is_split_without_losing_samples():
 
 def test_fp16_nan_falls_back_to_fp32_with_weights_unchanged(monkeypatch):
     # Precision believes it is on a CUDA card without bf16: fp16 + GradScaler.
-    monkeypatch.setattr(recovery, "choose_precision", lambda *a: (torch.float16, True))
+    monkeypatch.setattr(precision_module, "choose_precision", lambda *a: (torch.float16, True))
     trainer = make_trainer(steps=2, batch_size=2, mixed_precision=True)
     trainer.build()
     assert trainer.precision.describe() == "True (dtype=float16, grad_scaler=True)"
@@ -189,7 +190,7 @@ def test_fp16_nan_falls_back_to_fp32_with_weights_unchanged(monkeypatch):
 
 
 def test_fp16_scaler_skip_is_reported_and_the_step_redone(monkeypatch):
-    monkeypatch.setattr(recovery, "choose_precision", lambda *a: (torch.float16, True))
+    monkeypatch.setattr(precision_module, "choose_precision", lambda *a: (torch.float16, True))
     trainer = make_trainer(steps=2, batch_size=2, mixed_precision=True)
     trainer.build()
     calls = count_calls(trainer.optimizer)

@@ -10,6 +10,7 @@ import torch
 from engine_setup import make_trainer
 
 from napari_finetune.trainer import faults, recovery
+from napari_finetune.trainer import precision as precision_module
 from napari_finetune.trainer.recovery import (
     Precision,
     RecoveryError,
@@ -85,7 +86,7 @@ def test_cuda_choice_follows_native_bf16(monkeypatch, capability, native_bf16, e
 
 
 def test_fp16_with_scaler_describes_itself(monkeypatch):
-    monkeypatch.setattr(recovery, "choose_precision", lambda *a: (torch.float16, True))
+    monkeypatch.setattr(precision_module, "choose_precision", lambda *a: (torch.float16, True))
     p = Precision("cpu", enabled=True)
     assert p.describe() == "True (dtype=float16, grad_scaler=True)"
     assert p.grad_scaler and p.scaler is not None

@@ -28,20 +28,10 @@ import torch
 from napari_finetune.config import FinetuneConfig
 from napari_finetune.trainer import record
 from napari_finetune.trainer.losses import corrected_channels, needs_teacher
-from napari_finetune.trainer.recovery import (
-    Precision,
-    RecoveryError,
-    is_oom_error,
-    nothing_left_message,
-    probe_precision,
-    survive_oom,
-)
-from napari_finetune.trainer.state import batchnorm_modules, batchnorm_state, restore_batchnorm
+from napari_finetune.trainer.recovery import Precision, probe_precision
+from napari_finetune.trainer.retry import optimizer_step
+from napari_finetune.trainer.state import batchnorm_modules
 from napari_finetune.trainer.status import Status
-from napari_finetune.trainer.step import run_step
-
-# Consecutive GradScaler skips of one step before fp16 is given up for fp32.
-MAX_SCALER_SKIPS = 8
 
 
 class Finetuner:
@@ -211,67 +201,8 @@ class Finetuner:
                 yield self.status("stopped", f"stopped after step {self.steps_done} of {total}")
                 return
             images, labels = self.sampler.sample(self.samples_per_step)
-            yield from self._optimizer_step(images, labels)
+            yield from optimizer_step(self, images, labels)
         yield self.status("finished", f"finished {total} steps")
-
-    def _optimizer_step(self, images: np.ndarray, labels: np.ndarray) -> Iterator[Status]:
-        """Redo one optimizer step with the same samples until it is applied."""
-        step = self.steps_done + 1
-        while True:
-            failure = None
-            with self._lock:
-                saved = batchnorm_state(self.model, self._bn_modules)
-                try:
-                    outcome = run_step(self, images, labels)
-                except Exception as exc:
-                    if not is_oom_error(exc):
-                        raise
-                    # Keep a line of text only: the exception's traceback holds
-                    # the failed attempt's activations.
-                    failure = f"{type(exc).__name__}: {_first_line(exc)}"
-            if failure is not None:
-                restore_batchnorm(saved)
-                del saved
-                if not survive_oom(self, self.epoch):
-                    raise RecoveryError(nothing_left_message(self, failure, f"step {step}"))
-                yield self.status("recovery", self.recovery_log[-1])
-                continue
-            if outcome.kind == "nonfinite":
-                restore_batchnorm(saved)
-                if not self.precision.enabled:
-                    raise FloatingPointError(
-                        f"the loss of step {step} is {outcome.loss} in fp32: check the image "
-                        "normalisation and the learning rate."
-                    )
-                message = (
-                    f"non-finite loss or gradients at step {step} under "
-                    f"{self.precision.describe()}: falling back to fp32 for good, redoing the "
-                    "step (weights unchanged)"
-                )
-                self.precision.fall_back_to_fp32()
-                self.recovery_log.append(message)
-                yield self.status("recovery", message)
-                continue
-            if outcome.kind == "skipped":
-                restore_batchnorm(saved)
-                self.scaler_skips += 1
-                before, after = outcome.scale
-                message = (
-                    f"fp16 overflow at step {step}: the GradScaler skipped the update "
-                    f"(scale {before:g} → {after:g}); redoing the step"
-                )
-                if self.scaler_skips >= MAX_SCALER_SKIPS:
-                    self.precision.fall_back_to_fp32()
-                    message += f"; {self.scaler_skips} skips in a row: fp32 from now on"
-                self.recovery_log.append(message)
-                yield self.status("recovery", message)
-                continue
-            self.scaler_skips = 0
-            self.steps_done = step
-            self.last_loss = outcome.loss
-            self._painted_seen += int(np.count_nonzero(labels))
-            yield self.status("step", f"step {step}/{self.config.steps}: loss {outcome.loss:.4f}")
-            return
 
     # --- reporting -------------------------------------------------------------------
 
@@ -335,9 +266,4 @@ class Finetuner:
             return record.export_checkpoint(self, path)
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc)
-    return text.splitlines()[0] if text else ""
-
-
-__all__ = ["Finetuner", "MAX_SCALER_SKIPS"]
+__all__ = ["Finetuner"]
