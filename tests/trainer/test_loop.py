@@ -82,6 +82,26 @@ def test_oom_in_optimizer_step_is_not_applied_twice():
     assert trainer.optimizer.state[trainer.optimizer.param_groups[0]["params"][0]]["step"] == 3
 
 
+def test_oom_after_a_partial_optimizer_update_is_rolled_back():
+    """The worst case: the update is applied, then OOM. Redoing must not apply it twice."""
+    # The faulty run ends up cutting every step 1 + 1: so does the reference.
+    # (Adam's first steps are nearly sign(gradient), so comparing different
+    # cuts would magnify float-order differences to the learning rate.)
+    clean = make_trainer(steps=2, batch_size=1, accumulation=2)
+    run_all(clean)
+    faulty = make_trainer(steps=2, batch_size=2)
+    faulty.build()
+    fault = faults.oom_in_optimizer_step(faulty.optimizer, times=1, after=True)
+    events = run_all(faulty)
+    assert fault.count == 1 and [e.kind for e in events].count("recovery") == 1
+    first = faulty.optimizer.param_groups[0]["params"][0]
+    assert faulty.optimizer.state[first]["step"] == 2
+    assert (faulty.batch_size, faulty.accumulation) == (1, 2)
+    # Identical, bit for bit; a doubly applied step would be off by ~1e-3.
+    for a, b in zip(clean.model.parameters(), faulty.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
 def test_teacher_only_oom_drops_distillation_at_batch_one():
     trainer = make_trainer(steps=2, batch_size=2)
     trainer.build()

@@ -98,13 +98,21 @@ def oom_in_teacher(trainer: Any, max_batch: int = 0, times: int | None = None) -
     return fault
 
 
-def oom_in_optimizer_step(optimizer: torch.optim.Optimizer, times: int = 1) -> Fault:
-    """The next ``times`` calls of ``optimizer.step`` run out of memory before stepping."""
+def oom_in_optimizer_step(
+    optimizer: torch.optim.Optimizer, times: int = 1, after: bool = False
+) -> Fault:
+    """The next ``times`` calls of ``optimizer.step`` run out of memory.
+
+    ``after=False``: before anything is updated; ``after=True``: once the
+    update has been applied (the worst case of an OOM half-way through).
+    """
     fault = Fault()
     original = optimizer.step
 
     def step(*args: Any, **kwargs: Any) -> Any:
         if fault.count < times:
+            if after:
+                original(*args, **kwargs)
             fault.fire(_oom("Optimizer state allocation."))
         return original(*args, **kwargs)
 

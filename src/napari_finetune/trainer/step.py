@@ -127,6 +127,37 @@ def run_step(trainer: Any, images: np.ndarray, labels: np.ndarray) -> StepOutcom
         if not precision.gradients_finite(trainer.model):
             optimizer.zero_grad(set_to_none=True)
             return StepOutcome("nonfinite", loss)
-    applied, before, after = precision.step(optimizer)
+    applied, before, after = guarded_optimizer_step(optimizer, precision)
     optimizer.zero_grad(set_to_none=True)
     return StepOutcome("applied" if applied else "skipped", loss, (before, after))
+
+
+def guarded_optimizer_step(optimizer: torch.optim.Optimizer, precision: Any) -> tuple:
+    """``precision.step(optimizer)``, all or nothing.
+
+    AdamW's foreach path updates the step counters, the weights (decay) and the
+    first moments before it allocates its square-root temporaries: an OOM
+    there would leave half a step applied, and redoing the step would apply
+    that half twice. The trainable weights and the optimizer state are copied
+    first (small for LoRA; one model's worth for a full fine-tune) and put
+    back if the step raises.
+    """
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    saved_params = [p.detach().clone() for p in params]
+    saved_state = {
+        p: {k: v.clone() if torch.is_tensor(v) else v for k, v in optimizer.state[p].items()}
+        for p in params
+        if p in optimizer.state
+    }
+    try:
+        return precision.step(optimizer)
+    except BaseException:
+        with torch.no_grad():
+            for param, value in zip(params, saved_params, strict=True):
+                param.copy_(value)
+        for param in params:
+            if param in saved_state:
+                optimizer.state[param] = saved_state[param]
+            else:
+                optimizer.state.pop(param, None)
+        raise
