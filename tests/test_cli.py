@@ -307,6 +307,8 @@ def test_ctrl_c_stops_cleanly_and_exports(tmp_path, painted_store, checkpoint):
             str(out),
             "--steps",
             "500",
+            "--mode",
+            "full",
             *TRAIN_FAST,
         ],
         stdout=subprocess.PIPE,
