@@ -366,3 +366,45 @@ def test_demo_quick(capsys, tmp_path, monkeypatch):
     assert (out / "before_after.png").stat().st_size > 10_000
     tuned = load_checkpoint(out / "finetuned.pt")
     assert tuned.metadata["run"]["painted_voxels"] == results["painted_voxels"]
+
+
+def test_2d_train_and_predict(capsys, tmp_path):
+    import zarr
+    from ome_zarr.io import parse_url
+    from ome_zarr.writer import write_image
+
+    from napari_finetune.io.omezarr import load_corrections, save_corrections
+
+    store = tmp_path / "plane.zarr"
+    image = (np.random.default_rng(0).random((60, 70)) * 255).astype(np.uint8)
+    write_image(
+        image, zarr.group(store=parse_url(str(store), mode="w").store), axes="yx", scaler=None
+    )
+    corrections = np.zeros(image.shape, np.uint8)
+    corrections[5:15, 5:15] = 1
+    corrections[30:40, 30:40] = 2
+    save_corrections(store, corrections)
+    model = UNet(dims=2, depth=2, features=4, out_channels=1)
+    ckpt = save_checkpoint(tmp_path / "m2d.pt", model, {"channel_names": ["cells"]})
+    out = tmp_path / "t2d.pt"
+    # No --patch-shape: a 2D volume gets a 2D default patch.
+    code, _, err = run_cli(
+        capsys,
+        "train",
+        store,
+        "-c",
+        ckpt,
+        "-o",
+        out,
+        "--steps",
+        "1",
+        "--mode",
+        "full",
+        "--device",
+        "cpu",
+        "-q",
+    )
+    assert code == 0, err
+    code, _, err = run_cli(capsys, "predict", out, store, "--name", "p", "-q")
+    assert code == 0, err
+    assert load_corrections(store, "p-cells").shape == (60, 70)

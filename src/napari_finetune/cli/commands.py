@@ -20,6 +20,8 @@ from napari_finetune.cli.options import (
 )
 from napari_finetune.config import FinetuneConfig, PredictConfig
 
+DEFAULT_2D_PATCH = (128, 128)
+
 
 def register(sub: Any) -> None:
     """Add the subcommands of this module to ``sub``."""
@@ -104,6 +106,8 @@ def train(args: argparse.Namespace) -> int:
         raise FileNotFoundError(2, "output folder does not exist", str(args.out.parent))
     ckpt = load_checkpoint(args.checkpoint)
     volume = open_volume(args.volume)
+    if args.patch_shape is None and volume.data.ndim == 2:
+        config.patch_shape = DEFAULT_2D_PATCH  # the dataclass default is for 3D models
     corrections = load_corrections(args.volume, args.corrections)
     steps_done, stopped = run_finetune(
         ckpt, volume.data, corrections, config, args.out, quiet=args.quiet
