@@ -225,7 +225,7 @@ def main() -> None:
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
         f"torch {torch.__version__}, {torch.get_num_threads()} threads; model: {model_name}\n"
     )
-    shape = (32, 128, 128) if args.quick else (64, 256, 256)
+    shape = (40, 192, 192) if args.quick else (64, 256, 256)
     print(f"Blockwise against one call, volume {shape}, best of {1 if args.quick else 2}")
     print_table(
         ["setting", "block", "halo", "s", "Mvox/s", "ratio", "max |dp|", "flips"],

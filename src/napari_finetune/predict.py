@@ -6,11 +6,10 @@ the read starts and ends on the model's pooling grid (``model.shape_multiple``),
 normalised, passed through the model, and only the core is written out. The
 image is read block by block with slicing (numpy, zarr or dask), never whole.
 
-Exactness: with a model whose output at a voxel depends only on the voxels
-within its receptive field (``norm="none"``, or BatchNorm in eval mode), the
-result equals one call on the whole volume when the halo covers the receptive
-field, because the reads are aligned to the pooling grid and the volume's
-borders are padded the same way in both cases. GroupNorm and InstanceNorm
+Exactness: with a model whose output at a voxel depends only on its receptive
+field (``norm="none"``, or BatchNorm in eval mode), the result equals one call
+on the whole volume when the halo covers the receptive field: reads are aligned
+to the pooling grid and the borders are padded the same way in both cases. GroupNorm and InstanceNorm
 normalise over the whole input, so a block's output also depends on the
 block's content: blockwise results then differ slightly from a one-shot call
 (measured in docs/benchmarks.md); larger blocks make the difference smaller.
@@ -64,10 +63,7 @@ def predict_block(model: Any, block: np.ndarray, device: str = "cpu") -> np.ndar
     device : str
         Where to compute.
 
-    Returns
-    -------
-    numpy.ndarray
-        float32, shape ``(C, *block.shape)``.
+    Returns float32 probabilities of shape ``(C, *block.shape)``.
     """
     block = np.asarray(block, dtype=np.float32)
     return _predict_batch(model, block[None], device)[0]
@@ -84,9 +80,9 @@ def _predict_batch(model: Any, blocks: np.ndarray, device: str) -> np.ndarray:
     pad = [(0, 0)] + [(0, (-s) % multiple) for s in spatial]
     if any(p[1] for p in pad):
         blocks = np.pad(blocks, pad, mode="reflect")
-    params = next(iter(model.parameters()), None)
-    home = params.device if params is not None else torch.device("cpu")
-    was_training = model.training
+    home = _home_device(model)
+    # Per module, not model.train(flag): a training model may hold parts kept in eval.
+    modes = [(m, m.training) for m in model.modules()]
     try:
         if torch.device(device) != home:
             model.to(device)
@@ -97,29 +93,46 @@ def _predict_batch(model: Any, blocks: np.ndarray, device: str) -> np.ndarray:
         crop = (slice(None), slice(None)) + tuple(slice(0, s) for s in spatial)
         return probs[crop].cpu().numpy()
     finally:
-        model.train(was_training)
+        for module, training in modes:
+            module.training = training
         if torch.device(device) != home:
             model.to(home)
+
+
+def axis_cores(size: int, block: int, halo: int, multiple: int = 1) -> list[tuple[int, int]]:
+    """Cut one axis into cores whose reads (core + halo) stay within ``block + 2 * halo``.
+
+    Border blocks have a halo on one side only, so their cores may reach
+    ``block + halo``: the fewest blocks are used, interior cores are ``block``
+    and the two border cores share the rest (no thin leftover block that costs
+    a whole halo for a few voxels of output; an axis that fits is one block).
+    """
+    n = max(1, -(-(size - 2 * halo) // block))
+    if n == 1:
+        return [(0, size)]
+    rest = size - (n - 2) * block
+    first = max(1, rest // 2 // multiple * multiple) if rest // 2 >= multiple else rest // 2
+    edges = [0, first] + [first + k * block for k in range(1, n - 1)] + [size]
+    return list(zip(edges[:-1], edges[1:], strict=True))
 
 
 def block_grid(
     shape: Sequence[int], block_shape: Sequence[int], halo: Sequence[int], multiple: int = 1
 ) -> list[tuple[tuple[slice, ...], tuple[slice, ...], tuple[slice, ...]]]:
-    """Cut ``shape`` into blocks.
+    """Cut ``shape`` into blocks (see :func:`axis_cores`).
 
     Returns
     -------
     list of (core, read, inner)
         ``core``: the slices of the volume this block writes; ``read``: the
         slices read (core + halo, clipped at the borders, widened to the
-        ``multiple`` grid); ``inner``: where the core lies inside the read block.
+        ``multiple`` grid so pooling windows match a one-shot call);
+        ``inner``: where the core lies inside the read block.
     """
     axes = []
     for size, b, h in zip(shape, block_shape, halo, strict=True):
-        b = min(b, size)
         spans = []
-        for start in range(0, size, b):
-            stop = min(start + b, size)
+        for start, stop in axis_cores(size, b, h, multiple):
             lo = max(0, start - h) // multiple * multiple
             hi = min(size, lo + -(-(stop + h - lo) // multiple) * multiple)
             spans.append((slice(start, stop), slice(lo, hi), slice(start - lo, stop - lo)))
@@ -146,10 +159,14 @@ def out_channels(model: Any, ndim: int) -> int:
     if recorded is not None:
         return int(recorded)
     probe = np.zeros((1,) + (shape_multiple(model),) * ndim, np.float32)
+    return int(_predict_batch(model, probe, str(_home_device(model))).shape[1])
+
+
+def _home_device(model: Any) -> Any:
+    import torch
+
     params = next(iter(model.parameters()), None)
-    return int(
-        _predict_batch(model, probe, str(params.device) if params is not None else "cpu").shape[1]
-    )
+    return params.device if params is not None else torch.device("cpu")
 
 
 def _as_target(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -195,9 +212,7 @@ def predict_volume(
     progress : callable, optional
         Called as ``progress(done, total)`` after each block.
 
-    Returns
-    -------
-    The ``out`` array(s), filled.
+    Returns the ``out`` array(s), filled.
     """
     config = config or PredictConfig()
     shape = tuple(int(s) for s in image.shape)
@@ -214,10 +229,7 @@ def predict_volume(
     if out is None:
         out = np.zeros((out_channels(model, len(shape)), *shape), dtype=np.float32)
 
-    import torch
-
-    params = next(iter(model.parameters()), None)
-    home = params.device if params is not None else torch.device("cpu")
+    home = _home_device(model)
     model.to(device)  # once for the whole volume, not per block
     try:
         pending: list[tuple[tuple[slice, ...], tuple[slice, ...], np.ndarray]] = []
@@ -267,18 +279,14 @@ def predict_to_omezarr(
     store_path : path-like
         The OME-Zarr store; its level 0 is predicted.
 
-    Returns
-    -------
-    list of str
-        The label names written.
+    Returns the label names written.
     """
     from napari_finetune.data.normalization import intensity_range
     from napari_finetune.io.omezarr import create_labels_array, open_volume
     from napari_finetune.model.checkpoint import Checkpoint, load_checkpoint
 
     ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else load_checkpoint(checkpoint)
-    volume = open_volume(Path(store_path))
-    image = volume.data
+    image = open_volume(Path(store_path)).data
     config = config or PredictConfig()
     block_shape, _ = _spatial_config(config, image.ndim)
     chunks = tuple(min(b, s) for b, s in zip(block_shape, image.shape, strict=True))
