@@ -108,3 +108,34 @@ def test_corrections_combo_ignores_ground_truth_and_predictions(docked, qtbot):
     assert widget.corrections_combo.layer() is None
     viewer.add_labels(np.zeros(SHAPE, np.uint8), name="my corrections")
     assert widget.corrections_combo.layer().name == "my corrections"
+
+
+def test_save_predictions_writes_labels_into_the_store(docked, qtbot):
+    viewer, widget, image = docked
+    qtbot.mouseClick(widget.predict_button, Qt.LeftButton)
+    wait_idle(qtbot, widget)
+    qtbot.mouseClick(widget.save_predictions_button, Qt.LeftButton)
+    wait_idle(qtbot, widget)
+
+    from napari_finetune.io.omezarr import list_labels, open_volume
+
+    store = image.metadata["ome_zarr_path"]
+    for channel in CHANNELS:
+        assert f"prediction-{channel}" in list_labels(store)
+        saved = np.asarray(open_volume(f"{store}/labels/prediction-{channel}").data)
+        np.testing.assert_array_equal(saved, viewer.layers[f"{channel} prediction"].data)
+    assert "prediction-membrane" in widget.output_label.text()
+
+
+def test_open_sample_and_dock(make_napari_viewer, qtbot, tmp_path, monkeypatch):
+    """File > Open Sample > synthetic-em (a small one) gives a layer the widget can save into."""
+    monkeypatch.setenv("NAPARI_FINETUNE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("NAPARI_FINETUNE_SAMPLE_SHAPE", "16,64,64")
+    viewer = make_napari_viewer()
+    viewer.open_sample("napari-finetune", "synthetic-em")
+    _, widget = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
+    image = widget.image_combo.layer()
+    assert image is not None and image.metadata["ome_zarr_path"].startswith(str(tmp_path))
+    assert widget.store_hint() is not None
+    assert widget.corrections_combo.layer() is None  # the ground truth is not offered
+    wait_idle(qtbot, widget)

@@ -139,7 +139,8 @@ def test_stop_keeps_weights_and_export_reloads(docked, qtbot, monkeypatch, tmp_p
     wait_idle(qtbot, widget)
     assert asked["default"].endswith("tiny-finetuned.pt")  # next to the data
     assert widget.state.exported == str(target)
-    assert str(target) in widget.output_label.text()
+    assert target.name in widget.output_label.text()
+    assert widget.output_label.toolTip() == str(target)
 
     from napari_finetune.model.checkpoint import load_checkpoint
 

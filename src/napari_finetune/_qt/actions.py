@@ -54,6 +54,13 @@ class RunState:
     errors: list[str] = field(default_factory=list)
     exported: str | None = None
     running: int = 0  # jobs started and not finished (autosaves included)
+    run_summary: str = ""  # how the last run ended, kept on the bar after the final predict
+
+
+def say(label: Any, template: str, path: str) -> None:
+    """``template`` with the file's name; the full path in the tooltip (labels stay narrow)."""
+    label.setText(template.format(Path(path).name))
+    label.setToolTip(str(path))
 
 
 def _fail(w: Any, exc: Exception, what: str) -> None:
@@ -105,9 +112,11 @@ def handle_event(w: Any, event: tuple, what: str) -> None:
     elif kind == "prediction":
         show_predictions(w.viewer, w.image_combo.layer(), s.info.channel_names, s.info.colors,
                          event[1], corr.store_path_of(w.image_combo.layer()))
-        w.status_panel.set_idle("prediction done")
+        w.status_panel.set_idle(f"{s.run_summary}; prediction updated" if s.run_summary
+                                else "prediction done")
+        s.run_summary = ""
     elif kind == "saved":
-        w.autosave_label.setText(f"corrections saved into {event[1]} (labels/corrections)")
+        say(w.autosave_label, "corrections saved into {} (labels/corrections)", event[1])
     elif kind == "trainer":
         s.trainer = event[1]
     elif kind == "status":
@@ -120,7 +129,7 @@ def handle_event(w: Any, event: tuple, what: str) -> None:
             s.timings.setdefault("first_preview_s", time.perf_counter() - s.clicked_at)
     elif kind == "exported":
         s.exported = event[1]
-        w.output_label.setText(f"exported to {event[1]}")
+        say(w.output_label, "exported to {}", event[1])
         show_info(f"Fine-tuned checkpoint exported to {event[1]}")
     elif kind == "written":
         w.output_label.setText(f"predictions written as labels: {', '.join(event[1])}")
@@ -203,10 +212,10 @@ def follow_corrections(w: Any, layer: Any) -> None:
     names = layer.metadata.get("channel_names") or (s.info.channel_names if s.info else [])
     s.autosaver = corr.Autosaver(
         layer, store, names, jobs.start_call,
-        on_saved=lambda p: w.autosave_label.setText(f"corrections autosaved into {p}"),
+        on_saved=lambda p: say(w.autosave_label, "corrections autosaved into {}", p),
         on_error=lambda exc: _fail(w, exc, "Autosave of the corrections failed"),
     )
-    w.autosave_label.setText(f"corrections autosave into {store}")
+    say(w.autosave_label, "corrections autosave into {}", store)
 
 
 def finetune(w: Any) -> None:
@@ -244,8 +253,8 @@ def after_training(w: Any) -> None:
     """Say how the run ended; refresh the whole prediction with the new weights."""
     s = w.state
     last = s.statuses[-1] if s.statuses else None
-    w.status_panel.set_idle(f"{last.kind}: step {last.step} / {last.total_steps}" if last
-                            else "not started")
+    s.run_summary = f"{last.kind}: step {last.step} / {last.total_steps}" if last else ""
+    w.status_panel.set_idle(s.run_summary or "not started")
     if s.trainer is not None and last is not None and prediction_layers(
         w.viewer, s.info.channel_names
     ):

@@ -8,7 +8,8 @@ from qtpy.QtWidgets import (
     QCheckBox,
     QComboBox,
     QDoubleSpinBox,
-    QFormLayout,
+    QGridLayout,
+    QLabel,
     QSpinBox,
     QWidget,
 )
@@ -31,7 +32,7 @@ class SettingsForm(QWidget):
         d = FinetuneConfig()
         self.steps = _spin(1, 1_000_000, d.steps, "Optimizer steps to run")
         self.learning_rate = QDoubleSpinBox()
-        self.learning_rate.setDecimals(6)
+        self.learning_rate.setDecimals(5)
         self.learning_rate.setRange(1e-6, 1.0)
         self.learning_rate.setSingleStep(1e-5)
         self.learning_rate.setValue(d.learning_rate)
@@ -53,9 +54,13 @@ class SettingsForm(QWidget):
         self.distillation.setToolTip(
             "Weight of the starting model's guidance on unpainted voxels (0 = off)"
         )
-        self.hold_other_channels = QCheckBox("keep untouched channels as they were")
+        self.hold_other_channels = QCheckBox()
+        self.hold_other_channels.setToolTip(
+            "Keep the channels no correction touches close to the starting model"
+        )
         self.hold_other_channels.setChecked(d.hold_other_channels)
-        self.mixed_precision = QCheckBox("bf16 / fp16 on GPUs")
+        self.mixed_precision = QCheckBox()
+        self.mixed_precision.setToolTip("bf16, or fp16 with a grad scaler, on GPUs")
         self.mixed_precision.setChecked(d.mixed_precision)
         self.device = QComboBox()
         self.device.addItems(DEVICES)
@@ -63,22 +68,32 @@ class SettingsForm(QWidget):
         self.preview_interval = QDoubleSpinBox()
         self.preview_interval.setRange(0.0, 3600.0)
         self.preview_interval.setSuffix(" s")
+        self.preview_interval.setDecimals(1)
         self.preview_interval.setValue(DEFAULT_PREVIEW_INTERVAL_S)
         self.preview_interval.setToolTip(
             "Refresh the prediction in view every so many seconds while training (0 = never)"
         )
-        form = QFormLayout(self)
-        form.setContentsMargins(0, 0, 0, 0)
-        form.addRow("Steps:", self.steps)
-        form.addRow("Learning rate:", self.learning_rate)
-        form.addRow("Batch size:", self.batch_size)
-        form.addRow("Mode:", self.mode)
-        form.addRow("LoRA rank:", self.lora_rank)
-        form.addRow("Distillation:", self.distillation)
-        form.addRow("Hold:", self.hold_other_channels)
-        form.addRow("Mixed precision:", self.mixed_precision)
-        form.addRow("Device:", self.device)
-        form.addRow("Preview every:", self.preview_interval)
+        self.hold_other_channels.setText("hold other channels")
+        self.mixed_precision.setText("mixed precision")
+        # Two label/input pairs per row: the dock stays short enough to see the status.
+        grid = QGridLayout(self)
+        grid.setContentsMargins(0, 0, 0, 0)
+        pairs = [
+            ("Steps", self.steps), ("Learning rate", self.learning_rate),
+            ("Batch", self.batch_size), ("Mode", self.mode),
+            ("LoRA rank", self.lora_rank), ("Distillation", self.distillation),
+            ("Device", self.device), ("Preview every", self.preview_interval),
+        ]
+        for i, (name, widget) in enumerate(pairs):
+            row, col = divmod(i, 2)
+            grid.addWidget(QLabel(name), row, 2 * col)
+            grid.addWidget(widget, row, 2 * col + 1)
+        grid.addWidget(self.hold_other_channels, 4, 0, 1, 2)
+        grid.addWidget(self.mixed_precision, 4, 2, 1, 2)
+        for box in (self.learning_rate, self.mode, self.preview_interval):
+            box.setMinimumWidth(box.sizeHint().width())
+        grid.setColumnStretch(1, 1)
+        grid.setColumnStretch(3, 1)
 
     def config(self, **overrides) -> FinetuneConfig:
         """A validated :class:`FinetuneConfig` from the inputs (ValueError if invalid)."""

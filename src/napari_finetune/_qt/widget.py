@@ -12,13 +12,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from qtpy.QtCore import Qt
 from qtpy.QtWidgets import (
     QFileDialog,
+    QFrame,
     QGroupBox,
     QHBoxLayout,
     QLabel,
     QLineEdit,
     QPushButton,
+    QScrollArea,
     QVBoxLayout,
     QWidget,
 )
@@ -118,10 +121,23 @@ class FinetuneWidget(QWidget):
         out_box = _group("Results", [
             _row(self.export_button, self.save_predictions_button), self.output_label,
         ])
-        layout = QVBoxLayout(self)
+        content = QWidget()
+        layout = QVBoxLayout(content)
         for box in (model_box, paint_box, train_box, out_box):
             layout.addWidget(box)
         layout.addStretch(1)
+        # A scroll area: on a short screen the status rows keep their height.
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QFrame.NoFrame)
+        scroll.setWidget(content)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.addWidget(scroll)
+        # As wide as the inputs need: no horizontal scrolling, no clipped numbers.
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        bar = scroll.verticalScrollBar().sizeHint().width()
+        self.setMinimumWidth(content.sizeHint().width() + bar + 12)
 
         self.checkpoint_edit.editingFinished.connect(self._checkpoint_changed)
         self.predict_button.clicked.connect(self._predict)
@@ -227,7 +243,10 @@ def _row(*widgets: QWidget) -> QWidget:
     layout = QHBoxLayout(row)
     layout.setContentsMargins(0, 0, 0, 0)
     for widget in widgets:
-        layout.addWidget(widget, 0 if isinstance(widget, QLabel) else 1)
+        narrow = isinstance(widget, QLabel) or (
+            isinstance(widget, QPushButton) and widget.text() == "…"
+        )
+        layout.addWidget(widget, 0 if narrow else 1)
     return row
 
 

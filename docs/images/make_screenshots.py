@@ -1,0 +1,118 @@
+"""Regenerate the user guide's screenshots (run under a display or Xvfb).
+
+    xvfb-run -a -s "-screen 0 1400x1000x24" .venv/bin/python docs/images/make_screenshots.py
+
+Drives the real widget on the synthetic-em sample with its pretrained model:
+Predict, paint corrections from a few ground-truth disks on one slice (what a
+careful user paints), Fine-tune, and a mid-run capture. The mid-run status shows
+a simulated out-of-memory (a forward pre-hook, as in the tests) so the guide
+can show what a recovery looks like; it is labelled as such in the guide.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+
+
+def _wait(app, condition, timeout_s: float = 1800) -> None:
+    end = time.perf_counter() + timeout_s
+    while not condition():
+        app.processEvents()
+        time.sleep(0.005)
+        if time.perf_counter() > end:
+            raise TimeoutError("timed out")
+
+
+def _save(image: np.ndarray, name: str) -> None:
+    from imageio.v3 import imwrite
+
+
+    imwrite(HERE / name, image)
+    print("wrote", HERE / name, image.shape)
+
+
+def _close_toasts(viewer) -> None:
+    from napari._qt.dialogs.qt_notification import NapariQtNotification
+
+    for toast in viewer.window._qt_window.findChildren(NapariQtNotification):
+        toast.close()
+
+
+def _paint_disks(layer, truth: np.ndarray, z: int, n: int = 14, radius: int = 6) -> None:
+    """Copy the ground truth (as correction values) inside a few disks of slice ``z``."""
+    rng = np.random.default_rng(1)
+    _, h, w = truth.shape
+    yy, xx = np.mgrid[0:h, 0:w]
+    data = layer.data
+    for _ in range(n):
+        cy, cx = int(rng.integers(radius, h - radius)), int(rng.integers(radius, w - radius))
+        disk = (yy - cy) ** 2 + (xx - cx) ** 2 <= radius**2
+        data[z][disk] = truth[z][disk] + 1  # ground truth 0/1/2 -> background/membrane/mito
+    layer.refresh()
+
+
+def main() -> int:
+    import warnings
+
+    warnings.filterwarnings("ignore", message="napari support for the PyQt5")  # a toast
+    shape = os.environ.get("NAPARI_FINETUNE_SAMPLE_SHAPE", "32,256,256")
+    os.environ["NAPARI_FINETUNE_SAMPLE_SHAPE"] = shape
+    import napari
+    from qtpy.QtWidgets import QApplication
+
+    from napari_finetune.trainer.faults import oom_above_batch
+
+    viewer = napari.Viewer()
+    viewer.window._qt_window.resize(1380, 960)
+    app = QApplication.instance()
+    viewer.open_sample("napari-finetune", "synthetic-em")
+    _close_toasts(viewer)
+    _, widget = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
+    if os.environ.get("CHECKPOINT"):  # e.g. before the sample model is installed
+        widget.checkpoint_edit.setText(os.environ["CHECKPOINT"])
+        widget._checkpoint_changed()
+    _wait(app, lambda: widget.state.info is not None and widget.state.running == 0)
+    z = int(shape.split(",")[0]) // 2
+    viewer.dims.set_current_step(0, z)
+
+    widget.predict_button.click()
+    _wait(app, lambda: widget.state.busy is None)
+    _save(viewer.screenshot(canvas_only=False, flash=False), "01-predict.png")
+
+    widget.new_corrections_button.click()
+    layer = viewer.layers["corrections"]
+    truth = np.asarray(viewer.layers["ground truth"].data)
+    _paint_disks(layer, truth, z)
+    for name in ("membrane prediction", "mitochondria prediction"):
+        viewer.layers[name].visible = False
+    _save(viewer.screenshot(canvas_only=True, flash=False), "02-corrections.png")
+    for name in ("membrane prediction", "mitochondria prediction"):
+        viewer.layers[name].visible = True
+
+    s = widget.settings
+    s.steps.setValue(int(os.environ.get("STEPS", "40")))
+    s.batch_size.setValue(4)
+    s.preview_interval.setValue(2.0)
+    widget._model_hook = lambda model: oom_above_batch(model, 2)  # simulated, see the guide
+    widget.finetune_button.click()
+    _wait(app, lambda: widget.state.previews >= 2 or widget.state.busy is None)
+    _close_toasts(viewer)
+    _save(viewer.screenshot(canvas_only=True, flash=False), "03-preview-canvas.png")
+    _save(viewer.screenshot(canvas_only=False, flash=False), "04-finetune-running.png")
+    _wait(app, lambda: widget.state.busy is None and widget.state.running == 0)
+    layer.visible = False
+    _save(viewer.screenshot(canvas_only=False, flash=False), "05-after-finetune.png")
+    print("timings", widget.state.timings, "errors", widget.state.errors)
+    viewer.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

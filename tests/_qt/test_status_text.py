@@ -1,0 +1,43 @@
+"""The status panel's texts, from Status events as the engine yields them."""
+
+from __future__ import annotations
+
+from napari_finetune._qt.status_panel import (
+    batch_text,
+    dtype_text,
+    eta_text,
+    format_seconds,
+    switch_text,
+)
+from napari_finetune.trainer.status import Status
+
+
+def _status(**kw) -> Status:
+    base = dict(kind="step", dtype="float32", grad_scaler=False, batch_size=4, accumulation=2,
+                distillation="on", hold_other_channels="on", step=10, total_steps=40, epoch=0,
+                loss=0.5, message="", distillation_weight=0.5, elapsed_s=20.0)
+    base.update(kw)
+    return Status(**base)
+
+
+def test_dtype_text():
+    assert dtype_text(_status(dtype="bfloat16")) == "bfloat16 (no grad scaler)"
+    assert dtype_text(_status(dtype="float16", grad_scaler=True)) == "float16 + grad scaler"
+    assert dtype_text(_status()) == "float32"
+
+
+def test_batch_text():
+    assert batch_text(_status()) == "batch 4 × accumulation 2 (effective 8)"
+
+
+def test_switch_text():
+    assert switch_text("on", 0.5, None) == "on (weight 0.5)"
+    assert switch_text("off", 0.0, None) == "off"
+    assert switch_text("dropped", 0.0, 12) == "dropped after out-of-memory at step 12"
+    assert switch_text("on", None, None) == "on"
+
+
+def test_eta_text():
+    assert eta_text(_status()) == "step 10 / 40, ETA 1:00"
+    assert eta_text(_status(step=0, elapsed_s=3.0)) == "step 0 / 40"
+    assert format_seconds(3725) == "1:02:05"
