@@ -167,3 +167,15 @@ def test_nothing_painted_notifies_and_returns_to_idle(docked, qtbot):
     wait_idle(qtbot, widget)
     assert len(_errors()) > before and "Fine-tuning failed" in _errors()[-1]
     assert widget.finetune_button.isEnabled() and not widget.stop_button.isEnabled()
+
+
+def test_closing_the_dock_stops_the_run(docked, qtbot):
+    viewer, widget, image = docked
+    _setup_run(viewer, widget, qtbot, steps=500, batch=1)
+    state = widget.state
+    qtbot.mouseClick(widget.finetune_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: state.trainer is not None, timeout=60_000)
+    trainer = state.trainer
+    viewer.window.remove_dock_widget("all")
+    qtbot.waitUntil(lambda: state.running == 0, timeout=120_000)
+    assert trainer._stop.is_set() and trainer.steps_done < 500

@@ -74,7 +74,12 @@ def _job(w: Any, busy: str | None, job: Any, *args: Any, what: str, **kwargs: An
     """Start ``job`` with the widget's event routing; ``busy`` marks the widget while it runs."""
 
     def on_event(event: tuple) -> None:
-        handle_event(w, event, what)
+        try:
+            handle_event(w, event, what)
+        except RuntimeError as exc:  # "wrapped C/C++ object ... has been deleted"
+            if "deleted" not in str(exc):
+                raise
+            stop(w.state)  # the dock was closed: end the run at the next step
 
     def on_finished() -> None:
         w.state.running -= 1

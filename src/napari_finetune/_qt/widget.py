@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from qtpy.QtCore import Qt
+from qtpy.QtCore import QEvent, Qt
 from qtpy.QtWidgets import (
     QFileDialog,
     QFrame,
@@ -157,6 +157,12 @@ class FinetuneWidget(QWidget):
         if self.checkpoint_edit.text():
             self._checkpoint_changed()
         actions.warm_up(self)
+
+    def event(self, event: QEvent) -> bool:  # noqa: D102 (Qt override)
+        # napari's remove_dock_widget unparents the widget: end the run then.
+        if event.type() == QEvent.ParentChange and self.parent() is None:
+            actions.stop(self.state)
+        return super().event(event)
 
     # -- state -------------------------------------------------------------------------------
     def _refresh_buttons(self) -> None:
