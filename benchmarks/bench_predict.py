@@ -213,6 +213,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller volumes")
     parser.add_argument("--checkpoint", help="model to use (default: the sample checkpoint)")
+    parser.add_argument("--repeats", type=int, default=1, help="timings per setting (best)")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -226,10 +227,10 @@ def main() -> None:
         f"torch {torch.__version__}, {torch.get_num_threads()} threads; model: {model_name}\n"
     )
     shape = (40, 192, 192) if args.quick else (64, 256, 256)
-    print(f"Blockwise against one call, volume {shape}, best of {1 if args.quick else 2}")
+    print(f"Blockwise against one call, volume {shape}, best of {args.repeats}")
     print_table(
         ["setting", "block", "halo", "s", "Mvox/s", "ratio", "max |dp|", "flips"],
-        throughput(model, shape, 1 if args.quick else 2),
+        throughput(model, shape, args.repeats),
     )
     shapes = (
         [(32, 128, 128), (64, 128, 128)]
