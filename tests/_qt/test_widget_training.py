@@ -93,6 +93,7 @@ def test_finetune_refreshes_prediction_and_status_without_freezing(docked, qtbot
     np.testing.assert_array_equal(load_corrections(image.metadata["ome_zarr_path"]), layer.data)
     assert meter.max_gap_ms < STALL_BOUND_MS, f"main thread stalled {meter.max_gap_ms:.0f} ms"
     assert widget.predict_button.isEnabled() and widget.export_button.isEnabled()
+    assert not widget.state.errors
 
 
 def test_out_of_memory_shows_halved_batch_and_dropped_distillation(docked, qtbot):
@@ -113,6 +114,8 @@ def test_out_of_memory_shows_halved_batch_and_dropped_distillation(docked, qtbot
     log = panel.log.toPlainText()
     assert sum(st.kind == "recovery" for st in widget.state.statuses) >= 2
     assert all(st.message in log for st in widget.state.statuses if st.kind == "recovery")
+    assert not widget.state.errors  # the final prediction with the LoRA model worked too
+    assert "prediction updated" in panel.progress.format()
 
 
 def test_stop_keeps_weights_and_export_reloads(docked, qtbot, monkeypatch, tmp_path):
