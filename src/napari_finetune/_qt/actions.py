@@ -9,7 +9,6 @@ with the engine's message, and the widget goes back to idle.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,37 +23,7 @@ from napari_finetune._qt.layers import (
     prediction_layers,
     show_predictions,
 )
-
-
-@dataclass
-class CheckpointInfo:
-    """What the widget needs to know about the chosen model (read in a worker)."""
-
-    path: str
-    channel_names: list[str]
-    colors: list[str]
-    normalization: dict
-    dims: int
-
-
-@dataclass
-class RunState:
-    """Everything the widget tracks between events."""
-
-    info: CheckpointInfo | None = None
-    busy: str | None = None  # "predict", "train", "export", "save" or None
-    trainer: Any = None  # kept after a run, for Export and Predict
-    worker: Any = None
-    autosaver: corr.Autosaver | None = None
-    region: tuple[slice, ...] | None = None
-    clicked_at: float = 0.0
-    timings: dict[str, float] = field(default_factory=dict)
-    statuses: list[Any] = field(default_factory=list)
-    previews: int = 0
-    errors: list[str] = field(default_factory=list)
-    exported: str | None = None
-    running: int = 0  # jobs started and not finished (autosaves included)
-    run_summary: str = ""  # how the last run ended, kept on the bar after the final predict
+from napari_finetune._qt.state import CheckpointInfo, release_trainer, stop
 
 
 def say(label: Any, template: str, path: str) -> None:
@@ -264,26 +233,6 @@ def after_training(w: Any) -> None:
         w.viewer, s.info.channel_names
     ):
         predict(w)
-
-
-def stop(s: RunState) -> None:
-    """Stop at the next step (the weights of the last completed step are kept)."""
-    if s.trainer is not None:
-        s.trainer.stop()
-    elif s.worker is not None:
-        s.worker.quit()  # still saving or building: end before training starts
-
-
-def stop_on_destroy(s: RunState):
-    """A slot for ``destroyed``: a closed dock does not leave a run training."""
-    return lambda *_: stop(s)
-
-
-def release_trainer(s: RunState) -> None:
-    """Drop the previous run's trainer and give its device memory back."""
-    if s.trainer is not None:
-        s.trainer = None
-        jobs.release_memory()
 
 
 def default_export_path(w: Any) -> str:

@@ -31,6 +31,7 @@ from napari_finetune._qt.corrections import METADATA_KEY, is_corrections_candida
 from napari_finetune._qt.layer_combo import LayerCombo
 from napari_finetune._qt.layers import camera_of, visible_region
 from napari_finetune._qt.settings import SettingsForm
+from napari_finetune._qt.state import RunState, stop, stop_on_destroy
 from napari_finetune._qt.status_panel import StatusPanel
 from napari_finetune.config import FinetuneConfig
 
@@ -78,7 +79,7 @@ class FinetuneWidget(QWidget):
         # _model_hook(model) before the trainer exists, _trainer_hook(trainer) once built.
         self._model_hook = None
         self._trainer_hook = None
-        self.state = actions.RunState()
+        self.state = RunState()
         self.image_combo = LayerCombo(napari_viewer, Image)
         self.checkpoint_edit = QLineEdit(default_checkpoint())
         self.checkpoint_edit.setPlaceholderText("model checkpoint (.pt)")
@@ -150,7 +151,7 @@ class FinetuneWidget(QWidget):
         self.save_predictions_button.clicked.connect(self._save_predictions)
         self.viewer.dims.events.current_step.connect(self._update_region)
         camera_of(self.viewer).events.center.connect(self._update_region)
-        self.destroyed.connect(actions.stop_on_destroy(self.state))
+        self.destroyed.connect(stop_on_destroy(self.state))
         self._corrections_changed(self.corrections_combo.layer())
         self._update_region()
         self._refresh_buttons()
@@ -161,7 +162,7 @@ class FinetuneWidget(QWidget):
     def event(self, event: QEvent) -> bool:  # noqa: D102 (Qt override)
         # napari's remove_dock_widget unparents the widget: end the run then.
         if event.type() == QEvent.ParentChange and self.parent() is None:
-            actions.stop(self.state)
+            stop(self.state)
         return super().event(event)
 
     # -- state -------------------------------------------------------------------------------
@@ -219,7 +220,7 @@ class FinetuneWidget(QWidget):
         actions.finetune(self)
 
     def _stop(self) -> None:
-        actions.stop(self.state)
+        stop(self.state)
 
     def _export(self) -> None:
         default = actions.default_export_path(self)

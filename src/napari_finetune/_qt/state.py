@@ -1,0 +1,60 @@
+"""What the widget tracks between job events, and how a run is ended or released."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from napari_finetune._qt import worker as jobs
+from napari_finetune._qt.corrections import Autosaver
+
+
+@dataclass
+class CheckpointInfo:
+    """What the widget needs to know about the chosen model (read in a worker)."""
+
+    path: str
+    channel_names: list[str]
+    colors: list[str]
+    normalization: dict
+    dims: int
+
+
+@dataclass
+class RunState:
+    """Everything the widget tracks between events."""
+
+    info: CheckpointInfo | None = None
+    busy: str | None = None  # "predict", "train", "export", "save" or None
+    trainer: Any = None  # kept after a run, for Export and Predict
+    worker: Any = None
+    autosaver: Autosaver | None = None
+    region: tuple[slice, ...] | None = None
+    clicked_at: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)
+    statuses: list[Any] = field(default_factory=list)
+    previews: int = 0
+    errors: list[str] = field(default_factory=list)
+    exported: str | None = None
+    running: int = 0  # jobs started and not finished (autosaves included)
+    run_summary: str = ""  # how the last run ended, kept on the bar after the final predict
+
+
+def stop(s: RunState) -> None:
+    """Stop at the next step (the weights of the last completed step are kept)."""
+    if s.trainer is not None:
+        s.trainer.stop()
+    elif s.worker is not None:
+        s.worker.quit()  # still saving or building: end before training starts
+
+
+def stop_on_destroy(s: RunState):
+    """A slot for ``destroyed``: a closed dock does not leave a run training."""
+    return lambda *_: stop(s)
+
+
+def release_trainer(s: RunState) -> None:
+    """Drop the previous run's trainer and give its device memory back."""
+    if s.trainer is not None:
+        s.trainer = None
+        jobs.release_memory()
