@@ -106,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", choices=["lora", "full"], default="lora")
     parser.add_argument("--preview", type=float, default=1.0, help="preview interval, s")
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--idle", type=float, default=5.0,
+                        help="seconds measured with nothing running first (the machine's floor)")
     parser.add_argument("--diagnose", action="store_true")
     args = parser.parse_args(argv)
     shape = tuple(int(s) for s in args.shape.split(","))
@@ -147,6 +149,12 @@ def main(argv: list[str] | None = None) -> int:
     s.preview_interval.setValue(args.preview)
     s.device.setCurrentText(args.device)
 
+    idle = Meter(False)
+    idle.start()
+    _wait(app, lambda: time.perf_counter() - idle.t0 > args.idle)
+    idle.stop()
+    idle_gaps = idle.gaps_ms()
+
     meter = Meter(args.diagnose)
     meter.start()
     t = time.perf_counter()
@@ -175,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         ("previews applied", str(widget.state.previews)),
         ("run", f"{last.kind if last else '-'} at step {last.step if last else 0}, "
                 f"{rate:.2f} steps/s, {total_s:.1f} s incl. final predict"),
+        ("idle gap max / p99 / median", f"{idle_gaps.max():.1f} / "
+         f"{np.percentile(idle_gaps, 99):.1f} / {np.median(idle_gaps):.1f} ms"),
         ("main-thread gap max", f"{gaps.max():.1f} ms"),
         ("main-thread gap p99", f"{np.percentile(gaps, 99):.1f} ms"),
         ("main-thread gap median", f"{np.median(gaps):.1f} ms"),
