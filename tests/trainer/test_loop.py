@@ -271,16 +271,20 @@ def test_same_seed_same_weights():
 
 
 def test_memory_budget_ladder_end_to_end():
-    """A real allocation budget: batch 8 does not fit, the ladder finds what does."""
-    trainer = make_trainer(steps=3, batch_size=8)
+    """A real allocation budget: batch 8 does not fit, the ladder finds what does.
+
+    Measured peaks of this set-up: 5.8 MB at batch 8, 3.1 MB at 4, 1.7 MB at 2.
+    """
+    trainer = make_trainer(steps=2, batch_size=8, patch_shape=(8, 16, 16))
     trainer.build()
     calls = count_calls(trainer.optimizer)
-    with faults.MemoryBudget(500_000) as budget:
+    with faults.MemoryBudget(2_000_000) as budget:
         events = run_all(trainer)
-    assert budget.oom_count >= 1 and budget.peak_bytes <= 500_000
-    assert trainer.batch_size < 8 and trainer.samples_per_step == 8
-    assert events[-1].kind == "finished" and calls[0] == 3
+    assert budget.oom_count == 2 and budget.peak_bytes <= 2_000_000
+    assert (trainer.batch_size, trainer.accumulation) == (2, 4)
+    assert events[-1].kind == "finished" and calls[0] == 2
     assert sum(e.kind == "recovery" for e in events) == budget.oom_count
+    assert events[-1].distillation == "on"  # nothing dropped that did not need to be
 
 
 def test_two_dimensional_lora_run_and_predict():

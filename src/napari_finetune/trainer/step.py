@@ -140,7 +140,9 @@ def guarded_optimizer_step(optimizer: torch.optim.Optimizer, precision: Any) -> 
     there would leave half a step applied, and redoing the step would apply
     that half twice. The trainable weights and the optimizer state are copied
     first (small for LoRA; one model's worth for a full fine-tune) and put
-    back if the step raises.
+    back if the step raises. The copies are made after the micro-batches'
+    activations are freed, so they add to the optimizer step's peak, not to
+    the forward/backward peak.
     """
     params = [p for group in optimizer.param_groups for p in group["params"]]
     saved_params = [p.detach().clone() for p in params]
