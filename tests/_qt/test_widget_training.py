@@ -182,3 +182,41 @@ def test_closing_the_dock_stops_the_run(docked, qtbot):
     viewer.window.remove_dock_widget("all")
     qtbot.waitUntil(lambda: state.running == 0, timeout=120_000)
     assert trainer._stop.is_set() and trainer.steps_done < 500
+
+
+def test_a_2d_image_with_a_2d_model(make_napari_viewer, qtbot, tmp_path):
+    """YX data: predict, paint, fine-tune with preview, as for a volume."""
+    import torch
+    import zarr
+    from ome_zarr.io import parse_url
+    from ome_zarr.writer import write_image
+    from tests._qt.conftest import CHANNELS, make_volume
+
+    from napari_finetune.model.checkpoint import save_checkpoint
+    from napari_finetune.model.unet import UNet
+
+    path = tmp_path / "plane.ome.zarr"
+    write_image(make_volume()[8], zarr.group(store=parse_url(str(path), mode="w").store),
+                axes="yx", scale_factors=[])
+    torch.manual_seed(0)
+    ckpt = save_checkpoint(tmp_path / "unet2d.pt", UNet(dims=2, out_channels=2, depth=2,
+                                                        features=4), {"channel_names": CHANNELS})
+    viewer = make_napari_viewer()
+    viewer.open(str(path), plugin="napari-finetune")
+    _, widget = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
+    widget.checkpoint_edit.setText(str(ckpt))
+    widget._checkpoint_changed()
+    qtbot.waitUntil(lambda: widget.state.info is not None, timeout=20_000)
+    qtbot.mouseClick(widget.new_corrections_button, Qt.LeftButton)
+    layer = viewer.layers["corrections"]
+    layer.brush_size = 5
+    layer.paint((24, 24), 3)
+    layer.paint((8, 40), 1)
+    widget.settings.steps.setValue(2)
+    widget.settings.preview_interval.setValue(0.1)
+    qtbot.mouseClick(widget.finetune_button, Qt.LeftButton)
+    wait_idle(qtbot, widget)
+    assert widget.state.statuses[-1].kind == "finished", widget.state.errors
+    assert widget.state.previews >= 1 and not widget.state.errors, (
+        widget.state.region, [s.kind for s in widget.state.statuses])
+    assert viewer.layers["membrane prediction"].data.shape == (64, 64)
