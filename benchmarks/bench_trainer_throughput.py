@@ -48,8 +48,17 @@ class BareLoop:
     """The hand-written loop the Finetuner is measured against."""
 
     def __init__(self, model, image, corrections, config, teacher: bool, device):
-        self.model = model.to(device).train()
-        self.teacher = copy.deepcopy(model).eval() if teacher else None
+        model = model.to(device)
+        self.lora = config.mode == "lora"
+        self.teacher = None
+        if self.lora:
+            from napari_finetune.model.lora import wrap_lora
+
+            model = wrap_lora(model, config.lora_rank, config.lora_alpha, config.seed)
+            self.teacher = model if teacher else None
+        elif teacher:
+            self.teacher = copy.deepcopy(model).eval()
+        self.model = model.train()
         self.device = device
         self.opt = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad], lr=config.learning_rate
@@ -69,7 +78,12 @@ class BareLoop:
         with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.autocast):
             logits = self.model(x)
             soft = None
-            if self.teacher is not None:
+            if self.teacher is not None and self.lora:
+                self.model.eval()
+                with torch.no_grad(), self.model.disable_adapter():
+                    soft = torch.sigmoid(self.model(x).float())
+                self.model.train()
+            elif self.teacher is not None:
                 with torch.no_grad():
                     soft = torch.sigmoid(self.teacher(x).float())
         logits = logits.float()
@@ -91,7 +105,7 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure(args: argparse.Namespace, teacher: bool) -> dict[str, float]:
+def measure(args: argparse.Namespace, teacher: bool, mode: str) -> dict[str, float]:
     device = torch.device(args.device)
     shape = (48, 96, 96) if len(args.patch) == 3 else (256, 256)
     image, corrections = volume(shape)
@@ -100,7 +114,7 @@ def measure(args: argparse.Namespace, teacher: bool) -> dict[str, float]:
     start = UNet(dims=dims, depth=args.depth, features=args.features, norm="group")
     total = args.rounds * args.block + 1
     config = FinetuneConfig(
-        steps=total, batch_size=args.batch, patch_shape=tuple(args.patch), mode="full",
+        steps=total, batch_size=args.batch, patch_shape=tuple(args.patch), mode=mode,
         learning_rate=1e-4, distillation=0.5 if teacher else 0.0, hold_other_channels=teacher,
         mixed_precision=args.mixed_precision, cpu_bf16=args.cpu_bf16, device=str(device),
     )
@@ -144,6 +158,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--block", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--modes", nargs="+", default=["full", "lora"])
     parser.add_argument("--mixed-precision", action="store_true")
     parser.add_argument("--cpu-bf16", action="store_true")
     args = parser.parse_args()
@@ -153,15 +168,17 @@ def main() -> None:
         f"{args.batch}, patch {tuple(args.patch)}, {args.rounds - 1} timed rounds x "
         f"{args.block} steps per side, interleaved, torch threads {args.threads}\n"
     )
-    print("| loss terms | dtype | Finetuner ms/step | bare ms/step | throughput ratio | steps |")
-    print("|---|---|---:|---:|---:|---:|")
-    for teacher in (False, True):
-        r = measure(args, teacher)
-        label = "supervised + teacher (distillation, hold)" if teacher else "supervised only"
-        print(
-            f"| {label} | {r['dtype']} | {r['finetuner_ms']:.1f} | {r['bare_ms']:.1f} | "
-            f"{r['ratio']:.3f} | {r['n']} |"
-        )
+    print("| mode | loss terms | dtype | Finetuner ms/step | bare ms/step | throughput ratio "
+          "| steps |")
+    print("|---|---|---|---:|---:|---:|---:|")
+    for mode in args.modes:
+        for teacher in (False, True):
+            r = measure(args, teacher, mode)
+            label = "supervised + teacher (distillation, hold)" if teacher else "supervised only"
+            print(
+                f"| {mode} | {label} | {r['dtype']} | {r['finetuner_ms']:.1f} | "
+                f"{r['bare_ms']:.1f} | {r['ratio']:.3f} | {r['n']} |"
+            )
 
 
 if __name__ == "__main__":
