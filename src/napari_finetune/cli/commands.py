@@ -153,7 +153,8 @@ def run_finetune(
 
     printer.bar.write(
         f"fine-tuning {config.steps} steps ({config.mode}, device {trainer.device}); "
-        "building the trainer (PEFT, optimizer, precision probe)..."
+        f"building the trainer ({'PEFT adapters, ' if config.mode == 'lora' else ''}"
+        "optimizer, precision probe)..."
     )
     previous = signal.signal(signal.SIGINT, on_sigint)
     last = None

@@ -21,8 +21,9 @@ from typing import Any
 
 from napari_finetune.config import FinetuneConfig, PredictConfig
 
-DEFAULT_STEPS = 60  # about 1-2 minutes on 2 CPU cores with the defaults below
+DEFAULT_STEPS = 40  # about 1-2 minutes on 2 CPU cores with the defaults below (full mode)
 QUICK_SHAPE = (16, 64, 64)
+DEFAULT_MODE = "full"
 
 
 def register(sub: Any) -> None:
@@ -65,6 +66,12 @@ def register(sub: Any) -> None:
         default=0.01,
         help="largest fraction of voxels painted (default: %(default)s)",
     )
+    p.add_argument(
+        "--mode",
+        choices=["lora", "full"],
+        default=DEFAULT_MODE,
+        help="LoRA adapters or every weight (default: %(default)s)",
+    )
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     p.add_argument("--seed", type=int, default=0, help="seeds painting and training")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
@@ -102,7 +109,9 @@ def predict_all(model: Any, image: Any, checkpoint: Any, device: str = "auto") -
     return predict_volume(model, image, low_high, PredictConfig(device=device))
 
 
-def demo_config(steps: int, quick: bool, device: str, seed: int) -> FinetuneConfig:
+def demo_config(
+    steps: int, quick: bool, device: str, seed: int, mode: str = "full"
+) -> FinetuneConfig:
     """Fine-tuning settings of the demo (small patches keep a CPU run to minutes)."""
     patch = (8, 32, 32) if quick else (16, 64, 64)
     return FinetuneConfig(
@@ -110,6 +119,7 @@ def demo_config(steps: int, quick: bool, device: str, seed: int) -> FinetuneConf
         batch_size=2 if quick else 4,
         patch_shape=patch,
         learning_rate=1e-3,
+        mode=mode,
         device=device,
         seed=seed,
     )
@@ -127,7 +137,7 @@ def demo(args: argparse.Namespace) -> int:
         raise ValueError(f"--steps must be >= 1, got {steps}")
     if not 0 < args.budget <= 1:
         raise ValueError(f"--budget must be in (0, 1], got {args.budget}")
-    config = demo_config(steps, args.quick, args.device, args.seed)
+    config = demo_config(steps, args.quick, args.device, args.seed, args.mode)
     args.out.mkdir(parents=True, exist_ok=True)
     shape = tuple(args.shape) if args.shape else (QUICK_SHAPE if args.quick else None)
     sample = load_sample(shape)
