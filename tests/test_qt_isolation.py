@@ -12,7 +12,8 @@ QT_MODULES = ("qtpy", "PyQt5", "PyQt6", "PySide2", "PySide6", "magicgui", "super
 def _modules_outside_qt() -> list[str]:
     names = []
     for info in pkgutil.walk_packages(napari_finetune.__path__, "napari_finetune."):
-        if "._qt" not in info.name:
+        # __main__ modules run the CLI when imported; their imports are the CLI's.
+        if "._qt" not in info.name and not info.name.endswith(".__main__"):
             names.append(info.name)
     return names
 

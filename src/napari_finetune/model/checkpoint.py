@@ -18,7 +18,7 @@ import copy
 import hashlib
 import importlib
 import os
-import tempfile
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -129,7 +129,10 @@ def save_checkpoint(
         "state_dict": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
         "metadata": copy.deepcopy(metadata or {}),
     }
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # Not tempfile.mkstemp: it makes the file private (0600); this gets the mode a
+    # plain open() would (0666 minus the umask), applied without touching the umask.
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
     try:
         with os.fdopen(fd, "wb") as handle:
             torch.save(payload, handle)
