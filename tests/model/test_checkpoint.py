@@ -79,3 +79,15 @@ def test_weights_that_do_not_fit_the_architecture(tmp_path):
     torch.save(payload, path)
     with pytest.raises(CheckpointError, match="do not fit"):
         load_checkpoint(path)
+
+
+def test_saved_file_gets_the_umask_mode_not_a_private_one(tmp_path):
+    import os
+
+    umask = os.umask(0o022)
+    try:
+        path = save_checkpoint(tmp_path / "m.pt", UNet(dims=2, depth=1, features=4))
+    finally:
+        os.umask(umask)
+    # Collaborators on a shared workstation must be able to read an export.
+    assert os.stat(path).st_mode & 0o777 == 0o644
