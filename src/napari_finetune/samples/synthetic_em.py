@@ -29,7 +29,7 @@ DEFAULT_SHAPE = (64, 256, 256)
 DEFAULT_SEEDS = {"source": 0, "target": 1}
 # Bump whenever the output for a given (shape, seed, domain) changes: it is part
 # of the cache key, so stale stores are never reused.
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 DOMAINS = ("source", "target")
 
 CELL_DIAMETER = 52.0  # voxels, typical
@@ -55,10 +55,13 @@ APPEARANCES = {
         blur=(0.6, 0.6, 0.6), noise=0.03, shot=0.02, gamma=1.0, texture=0.05,
         texture_scale=2.5, offset=12.0, gain=230.0,
     ),
-    # Another instrument: more blur (worse in z, as in many EM set-ups), three
-    # times the noise, a contrast curve that lifts the darks, finer grain.
+    # Another instrument: more blur (worse in z, as in many EM set-ups), more
+    # noise, a contrast curve that lifts the darks, finer grain. Measured with the
+    # sample model: blur is what hurts (blurred membranes read as mitochondria);
+    # noise and gamma alone cost little. Stronger blur made the gap too wide for
+    # a 2-minute fine-tune (IoU 0.26 membrane before, 0.55 after).
     "target": Appearance(
-        blur=(1.6, 1.2, 1.2), noise=0.06, shot=0.03, gamma=0.6, texture=0.08,
+        blur=(1.2, 1.0, 1.0), noise=0.045, shot=0.025, gamma=0.7, texture=0.08,
         texture_scale=1.2, offset=45.0, gain=160.0,
     ),
 }
