@@ -39,8 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _expected_errors() -> tuple[type[BaseException], ...]:
-    # ValueError covers CheckpointError and VolumeError (both subclass it).
-    return (CLIError, ValueError, FileNotFoundError, PermissionError, NotADirectoryError)
+    # ValueError covers CheckpointError and VolumeError (both subclass it);
+    # OSError covers missing files, permissions, a full disk.
+    return (CLIError, ValueError, OSError)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -68,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except _expected_errors() as exc:
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        if isinstance(exc, (FileNotFoundError, PermissionError)) and exc.filename:
+        if isinstance(exc, OSError) and exc.filename and exc.strerror:
             message = f"{exc.strerror}: {exc.filename}"
         print(f"{PROG} {args.command}: error: {message}", file=sys.stderr)
         return 1
