@@ -13,7 +13,7 @@ only for a fixed time, and reports the IoU after: the gap must be closable.
 
 Usage::
 
-    .venv/bin/python sample_data/train_sample_model.py [--steps 900] [--check-adaptation]
+    .venv/bin/python sample_data/train_sample_model.py [--steps 500] [--check-adaptation]
 """
 
 from __future__ import annotations
@@ -208,7 +208,7 @@ def table(rows: list[tuple[str, list[float]]]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=900)
+    parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=sample_checkpoint_path())
