@@ -1,5 +1,7 @@
 """The cached OME-Zarr sample stores: readable by ome-zarr-py, reused, never half."""
 
+import os
+
 import numpy as np
 import pytest
 import zarr
@@ -83,6 +85,18 @@ def test_crash_while_writing_leaves_nothing_behind(cache, monkeypatch):
     assert list(cache.iterdir()) == []  # no final store, no temporary folder
     monkeypatch.setattr(_store, "write_store", real)
     assert _store.is_complete(gen.ensure_sample("target", SHAPE, seed=5))
+
+
+def test_stale_temporary_of_a_killed_run_is_removed(cache):
+    cache.mkdir(parents=True)
+    name = _store.store_name("target", SHAPE, 6)
+    stale, fresh = cache / f".{name}.old.tmp", cache / f".{name}.busy.tmp"
+    stale.mkdir()
+    fresh.mkdir()
+    os.utime(stale, (0, 0))  # written long ago: its process is gone
+    gen.ensure_sample("target", SHAPE, seed=6)
+    assert not stale.exists()
+    assert fresh.exists()  # maybe another process still writing it
 
 
 def test_cache_dir_default_and_override(monkeypatch, tmp_path):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,7 @@ def ensure_store(domain: str, shape: tuple[int, int, int], seed: int | None) -> 
     if is_complete(final, record):
         return final
     folder.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temporaries(folder, final.name)
     image, truth = gen.generate_volume(shape, seed, domain)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=folder))
     try:
@@ -118,3 +120,14 @@ def ensure_store(domain: str, shape: tuple[int, int, int], seed: int | None) -> 
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def _remove_stale_temporaries(folder: Path, name: str, age_s: float = 3600.0) -> None:
+    # A killed process (SIGKILL, power cut) cannot clean up after itself; an
+    # hour-old temporary is no longer being written by anyone.
+    for tmp in folder.glob(f".{name}.*.tmp"):
+        try:
+            if time.time() - tmp.stat().st_mtime > age_s:
+                shutil.rmtree(tmp, ignore_errors=True)
+        except OSError:
+            pass
