@@ -45,16 +45,23 @@ def _close_toasts(viewer) -> None:
         toast.close()
 
 
-def _paint_disks(layer, truth: np.ndarray, z: int, n: int = 14, radius: int = 6) -> None:
-    """Copy the ground truth (as correction values) inside a few disks of slice ``z``."""
+def _paint_disks(layer, truth: np.ndarray, wrong: np.ndarray, z: int, radius: int = 4) -> None:
+    """What a careful user paints on slice ``z``: small disks of the right class.
+
+    Most disks sit where the model is wrong (``wrong``: membrane called
+    mitochondria), the rest on true mitochondria and on plain background;
+    inside a disk the ground truth gives the class (0/1/2 -> correction 1/2/3).
+    """
     rng = np.random.default_rng(1)
     _, h, w = truth.shape
     yy, xx = np.mgrid[0:h, 0:w]
+    picks = [(wrong[z], 14), (truth[z] == 2, 6), (truth[z] == 0, 8)]
     data = layer.data
-    for _ in range(n):
-        cy, cx = int(rng.integers(radius, h - radius)), int(rng.integers(radius, w - radius))
-        disk = (yy - cy) ** 2 + (xx - cx) ** 2 <= radius**2
-        data[z][disk] = truth[z][disk] + 1  # ground truth 0/1/2 -> background/membrane/mito
+    for mask, count in picks:
+        ys, xs = np.nonzero(mask[radius:-radius, radius:-radius])
+        for i in rng.choice(len(ys), size=min(count, len(ys)), replace=False):
+            disk = (yy - ys[i] - radius) ** 2 + (xx - xs[i] - radius) ** 2 <= radius**2
+            data[z][disk] = truth[z][disk] + 1
     layer.refresh()
 
 
@@ -79,6 +86,7 @@ def main() -> int:
         widget.checkpoint_edit.setText(os.environ["CHECKPOINT"])
         widget._checkpoint_changed()
     _wait(app, lambda: widget.state.info is not None and widget.state.running == 0)
+    viewer.reset_view()  # the docked panel narrowed the canvas: fit the image again
     z = int(shape.split(",")[0]) // 2
     viewer.dims.set_current_step(0, z)
 
@@ -89,7 +97,8 @@ def main() -> int:
     widget.new_corrections_button.click()
     layer = viewer.layers["corrections"]
     truth = np.asarray(viewer.layers["ground truth"].data)
-    _paint_disks(layer, truth, z)
+    wrong = (truth == 1) & (viewer.layers["mitochondria prediction"].data > 0)
+    _paint_disks(layer, truth, wrong, z)
     for name in ("membrane prediction", "mitochondria prediction"):
         viewer.layers[name].visible = False
     _save(viewer.screenshot(canvas_only=True, flash=False), "02-corrections.png")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import fields
 
 from qtpy.QtWidgets import (
+    QAbstractSpinBox,
     QCheckBox,
     QComboBox,
     QDoubleSpinBox,
@@ -67,6 +68,7 @@ class SettingsForm(QWidget):
         self.device.setCurrentText(d.device if d.device in DEVICES else "auto")
         self.preview_interval = QDoubleSpinBox()
         self.preview_interval.setRange(0.0, 3600.0)
+        self.preview_interval.setPrefix("every ")
         self.preview_interval.setSuffix(" s")
         self.preview_interval.setDecimals(1)
         self.preview_interval.setValue(DEFAULT_PREVIEW_INTERVAL_S)
@@ -82,7 +84,7 @@ class SettingsForm(QWidget):
             ("Steps", self.steps), ("Learning rate", self.learning_rate),
             ("Batch", self.batch_size), ("Mode", self.mode),
             ("LoRA rank", self.lora_rank), ("Distillation", self.distillation),
-            ("Device", self.device), ("Preview every", self.preview_interval),
+            ("Device", self.device), ("Preview", self.preview_interval),
         ]
         for i, (name, widget) in enumerate(pairs):
             row, col = divmod(i, 2)
@@ -90,6 +92,10 @@ class SettingsForm(QWidget):
             grid.addWidget(widget, row, 2 * col + 1)
         grid.addWidget(self.hold_other_channels, 4, 0, 1, 2)
         grid.addWidget(self.mixed_precision, 4, 2, 1, 2)
+        # No +/- buttons (arrow keys and the wheel still step): half the width.
+        for box in (self.steps, self.learning_rate, self.batch_size, self.lora_rank,
+                    self.distillation, self.preview_interval):
+            box.setButtonSymbols(QAbstractSpinBox.NoButtons)
         for box in (self.learning_rate, self.mode, self.preview_interval):
             box.setMinimumWidth(box.sizeHint().width())
         grid.setColumnStretch(1, 1)

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from qtpy.QtCore import QEvent, Qt
+from qtpy.QtCore import QEvent, QSize, Qt
 from qtpy.QtWidgets import (
     QFileDialog,
     QFrame,
@@ -137,8 +137,7 @@ class FinetuneWidget(QWidget):
         outer.addWidget(scroll)
         # As wide as the inputs need: no horizontal scrolling, no clipped numbers.
         scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
-        bar = scroll.verticalScrollBar().sizeHint().width()
-        self.setMinimumWidth(content.sizeHint().width() + bar + 12)
+        self._scroll = scroll
 
         self.checkpoint_edit.editingFinished.connect(self._checkpoint_changed)
         self.predict_button.clicked.connect(self._predict)
@@ -158,6 +157,15 @@ class FinetuneWidget(QWidget):
         if self.checkpoint_edit.text():
             self._checkpoint_changed()
         actions.warm_up(self)
+
+    def sizeHint(self) -> QSize:  # noqa: N802 (Qt override)
+        """Wide enough for the inputs: napari sizes the dock from this."""
+        hint = super().sizeHint()
+        if not hasattr(self, "_scroll"):
+            return hint
+        bar = self._scroll.verticalScrollBar().sizeHint().width()
+        return QSize(max(hint.width(), self._scroll.widget().sizeHint().width() + bar + 4),
+                     hint.height())
 
     def event(self, event: QEvent) -> bool:  # noqa: D102 (Qt override)
         # napari's remove_dock_widget unparents the widget: end the run then.
