@@ -50,12 +50,30 @@ def _store_and_checkpoint(shape, tmp: Path) -> tuple[Path, Path, str]:
 
 
 def _wait(app, condition, timeout_s: float = 1800) -> None:
+    """Run Qt's own event loop (as napari does) until ``condition()`` holds.
+
+    A Python loop of ``processEvents()`` + ``sleep`` would need the GIL for
+    every iteration and inflate the gaps it is meant to measure.
+    """
+    from qtpy.QtCore import QEventLoop, QTimer
+
+    if condition():
+        return
+    loop = QEventLoop()
     end = time.perf_counter() + timeout_s
-    while not condition():
-        app.processEvents()
-        time.sleep(0.002)
-        if time.perf_counter() > end:
-            raise TimeoutError("the widget did not finish in time")
+    poll = QTimer()
+    poll.setInterval(20)
+
+    def check() -> None:
+        if condition() or time.perf_counter() > end:
+            loop.quit()
+
+    poll.timeout.connect(check)
+    poll.start()
+    loop.exec_()
+    poll.stop()
+    if not condition():
+        raise TimeoutError("the widget did not finish in time")
 
 
 class Meter:
