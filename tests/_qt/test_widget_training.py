@@ -131,6 +131,8 @@ def test_stop_keeps_weights_and_export_reloads(docked, qtbot, monkeypatch, tmp_p
     last = widget.state.statuses[-1]
     assert last.kind == "stopped" and 1 <= last.step < 500
     assert widget.export_button.isEnabled()
+    # The run gave back what only training needs; the weights stay for Export.
+    assert widget.state.trainer.optimizer is None and widget.state.trainer.teacher is None
 
     target = tmp_path / "exported.pt"
     asked = {}

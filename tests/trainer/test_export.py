@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from engine_setup import make_trainer
 
@@ -94,3 +95,19 @@ def test_predict_uses_the_current_weights():
     expected = predict_block(trainer.model, block.astype(np.float32))
     np.testing.assert_allclose(probs, expected, rtol=1e-6)
     assert trainer.model.training  # predict restored the training mode
+
+
+def test_release_frees_training_state_but_keeps_export_and_predict(tmp_path):
+    trainer = make_trainer(steps=2)
+    for _ in trainer.run():
+        pass
+    assert trainer.optimizer is not None and trainer.teacher is not None
+    region = (slice(0, 8), slice(0, 16), slice(0, 16))
+    before = trainer.predict(region)
+    trainer.release()
+    assert trainer.optimizer is None and trainer.teacher is None
+    np.testing.assert_array_equal(trainer.predict(region), before)
+    reloaded = load_checkpoint(trainer.export(tmp_path / "m.pt"))
+    assert reloaded.metadata["run"]["steps_done"] == 2
+    with pytest.raises(RuntimeError, match="released"):
+        next(trainer.run())

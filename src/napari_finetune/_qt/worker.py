@@ -221,15 +221,20 @@ def train_job(
         trainer.after_build.append(trainer_hook)  # e.g. an OOM in the teacher
     yield ("trainer", trainer)
     last_preview: float | None = None
-    for status in _statuses(trainer):
-        yield ("status", status)
-        now = time.monotonic()
-        due = last_preview is None or now - last_preview >= preview_interval_s
-        if preview_interval_s > 0 and status.kind == "step" and due:
-            where = region()
-            if where is not None:
-                yield ("preview", where, np.asarray(trainer.predict(where)))
-            last_preview = time.monotonic()
+    try:
+        for status in _statuses(trainer):
+            yield ("status", status)
+            now = time.monotonic()
+            due = last_preview is None or now - last_preview >= preview_interval_s
+            if preview_interval_s > 0 and status.kind == "step" and due:
+                where = region()
+                if where is not None:
+                    yield ("preview", where, np.asarray(trainer.predict(where)))
+                last_preview = time.monotonic()
+    finally:
+        # However the run ended, give back the optimizer state and the teacher;
+        # the weights stay for Export and Predict.
+        trainer.release()
 
 
 def _statuses(trainer: Any) -> Iterator[Any]:

@@ -92,6 +92,7 @@ class Finetuner:
         self._stop = threading.Event()
         self._lock = threading.RLock()
         self._built = False
+        self._released = False
         self._normalization_range: tuple[float, float] | None = None
         self._start_time = time.perf_counter()
         self._resumed = record.apply_previous_run(self, self.metadata.get("run"))
@@ -187,6 +188,8 @@ class Finetuner:
         FloatingPointError
             A non-finite loss in fp32 (nothing left to fall back to).
         """
+        if self._released:
+            raise RuntimeError("this Finetuner was released; build a new one to train again.")
         self._start_time = time.perf_counter()
         self.build()
         if self._resumed:
@@ -239,6 +242,20 @@ class Finetuner:
             dropped_at_step=self.dropped_at_step,
             elapsed_s=time.perf_counter() - self._start_time,
         )
+
+    def release(self) -> None:
+        """Free what only training needs: optimizer state, the teacher, the device cache.
+
+        The weights stay where they are, for :meth:`predict` and :meth:`export`;
+        a released trainer cannot run again (build a new one to continue).
+        """
+        from napari_finetune.trainer.recovery import empty_device_cache
+
+        with self._lock:
+            self.optimizer = None
+            self.teacher = None
+            self._released = True
+        empty_device_cache(self.device)
 
     # --- using the weights -------------------------------------------------------------
 
