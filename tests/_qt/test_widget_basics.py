@@ -27,6 +27,13 @@ def test_dock_lists_the_image_and_reads_the_checkpoint(docked):
     from napari_finetune.config import FinetuneConfig
 
     assert widget.settings.config() == FinetuneConfig()
+    # The LoRA rank only means something in LoRA mode.
+    settings = widget.settings
+    assert settings.lora_rank.isEnabled() == (FinetuneConfig().mode == "lora")
+    settings.mode.setCurrentIndex(settings.mode.findData("lora"))
+    assert settings.lora_rank.isEnabled() and settings.config().mode == "lora"
+    settings.mode.setCurrentIndex(settings.mode.findData("full"))
+    assert not settings.lora_rank.isEnabled()
 
 
 def test_predict_button_adds_one_layer_per_channel(docked, qtbot):

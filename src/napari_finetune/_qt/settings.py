@@ -37,7 +37,9 @@ class SettingsForm(QWidget):
         self.learning_rate.setRange(1e-6, 1.0)
         self.learning_rate.setSingleStep(1e-5)
         self.learning_rate.setValue(d.learning_rate)
-        self.learning_rate.setToolTip("AdamW learning rate; 1e-4 suits LoRA")
+        self.learning_rate.setToolTip(
+            "AdamW learning rate; lower it if the prediction gets worse or jumps"
+        )
         self.batch_size = _spin(1, 512, d.batch_size,
                                 "Patches per step; halved automatically on out-of-memory")
         self.mode = QComboBox()
@@ -48,6 +50,7 @@ class SettingsForm(QWidget):
         self.mode.currentIndexChanged.connect(
             lambda _: self.lora_rank.setEnabled(self.mode.currentData() == "lora")
         )
+        self.lora_rank.setEnabled(d.mode == "lora")
         self.distillation = QDoubleSpinBox()
         self.distillation.setRange(0.0, 100.0)
         self.distillation.setSingleStep(0.1)
