@@ -43,6 +43,9 @@ def test_oom_above_batch_in_forward_steps_down_and_loses_no_step():
         "out of memory in the precision probe: batch 4 → 2, accumulation 2 → 4 (effective 8)",
     ]
     assert fault.count == 2
+    # Each recovery Status shows the state its line describes, not the final one.
+    probe_recoveries = [e for e in events if e.kind == "recovery"]
+    assert [(e.batch_size, e.accumulation) for e in probe_recoveries] == [(4, 2), (2, 4)]
     assert (trainer.batch_size, trainer.accumulation) == (2, 4)
     assert calls[0] == 3 and trainer.steps_done == 3
     assert events[-1].effective_batch == 8 and events[-1].distillation == "on"

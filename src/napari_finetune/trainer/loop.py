@@ -28,7 +28,7 @@ import torch
 from napari_finetune.config import FinetuneConfig
 from napari_finetune.trainer import record
 from napari_finetune.trainer.losses import corrected_channels, needs_teacher
-from napari_finetune.trainer.recovery import Precision, probe_precision
+from napari_finetune.trainer.recovery import Precision, iter_probe
 from napari_finetune.trainer.retry import optimizer_step
 from napari_finetune.trainer.state import batchnorm_modules
 from napari_finetune.trainer.status import Status
@@ -194,10 +194,8 @@ class Finetuner:
         self.build()
         if self._resumed:
             yield self.status("recovery", self._resumed)
-        messages = probe_precision(self)
-        for message in messages[:-1]:
-            yield self.status("recovery", message)
-        yield self.status("probe", messages[-1])
+        for kind, message in iter_probe(self):
+            yield self.status(kind, message)
         total = self.config.steps
         while self.steps_done < total:
             if self._stop.is_set():

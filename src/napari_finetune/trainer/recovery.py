@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gc
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -199,10 +200,17 @@ def probe_precision(trainer: Any) -> list[str]:
     RecoveryError
         Out of memory with nothing left to give up.
     """
+    return [message for _, message in iter_probe(trainer)]
+
+
+def iter_probe(trainer: Any) -> Iterator[tuple[str, str]]:
+    """:func:`probe_precision` as it happens: ``("recovery", line)`` per step down,
+    then ``("probe", verdict)``; the run yields a Status for each while the
+    trainer's state is the one the line describes.
+    """
     if hasattr(trainer, "build"):
         trainer.build()
     model, precision = trainer.model, trainer.precision
-    messages: list[str] = []
     rng = rng_state(trainer)
     bn = batchnorm_state(model)
     grads = grad_state(model)
@@ -228,16 +236,16 @@ def probe_precision(trainer: Any) -> list[str]:
             restore_batchnorm(bn)
             if not survive_oom(trainer, 0, where="in the precision probe"):
                 raise RecoveryError(nothing_left_message(trainer, failure, "the precision probe"))
-            messages.append(trainer.recovery_log[-1] if hasattr(trainer, "recovery_log") else "")
+            yield "recovery", (trainer.recovery_log[-1] if hasattr(trainer, "recovery_log") else "")
         if precision.enabled and not finite:
             tried = precision.describe()
             precision.fall_back_to_fp32()
-            messages.append(
+            verdict = (
                 f"precision probe: non-finite loss or gradients under {tried}; "
                 "training in fp32 from now on"
             )
         else:
-            messages.append(
+            verdict = (
                 f"precision probe passed at batch {trainer.batch_size} × "
                 f"{trainer.accumulation}: mixed precision {precision.describe()}"
             )
@@ -245,7 +253,7 @@ def probe_precision(trainer: Any) -> list[str]:
         restore_rng(trainer, rng)
         restore_batchnorm(bn)
         restore_grads(grads)
-    return messages
+    yield "probe", verdict
 
 
 def nothing_left_message(trainer: Any, failure: str, where: str) -> str:
