@@ -32,7 +32,7 @@ def register(sub: Any) -> None:
         "demo",
         help="the main job on the embedded sample, headless (start here)",
         description="Predict the sample volume with the pretrained model, paint simulated "
-        "corrections on a few slices (<= 1%% of the voxels), fine-tune, export, and report "
+        "corrections on a few slices (<= 1% of the voxels), fine-tune, export, and report "
         "IoU before/after on slices that were not painted.",
     )
     p.add_argument(
