@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from store_helpers import SHAPE
 
-SHAPE = (16, 64, 64)
 SCALE = {"z": 2.0, "y": 0.5, "x": 0.5}
 
 

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ome_zarr.io import parse_url
-from ome_zarr.reader import Reader
+from store_helpers import SHAPE, ome_zarr_nodes, painted_corrections, staging_dirs
 
 from napari_finetune.io.omezarr import (
     VolumeError,
@@ -21,27 +20,9 @@ from napari_finetune.io.omezarr import (
     write_labels,
 )
 
-SHAPE = (16, 64, 64)  # as the stores of conftest.py
-
-
-def _corrections(value: int = 2) -> np.ndarray:
-    c = np.zeros(SHAPE, np.int64)
-    c[3, 10:20, 10:20] = value
-    c[4, :5, :5] = 1
-    return c
-
-
-def _nodes(path: Path) -> dict[str, object]:
-    """ome-zarr-py's own reading of the store: node name -> node."""
-    return {Path(n.zarr.path).name: n for n in Reader(parse_url(str(path)))()}
-
-
-def _staging_dirs(path: Path) -> list[Path]:
-    return list(path.glob(".napari-finetune-staging-*"))
-
 
 def test_shape_mismatch_changes_nothing(store: Path, hash_files) -> None:
-    save_corrections(store, _corrections())
+    save_corrections(store, painted_corrections())
     before = hash_files(store)
     with pytest.raises(VolumeError, match=r"shape \(16, 32, 32\) but the image's level 0 is "
                        r"\(16, 64, 64\) \(ZYX\)"):
@@ -49,25 +30,25 @@ def test_shape_mismatch_changes_nothing(store: Path, hash_files) -> None:
     with pytest.raises(VolumeError, match=r"dtype float32; paint them on an integer"):
         save_corrections(store, np.zeros(SHAPE, np.float32))
     with pytest.raises(VolumeError, match=r"not a usable labels name"):
-        save_corrections(store, _corrections(), name="../escape")
+        save_corrections(store, painted_corrections(), name="../escape")
     assert hash_files(store) == before
 
 
 def test_read_only_store_changes_nothing(store: Path, hash_files, read_only) -> None:
-    save_corrections(store, _corrections(2))
+    save_corrections(store, painted_corrections(2))
     before = hash_files(store)
     read_only(store)
     # The explicit permission-bit check also holds as root, where os.access says "writable".
     with pytest.raises(VolumeError, match=r"is read-only .*copy the store somewhere writable"):
-        save_corrections(store, _corrections(3))
+        save_corrections(store, painted_corrections(3))
     with pytest.raises(VolumeError, match=r"is read-only"):
         create_labels_array(store, "prediction", SHAPE, np.uint8)
     assert hash_files(store) == before
-    np.testing.assert_array_equal(load_corrections(store), _corrections(2))  # still readable
+    np.testing.assert_array_equal(load_corrections(store), painted_corrections(2))  # still readable
 
 
 def test_read_only_labels_folder_is_detected(store: Path, read_only) -> None:
-    save_corrections(store, _corrections())
+    save_corrections(store, painted_corrections())
     read_only(store / "labels" / "corrections")
     check_writable(store)  # the store itself is fine
     with pytest.raises(VolumeError, match=r"labels/corrections is not writable"):
@@ -110,23 +91,23 @@ save_corrections(path, new)
 
 @pytest.mark.parametrize("when", ["while-writing", "between-renames"])
 def test_killed_save_loses_nothing(store: Path, when: str) -> None:
-    save_corrections(store, _corrections(2))
+    save_corrections(store, painted_corrections(2))
     proc = subprocess.run([sys.executable, "-c", _KILLED_SAVE, str(store), when],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 9, proc.stderr
-    assert len(_staging_dirs(store)) == 1  # what the killed process left behind
+    assert len(staging_dirs(store)) == 1  # what the killed process left behind
     new = np.zeros(SHAPE, np.uint8)
     new[5] = 3
-    expected = _corrections(2) if when == "while-writing" else new
+    expected = painted_corrections(2) if when == "while-writing" else new
     if when == "between-renames":
         assert not (store / "labels" / "corrections").exists()
     np.testing.assert_array_equal(load_corrections(store), expected)  # recovers first
-    assert _staging_dirs(store) == []
+    assert staging_dirs(store) == []
     assert list_labels(store) == ["ground_truth", "corrections"]
 
 
 def test_failed_write_keeps_old_labels(store: Path, monkeypatch, hash_files) -> None:
-    save_corrections(store, _corrections(2))
+    save_corrections(store, painted_corrections(2))
     before = hash_files(store)
 
     def disk_full(*args, **kwargs):
@@ -134,8 +115,8 @@ def test_failed_write_keeps_old_labels(store: Path, monkeypatch, hash_files) -> 
 
     monkeypatch.setattr("ome_zarr.writer.write_labels", disk_full)
     with pytest.raises(OSError, match="No space left"):
-        save_corrections(store, _corrections(3))
-    assert hash_files(store) == before and _staging_dirs(store) == []
+        save_corrections(store, painted_corrections(3))
+    assert hash_files(store) == before and staging_dirs(store) == []
 
 
 # -- labels for predictions -----------------------------------------------------------------
@@ -153,9 +134,9 @@ def test_write_labels_and_create_labels_array(store: Path, version: str) -> None
     for z in range(0, 16, 8):  # block by block, as predict_volume does
         array[z:z + 8] = z + 1
     assert list_labels(store) == ["ground_truth", "mask", "prediction-membrane"]
-    node = _nodes(store)["prediction-membrane"]
+    node = ome_zarr_nodes(store)["prediction-membrane"]
     np.testing.assert_array_equal(np.asarray(node.data[0])[:, 0, 0], [1] * 8 + [9] * 8)
-    assert _nodes(store)["mask"].metadata["color"][1] == [1.0, 0.0, 0.0, 1.0]
+    assert ome_zarr_nodes(store)["mask"].metadata["color"][1] == [1.0, 0.0, 0.0, 1.0]
     # Creating it again starts from zeros, listed once.
     again = create_labels_array(store, "prediction-membrane", SHAPE, np.uint8)
     assert int(np.asarray(again[:]).max()) == 0
@@ -189,15 +170,15 @@ def test_save_while_another_thread_writes(store: Path, monkeypatch) -> None:
     writer.start()
     try:
         assert halfway.wait(60)
-        save_corrections(store, _corrections(2))
-        assert len(_staging_dirs(store)) == 1  # the prediction's, still in progress
+        save_corrections(store, painted_corrections(2))
+        assert len(staging_dirs(store)) == 1  # the prediction's, still in progress
     finally:
         go_on.set()
         writer.join(60)
     assert sorted(list_labels(store)) == ["corrections", "ground_truth", "prediction"]
     np.testing.assert_array_equal(load_corrections(store, "prediction"), mask)
-    np.testing.assert_array_equal(load_corrections(store), _corrections(2))
-    assert _staging_dirs(store) == []
+    np.testing.assert_array_equal(load_corrections(store), painted_corrections(2))
+    assert staging_dirs(store) == []
 
 
 def test_consolidated_metadata_is_refreshed(store: Path) -> None:
@@ -209,11 +190,11 @@ def test_consolidated_metadata_is_refreshed(store: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         zarr.consolidate_metadata(str(store))
-    save_corrections(store, _corrections())
+    save_corrections(store, painted_corrections())
     create_labels_array(store, "prediction", SHAPE, np.uint8)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         root = zarr.open_group(str(store), mode="r")
         assert root["labels/corrections/s0"].shape == SHAPE
         assert root["labels/prediction/s0"].shape == SHAPE
-    np.testing.assert_array_equal(load_corrections(store), _corrections())
+    np.testing.assert_array_equal(load_corrections(store), painted_corrections())

@@ -9,8 +9,7 @@ import dask.array as da
 import numpy as np
 import pytest
 import zarr
-from ome_zarr.io import parse_url
-from ome_zarr.reader import Reader
+from store_helpers import SHAPE, ome_zarr_nodes, painted_corrections, staging_dirs
 
 from napari_finetune.io.omezarr import (
     VolumeError,
@@ -21,26 +20,6 @@ from napari_finetune.io.omezarr import (
     require_ndim,
     save_corrections,
 )
-
-SHAPE = (16, 64, 64)  # as the stores of conftest.py
-
-
-def _corrections(value: int = 2) -> np.ndarray:
-    c = np.zeros(SHAPE, np.int64)  # napari's default Labels dtype is wide; stored as uint8
-    c[3, 10:20, 10:20] = value
-    c[4, :5, :5] = 1
-    return c
-
-
-def _nodes(path: Path) -> dict[str, object]:
-    """ome-zarr-py's own reading of the store: node name -> node."""
-    nodes = list(Reader(parse_url(str(path)))())
-    return {Path(n.zarr.path).name: n for n in nodes}
-
-
-def _staging_dirs(path: Path) -> list[Path]:
-    return list(path.glob(".napari-finetune-staging-*"))
-
 
 # -- open_volume ----------------------------------------------------------------------------
 
@@ -68,8 +47,8 @@ def test_open_volume_squeezes_singleton_t_and_c(tmp_path: Path, version: str, ma
     assert [lv.shape for lv in volume.levels] == [(16, 64, 64), (16, 32, 32), (16, 16, 16)]
     np.testing.assert_array_equal(np.asarray(volume.data), image[0, 0])
     # Labels of such an image are ZYX like the volume the user paints on.
-    save_corrections(path, _corrections())
-    np.testing.assert_array_equal(load_corrections(path), _corrections())
+    save_corrections(path, painted_corrections())
+    np.testing.assert_array_equal(load_corrections(path), painted_corrections())
 
 
 def test_multichannel_is_an_error(tmp_path: Path, version: str, make_store) -> None:
@@ -127,18 +106,18 @@ def test_not_zarr_at_all(tmp_path: Path) -> None:
 
 def test_corrections_round_trip(store: Path, version: str, hash_files) -> None:
     image_files = {k: v for k, v in hash_files(store).items() if not k.startswith("labels")}
-    written = save_corrections(store, _corrections(), channel_names=["membrane", "mito"])
+    written = save_corrections(store, painted_corrections(), channel_names=["membrane", "mito"])
     assert written == store / "labels" / "corrections"
     back = load_corrections(store)
     assert back.dtype == np.uint8
-    np.testing.assert_array_equal(back, _corrections())
+    np.testing.assert_array_equal(back, painted_corrections())
     assert list_labels(store) == ["ground_truth", "corrections"]
     # Same zarr format / NGFF version as the image.
     meta_file = ".zattrs" if version == "0.4" else "zarr.json"
     assert (written / meta_file).is_file() and (written / "s0" / meta_file).is_file()
     # ome-zarr-py reads it as an NGFF labels image, with our colours and classes.
-    node = _nodes(store)["corrections"]
-    np.testing.assert_array_equal(np.asarray(node.data[0]), _corrections())
+    node = ome_zarr_nodes(store)["corrections"]
+    np.testing.assert_array_equal(np.asarray(node.data[0]), painted_corrections())
     assert node.metadata["color"][1] == pytest.approx([128 / 255] * 3 + [1.0])
     assert node.metadata["properties"][2] == {"class": "membrane"}
     assert node.metadata["properties"][3] == {"class": "mito"}
@@ -150,24 +129,24 @@ def test_corrections_round_trip(store: Path, version: str, hash_files) -> None:
     # The raw image was not touched, and no staging folder is left.
     after = {k: v for k, v in hash_files(store).items() if not k.startswith("labels")}
     assert after == image_files
-    assert _staging_dirs(store) == []
+    assert staging_dirs(store) == []
 
 
 def test_overwrite_replaces_once(store: Path) -> None:
-    save_corrections(store, _corrections(2))
-    save_corrections(store, _corrections(3))
-    np.testing.assert_array_equal(load_corrections(store), _corrections(3))
+    save_corrections(store, painted_corrections(2))
+    save_corrections(store, painted_corrections(3))
+    np.testing.assert_array_equal(load_corrections(store), painted_corrections(3))
     assert list_labels(store) == ["ground_truth", "corrections"]
-    assert _staging_dirs(store) == []
-    assert [n for n in _nodes(store) if n == "corrections"] == ["corrections"]
+    assert staging_dirs(store) == []
+    assert [n for n in ome_zarr_nodes(store) if n == "corrections"] == ["corrections"]
 
 
 def test_single_level_store(tmp_path: Path, version: str, make_store) -> None:
     path = make_store(tmp_path / "one.zarr", version, scale_factors=())
     volume = open_volume(path)
     assert len(volume.levels) == 1 and volume.shape == SHAPE
-    save_corrections(path, _corrections())
-    np.testing.assert_array_equal(load_corrections(path), _corrections())
+    save_corrections(path, painted_corrections())
+    np.testing.assert_array_equal(load_corrections(path), painted_corrections())
 
 
 def test_labels_image_itself_opens_as_volume(store: Path) -> None:
@@ -192,12 +171,12 @@ def test_scale_and_translation_compose(store: Path, version: str) -> None:
     assert volume.translation[0] == [10.0, 3.0, 0.0]
     assert volume.scale[1] == [2.0, 3.0, 3.0]
     # Labels written now overlay the image: same level-0 scale and translation.
-    save_corrections(store, _corrections())
+    save_corrections(store, painted_corrections())
     create_labels_array(store, "prediction", SHAPE, np.uint8)
     for name in ("corrections", "prediction"):
         labels = open_volume(store / "labels" / name)
         assert (labels.scale[0], labels.translation[0]) == (volume.scale[0], volume.translation[0])
-    np.testing.assert_array_equal(load_corrections(store), _corrections())
+    np.testing.assert_array_equal(load_corrections(store), painted_corrections())
 
 
 def test_bioformats2raw_layout_opens_series_0(tmp_path: Path, version: str, make_store) -> None:
@@ -210,9 +189,9 @@ def test_bioformats2raw_layout_opens_series_0(tmp_path: Path, version: str, make
         group.attrs["ome"] = {"version": "0.5", "bioformats2raw.layout": 3}
     volume = open_volume(root, ndim=3)
     assert volume.path == (root / "0").resolve() and volume.shape == SHAPE
-    save_corrections(root, _corrections())  # into the image's own labels group
+    save_corrections(root, painted_corrections())  # into the image's own labels group
     assert (root / "0" / "labels" / "corrections").is_dir()
-    np.testing.assert_array_equal(load_corrections(root / "0"), _corrections())
+    np.testing.assert_array_equal(load_corrections(root / "0"), painted_corrections())
 
 
 def test_plate_is_an_error(tmp_path: Path) -> None:
