@@ -27,6 +27,7 @@ import sys
 import time
 
 import numpy as np
+from markdown_table import print_table
 
 
 def make_data(shape: tuple[int, int, int]):
@@ -109,7 +110,8 @@ def speed(image, corrections, device: str, steps: int, batch: int, patch) -> Non
     rows[1].append(f"{float(rows[0][4]) / float(rows[1][4]):.2f}x")
     rows[0].append("1.00x")
     print(f"1. step speed, batch {batch} x {'x'.join(map(str, patch))}, {steps} steps")
-    _table(["run", "dtype", "GradScaler", "batch x acc", "s/step", "samples/s", "speed-up"], rows)
+    header = ["run", "dtype", "GradScaler", "batch x acc", "s/step", "samples/s", "speed-up"]
+    print_table(header, rows)
 
 
 def oom_recovery(image, corrections, device: str, batch: int, patch, dry_run: bool) -> None:
@@ -164,7 +166,7 @@ def oom_recovery(image, corrections, device: str, batch: int, patch, dry_run: bo
         torch.cuda.empty_cache()
     after = _memory(device)
     print("3. memory before the trainer was built and after it was deleted")
-    _table(
+    print_table(
         ["", "allocated MiB", "reserved MiB"],
         [
             ["before", f"{before[0]:.1f}", f"{before[1]:.1f}"],
@@ -185,13 +187,6 @@ def _memory(device: str) -> tuple[float, float]:
         return 0.0, 0.0
     return torch.cuda.memory_allocated() / 2**20, torch.cuda.memory_reserved() / 2**20
 
-
-def _table(header: list[str], rows: list[list[str]]) -> None:
-    print("| " + " | ".join(header) + " |")
-    print("|" + "|".join("---" for _ in header) + "|")
-    for row in rows:
-        print("| " + " | ".join(row) + " |")
-    print()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from markdown_table import print_table
 
 os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
 
@@ -205,14 +206,6 @@ def memory(shapes: list[tuple[int, ...]], one_call_max: int, checkpoint: str | N
                 )
     return rows
 
-
-def print_table(header: list[str], rows: list[list[str]]) -> None:
-    """Markdown table (pastes into docs/benchmarks.md as is)."""
-    print("| " + " | ".join(header) + " |")
-    print("|" + "|".join("---" for _ in header) + "|")
-    for row in rows:
-        print("| " + " | ".join(row) + " |")
-    print()
 
 
 def main() -> None:
