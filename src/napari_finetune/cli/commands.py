@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from napari_finetune.cli.options import (
-    StatusPrinter,
     add_config_options,
     add_predict_options,
     config_from_args,
 )
+from napari_finetune.cli.run import STOP_SIGNALS, describe_outcome, run_finetune
 from napari_finetune.config import FinetuneConfig, PredictConfig
 
 DEFAULT_2D_PATCH = (128, 128)
@@ -109,72 +109,19 @@ def train(args: argparse.Namespace) -> int:
     if args.patch_shape is None and volume.data.ndim == 2:
         config.patch_shape = DEFAULT_2D_PATCH  # the dataclass default is for 3D models
     corrections = load_corrections(args.volume, args.corrections)
-    steps_done, stopped = run_finetune(
-        ckpt, volume.data, corrections, config, args.out, quiet=args.quiet
-    )
-    how = "stopped by Ctrl-C" if stopped else "finished"
-    print(f"{how} after {steps_done}/{config.steps} steps; exported {args.out}")
-    return 0
-
-
-def run_finetune(
-    ckpt: Any,
-    image: Any,
-    corrections: Any,
-    config: FinetuneConfig,
-    out: Path,
-    quiet: bool = False,
-    printer: StatusPrinter | None = None,
-) -> tuple[int, bool]:
-    """Run a Finetuner to the end (or to Ctrl-C), print status lines, export to ``out``.
-
-    The first Ctrl-C asks the trainer to stop after the step in progress (the
-    weights of the last completed step are kept and exported); a second one
-    interrupts at once.
-
-    Returns
-    -------
-    (steps completed, whether the run was stopped by Ctrl-C)
-    """
-    from napari_finetune.trainer.loop import Finetuner
-
-    trainer = Finetuner(
-        ckpt.model, image, corrections, config, metadata=ckpt.metadata, source_sha256=ckpt.sha256
-    )
-    printer = printer or StatusPrinter(config.steps, quiet=quiet)
-    stopped = False
-
-    def on_sigint(signum: int, frame: Any) -> None:
-        nonlocal stopped
-        stopped = True
-        printer.bar.write("Ctrl-C: stopping after the current step (Ctrl-C again to abort)")
-        trainer.stop()
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-
-    printer.bar.write(
-        f"fine-tuning {config.steps} steps ({config.mode}, device {trainer.device}); "
-        f"building the trainer ({'PEFT adapters, ' if config.mode == 'lora' else ''}"
-        "optimizer, precision probe)..."
-    )
-    previous = signal.signal(signal.SIGINT, on_sigint)
-    last = None
-    try:
-        for status in trainer.run():
-            printer(status)
-            last = status
-    except (RuntimeError, FloatingPointError) as exc:
-        # RecoveryError (out of memory with nothing left) and a non-finite fp32
-        # loss: the message already says what was tried and what to do.
-        if type(exc).__name__ != "RecoveryError" and not isinstance(exc, FloatingPointError):
-            raise
+    outcome = run_finetune(ckpt, volume.data, corrections, config, args.out, quiet=args.quiet)
+    line = describe_outcome(outcome, config.steps, args.out)
+    if outcome.stopped or outcome.exit_code == 0:
+        print(line)
+    if outcome.stopped:
+        # The process is about to end: a further Ctrl-C must not interrupt the exit.
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
+    if outcome.error is not None:
         from napari_finetune.cli import CLIError
 
-        raise CLIError(str(exc)) from None
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        printer.close()
-    trainer.export(out)
-    return (last.step if last is not None else 0), stopped
+        raise CLIError(line)
+    return outcome.exit_code
 
 
 def predict(args: argparse.Namespace) -> int:

@@ -127,7 +127,7 @@ def demo_config(
 
 def demo(args: argparse.Namespace) -> int:
     """Run the demo; see the module docstring."""
-    from napari_finetune.cli.commands import run_finetune
+    from napari_finetune.cli.run import run_finetune
     from napari_finetune.cli.simulate import foreground_iou, simulate_corrections, split_slices
     from napari_finetune.model.checkpoint import load_checkpoint
 
@@ -158,9 +158,15 @@ def demo(args: argparse.Namespace) -> int:
 
     checkpoint_out = args.out / "finetuned.pt"
     t_train = time.perf_counter()
-    steps_done, stopped = run_finetune(
+    outcome = run_finetune(
         sample.checkpoint, sample.image, corrections, config, checkpoint_out, quiet=args.quiet
     )
+    if outcome.exported is None or outcome.error is not None:
+        from napari_finetune.cli import CLIError
+        from napari_finetune.cli.run import describe_outcome
+
+        raise CLIError(describe_outcome(outcome, config.steps, checkpoint_out))
+    steps_done, stopped = outcome.steps_done, outcome.stopped
     train_s = time.perf_counter() - t_train
     tuned = load_checkpoint(checkpoint_out)
     after = predict_all(tuned.model, sample.image, tuned, args.device)

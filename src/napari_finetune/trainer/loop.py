@@ -275,10 +275,20 @@ class Finetuner:
         with self._lock:
             return predict_block(self.model, block, device=str(self.device))
 
-    def export(self, path: str | os.PathLike) -> os.PathLike:
-        """Write the updated checkpoint (adapters merged, run record) atomically."""
+    def export(self, path: str | os.PathLike, ended: str | None = None) -> os.PathLike:
+        """Write the updated checkpoint (adapters merged, run record) atomically.
+
+        Parameters
+        ----------
+        path : path-like
+            Destination file.
+        ended : str, optional
+            How the run ended, for the record's ``"ended"`` (e.g. ``"out of memory at
+            step 9: ..."``); default ``"finished"`` when every step ran, else
+            ``"stopped after step N"``.
+        """
         with self._lock:
-            return record.export_checkpoint(self, path)
+            return record.export_checkpoint(self, path, ended)
 
 
 __all__ = ["Finetuner"]

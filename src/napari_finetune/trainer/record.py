@@ -88,7 +88,7 @@ def apply_previous_run(trainer: Any, run: dict[str, Any] | None) -> str:
     return "resumed the previous run's degraded state: " + ", ".join(changes)
 
 
-def export_checkpoint(trainer: Any, path: str | os.PathLike) -> Path:
+def export_checkpoint(trainer: Any, path: str | os.PathLike, ended: str | None = None) -> Path:
     """Merge the adapters into a copy and save it with the record, atomically."""
     from napari_finetune.model.checkpoint import (
         DEFAULT_NORMALIZATION,
@@ -104,6 +104,10 @@ def export_checkpoint(trainer: Any, path: str | os.PathLike) -> Path:
     metadata["normalization"] = dict(metadata.get("normalization") or DEFAULT_NORMALIZATION)
     previous = metadata.get("run")
     metadata["run"] = run_record(trainer)
+    if ended is None:
+        done, total = trainer.steps_done, trainer.config.steps
+        ended = "finished" if done >= total else f"stopped after step {done}"
+    metadata["run"]["ended"] = ended
     if previous:
         metadata["run"]["previous_run"] = {
             k: v for k, v in previous.items() if k not in ("previous_run", "recovery_log")

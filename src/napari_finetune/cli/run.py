@@ -1,0 +1,191 @@
+"""Run a :class:`Finetuner` from the command line so that no finished step is lost.
+
+However a run ends after at least one applied step (all steps done, Ctrl-C,
+SIGTERM or SIGHUP from a scheduler or a closed terminal, out of memory with
+nothing left, a NaN loss in fp32, a second Ctrl-C), the last good weights are
+exported to ``--out`` and the run record's ``"ended"`` says how. The optimizer
+step is all or nothing (:func:`~napari_finetune.trainer.step.guarded_optimizer_step`),
+so the weights after any interruption are those of the last completed step.
+
+Signals: the first SIGINT/SIGTERM/SIGHUP asks the trainer to stop after the
+step in progress; a second one interrupts at once. While the checkpoint is
+being written every signal is only acknowledged, so the file is never left
+half written and no traceback appears.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from napari_finetune.cli.options import StatusPrinter
+from napari_finetune.config import FinetuneConfig
+
+if TYPE_CHECKING:
+    from napari_finetune.model.checkpoint import Checkpoint
+    from napari_finetune.trainer.loop import Finetuner
+
+# The signals that end a run the way Ctrl-C does (SIGHUP does not exist on Windows).
+STOP_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
+)
+SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C"}
+
+
+class InterruptedRun(BaseException):
+    """A second stop signal: leave the step in progress at once (like KeyboardInterrupt)."""
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """How a command-line run ended.
+
+    Attributes
+    ----------
+    steps_done : int
+        Optimizer steps applied.
+    ended : str
+        ``"finished"`` or how the run ended early (also in the record's ``"ended"``).
+    exit_code : int
+        0 when finished; 128 + the signal's number when a signal stopped it;
+        1 after a failure.
+    exported : pathlib.Path or None
+        The checkpoint written (None when no step was applied).
+    error : str or None
+        The failure's one-line message (out of memory, NaN), if any.
+    """
+
+    steps_done: int
+    ended: str
+    exit_code: int
+    exported: Path | None
+    error: str | None = None
+
+    @property
+    def stopped(self) -> bool:
+        """Whether a signal (Ctrl-C, SIGTERM, SIGHUP) ended the run early."""
+        return self.exit_code > 128
+
+
+def signal_name(signum: int) -> str:
+    """``"Ctrl-C"`` for SIGINT, else the signal's name (``"SIGTERM"``)."""
+    return SIGNAL_NAMES.get(signum, signal.Signals(signum).name)
+
+
+class _SignalGuard:
+    """First signal: stop after the step; second: interrupt; while exporting: wait."""
+
+    def __init__(self, trainer: Finetuner, printer: StatusPrinter) -> None:
+        self.trainer = trainer
+        self.printer = printer
+        self.received: int | None = None
+        self.exporting = False
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        name = signal_name(signum)
+        if self.exporting:
+            self.printer.bar.write(f"{name}: still writing the checkpoint, one moment...")
+            return
+        if self.received is None:
+            self.received = signum
+            self.printer.bar.write(
+                f"{name}: stopping after the current step (send it again to stop at once)"
+            )
+            self.trainer.stop()
+            return
+        raise InterruptedRun(name)
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, self)
+        try:
+            yield
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+
+def run_finetune(
+    ckpt: Checkpoint,
+    image: np.ndarray,
+    corrections: np.ndarray,
+    config: FinetuneConfig,
+    out: Path,
+    quiet: bool = False,
+    printer: StatusPrinter | None = None,
+) -> RunOutcome:
+    """Run a Finetuner to its end, print status lines, export the last good weights.
+
+    Returns
+    -------
+    RunOutcome
+        Steps done, how the run ended, the exit code for the command line.
+    """
+    from napari_finetune.trainer.loop import Finetuner
+    from napari_finetune.trainer.recovery import RecoveryError
+
+    trainer = Finetuner(
+        ckpt.model, image, corrections, config, metadata=ckpt.metadata, source_sha256=ckpt.sha256
+    )
+    printer = printer or StatusPrinter(config.steps, quiet=quiet)
+    guard = _SignalGuard(trainer, printer)
+    printer.bar.write(
+        f"fine-tuning {config.steps} steps ({config.mode}, device {trainer.device}); "
+        f"building the trainer ({'PEFT adapters, ' if config.mode == 'lora' else ''}"
+        "optimizer, precision probe)..."
+    )
+    ended, code, error = "finished", 0, None
+    with guard.installed():
+        try:
+            for status in trainer.run():
+                printer(status)
+        except RecoveryError as exc:
+            ended, code, error = _failure(trainer, "out of memory", exc)
+        except FloatingPointError as exc:
+            ended, code, error = _failure(trainer, "non-finite loss", exc)
+        except (InterruptedRun, KeyboardInterrupt):
+            name = signal_name(guard.received or signal.SIGINT)
+            ended, code = (
+                f"interrupted by {name} during step {trainer.steps_done + 1}",
+                128 + (guard.received or signal.SIGINT),
+            )
+        finally:
+            guard.exporting = True  # from here on a signal only waits for the file
+            printer.close()
+        if code == 0 and guard.received is not None and trainer.steps_done < config.steps:
+            ended = f"stopped by {signal_name(guard.received)} after step {trainer.steps_done}"
+            code = 128 + guard.received
+        exported = None
+        if trainer.steps_done > 0:
+            exported = Path(trainer.export(out, ended=ended))
+    return RunOutcome(trainer.steps_done, ended, code, exported, error)
+
+
+def _failure(trainer: Finetuner, what: str, exc: BaseException) -> tuple[str, int, str]:
+    step = trainer.steps_done + 1
+    first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return f"{what} at step {step}: {first_line}", 1, first_line
+
+
+def describe_outcome(outcome: RunOutcome, total_steps: int, out: Path) -> str:
+    """The line the command prints at the end of a run."""
+    done = f"{outcome.steps_done}/{total_steps} steps"
+    if outcome.exported is None:
+        kept = "nothing was exported (no step was completed)"
+    else:
+        kept = f"exported {out}"
+    if outcome.error is not None:
+        where = outcome.ended.split(":", 1)[0]
+        return f"{where} after {done}: {outcome.error}; {kept}"
+    if outcome.ended == "finished":
+        return f"finished after {done}; {kept}"
+    return f"{outcome.ended.split(' after ')[0].split(' during ')[0]} after {done}; {kept}"

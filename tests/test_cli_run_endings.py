@@ -1,0 +1,213 @@
+"""However a ``train`` run ends, finished training is not thrown away.
+
+A run that ends early (out of memory with nothing left, a NaN loss, Ctrl-C,
+SIGTERM, SIGHUP) after at least one applied step writes its last good weights
+to ``--out`` with the record saying how it ended, prints one line, and exits
+non-zero. Faults are injected through ``Finetuner.after_build``; the signal
+cases run the real command in a subprocess.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from napari_finetune.io.omezarr import save_corrections
+from napari_finetune.model.checkpoint import load_checkpoint, save_checkpoint
+from napari_finetune.model.unet import UNet
+from napari_finetune.trainer.loop import Finetuner
+from test_cli import CHANNELS, TRAIN_FAST, assert_one_line_error, make_store, run_cli
+
+
+@pytest.fixture
+def setup(tmp_path):
+    """(painted store, starting checkpoint)."""
+    store = make_store(tmp_path / "vol.zarr")
+    corrections = np.zeros((16, 40, 40), np.uint8)
+    corrections[4, 5:15, 5:15] = 1
+    corrections[4, 20:25, 20:30] = 2
+    save_corrections(store, corrections)
+    model = UNet(dims=3, depth=2, features=4, out_channels=2)
+    return store, save_checkpoint(tmp_path / "model.pt", model, {"channel_names": CHANNELS})
+
+
+def _store_and_ckpt(setup):
+    store, ckpt = setup
+    return store, "-c", ckpt
+
+
+def _after_build(monkeypatch, hook):
+    """Install ``hook(trainer)`` on every Finetuner the CLI builds."""
+    original = Finetuner.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.after_build.append(hook)
+
+    monkeypatch.setattr(Finetuner, "__init__", init)
+
+
+def _fail_from_step(trainer, first_failing_step: int, make_output):
+    """A forward hook on the student that replaces its output from a given step on."""
+
+    def hook(_module, _args, output):
+        if trainer.steps_done + 1 >= first_failing_step:
+            return make_output(output)
+        return output
+
+    trainer.model.register_forward_hook(hook)
+
+
+def _oom(_output):
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
+
+
+def test_out_of_memory_late_exports_the_last_good_weights(capsys, tmp_path, setup):
+    out = tmp_path / "tuned.pt"
+    monkeypatch = pytest.MonkeyPatch()
+    _after_build(monkeypatch, lambda t: _fail_from_step(t, 4, _oom))
+    try:
+        code, stdout, err = run_cli(
+            capsys,
+            "train",
+            *_store_and_ckpt(setup),
+            "-o",
+            out,
+            "--steps",
+            "10",
+            *TRAIN_FAST,
+        )
+    finally:
+        monkeypatch.undo()
+    assert_one_line_error(code, err)
+    assert "out of memory" in err and str(out) in err
+    run = load_checkpoint(out).metadata["run"]
+    assert run["steps_done"] == 3
+    assert run["ended"].startswith("out of memory at step 4")
+
+
+def test_nan_loss_late_exports_the_last_good_weights(capsys, tmp_path, setup):
+    out = tmp_path / "tuned.pt"
+    monkeypatch = pytest.MonkeyPatch()
+    _after_build(monkeypatch, lambda t: _fail_from_step(t, 5, lambda o: o * float("nan")))
+    try:
+        code, _, err = run_cli(
+            capsys,
+            "train",
+            *_store_and_ckpt(setup),
+            "-o",
+            out,
+            "--steps",
+            "10",
+            "--no-mixed-precision",
+            *TRAIN_FAST,
+        )
+    finally:
+        monkeypatch.undo()
+    assert_one_line_error(code, err)
+    tuned = load_checkpoint(out)
+    run = tuned.metadata["run"]
+    assert run["steps_done"] == 4
+    assert run["ended"].startswith("non-finite loss at step 5")
+    assert all(torch.isfinite(v).all() for v in tuned.model.state_dict().values())
+
+
+def test_failure_before_any_step_writes_nothing(capsys, tmp_path, setup):
+    out = tmp_path / "tuned.pt"
+    monkeypatch = pytest.MonkeyPatch()
+    _after_build(monkeypatch, lambda t: _fail_from_step(t, 1, _oom))
+    try:
+        code, _, err = run_cli(
+            capsys,
+            "train",
+            *_store_and_ckpt(setup),
+            "-o",
+            out,
+            "--steps",
+            "10",
+            *TRAIN_FAST,
+        )
+    finally:
+        monkeypatch.undo()
+    assert_one_line_error(code, err)
+    assert "nothing was exported" in err
+    assert not out.exists()
+
+
+def _train_process(out, store, ckpt, steps="500"):
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "napari_finetune.cli",
+            "train",
+            str(store),
+            "-c",
+            str(ckpt),
+            "-o",
+            str(out),
+            "--steps",
+            steps,
+            "--mode",
+            "full",
+            *TRAIN_FAST,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def _wait_for_steps(proc, n=2):
+    """Read stdout until the run has applied ``n`` steps (status lines print each change)."""
+    for line in proc.stdout:
+        if line.startswith("[probe"):
+            break
+    time.sleep(0.3 * n)
+
+
+@pytest.mark.parametrize(
+    ("signum", "name"), [(signal.SIGTERM, "SIGTERM"), (signal.SIGHUP, "SIGHUP")]
+)
+def test_sigterm_and_sighup_stop_and_export_like_ctrl_c(tmp_path, setup, signum, name):
+    out = tmp_path / "tuned.pt"
+    proc = _train_process(out, *setup)
+    try:
+        _wait_for_steps(proc)
+        proc.send_signal(signum)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signum, stderr
+    assert "Traceback" not in stderr
+    assert f"stopped by {name}" in stdout and f"exported {out}" in stdout
+    run = load_checkpoint(out).metadata["run"]
+    assert 1 <= run["steps_done"] < 500
+    assert run["ended"] == f"stopped by {name} after step {run['steps_done']}"
+
+
+def test_ctrl_c_storm_never_leaves_a_traceback_or_half_file(tmp_path, setup):
+    """Ctrl-C, then Ctrl-C again and again until the process ends (during the export too)."""
+    out = tmp_path / "tuned.pt"
+    proc = _train_process(out, *setup)
+    try:
+        _wait_for_steps(proc)
+        while proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.02)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr, stderr
+    run = load_checkpoint(out).metadata["run"]
+    assert run["steps_done"] >= 1 and run["ended"]
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
