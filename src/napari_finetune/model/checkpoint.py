@@ -18,13 +18,14 @@ import copy
 import hashlib
 import importlib
 import os
-import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+
+from napari_finetune.model.atomic_write import write_atomically
 
 FORMAT = "napari-finetune-checkpoint"
 FORMAT_VERSION = 1
@@ -101,7 +102,9 @@ def save_checkpoint(
 
     The file is written to a temporary name in the same folder, flushed and
     fsynced, then renamed over ``path``: a crash leaves either the old file or
-    the new one, never half of one, and no temporary file behind.
+    the new one, never half of one. Temporaries a killed writer left behind
+    are removed by the next save of the same file
+    (:mod:`~napari_finetune.model.atomic_write`).
 
     Parameters
     ----------
@@ -118,6 +121,12 @@ def save_checkpoint(
     -------
     pathlib.Path
         The written path.
+
+    Raises
+    ------
+    OSError
+        ``ENOSPC`` with a one-line message naming the folder and the space needed
+        when the disk is full (checked first, and caught from the write).
     """
     path = Path(path)
     if not path.parent.is_dir():
@@ -129,21 +138,9 @@ def save_checkpoint(
         "state_dict": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
         "metadata": copy.deepcopy(metadata or {}),
     }
-    # Not tempfile.mkstemp: it makes the file private (0600); this gets the mode a
-    # plain open() would (0666 minus the umask), applied without touching the umask.
-    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            torch.save(payload, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-    return path
+    return write_atomically(
+        path, lambda handle: torch.save(payload, handle), size_hint=_payload_bytes(payload)
+    )
 
 
 def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu") -> Checkpoint:
@@ -274,20 +271,12 @@ def describe_checkpoint(ckpt: Checkpoint) -> str:
     return "\n".join(lines)
 
 
+def _payload_bytes(payload: dict[str, Any]) -> int:
+    # The tensors dominate; zip headers and the pickled metadata add a little.
+    tensors = sum(t.numel() * t.element_size() for t in payload["state_dict"].values())
+    return tensors + 256 * 1024
+
+
 def _out_channels(architecture: dict[str, Any]) -> int | None:
     value = architecture.get("kwargs", {}).get("out_channels")
     return int(value) if value is not None else None
-
-
-def _fsync_dir(folder: Path) -> None:
-    # Makes the rename itself durable; not possible on every OS (Windows).
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -19,9 +19,7 @@ def lora_targets(model: nn.Module) -> list[str]:
     """Qualified names of the convolutions LoRA adapts (kernel > 1 on some axis)."""
     names = []
     for name, module in model.named_modules():
-        if isinstance(module, (nn.Conv2d, nn.Conv3d)) and any(
-            k > 1 for k in module.kernel_size
-        ):
+        if isinstance(module, (nn.Conv2d, nn.Conv3d)) and any(k > 1 for k in module.kernel_size):
             names.append(name)
     return names
 
