@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from napari_finetune.config import PredictConfig
-from napari_finetune.data.normalization import normalize
+from napari_finetune.data.normalization import missing_mask, normalize
 
 Progress = Callable[[int, int], None]
 
@@ -232,24 +232,28 @@ def predict_volume(
     home = _home_device(model)
     model.to(device)  # once for the whole volume, not per block
     try:
-        pending: list[tuple[tuple[slice, ...], tuple[slice, ...], np.ndarray]] = []
+        pending: list[tuple[tuple[slice, ...], tuple[slice, ...], np.ndarray, Any]] = []
         done = 0
 
         def flush() -> None:
             nonlocal done
             probs = _predict_batch(model, np.stack([p[2] for p in pending]), device)
-            for (core, inner, _), block_probs in zip(pending, probs, strict=True):
-                _write(out, core, block_probs[(slice(None),) + inner])
+            for (core, inner, _, missing), block_probs in zip(pending, probs, strict=True):
+                core_probs = block_probs[(slice(None),) + inner]
+                if missing is not None:
+                    core_probs[:, missing[inner]] = 0.0  # no image value: background
+                _write(out, core, core_probs)
             done += len(pending)
             pending.clear()
             if progress is not None:
                 progress(done, len(grid))
 
         for core, read, inner in grid:
-            block = normalize(np.asarray(image[read]), low, high)
+            raw = np.asarray(image[read])
+            block = normalize(raw, low, high)
             if pending and pending[0][2].shape != block.shape:
                 flush()  # only same-shaped blocks share a model call
-            pending.append((core, inner, block))
+            pending.append((core, inner, block, missing_mask(raw)))
             if len(pending) >= config.batch_size:
                 flush()
         if pending:

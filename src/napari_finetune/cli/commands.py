@@ -109,6 +109,7 @@ def train(args: argparse.Namespace) -> int:
     if args.patch_shape is None and volume.data.ndim == 2:
         config.patch_shape = DEFAULT_2D_PATCH  # the dataclass default is for 3D models
     corrections = load_corrections(args.volume, args.corrections)
+    _say_missing(volume)
     outcome = run_finetune(ckpt, volume.data, corrections, config, args.out, quiet=args.quiet)
     line = describe_outcome(outcome, config.steps, args.out)
     if outcome.stopped or outcome.exit_code == 0:
@@ -128,11 +129,13 @@ def predict(args: argparse.Namespace) -> int:
     """Write per-channel predictions of a store into its labels group."""
     from tqdm import tqdm
 
+    from napari_finetune.io.omezarr import open_volume
     from napari_finetune.model.checkpoint import load_checkpoint
     from napari_finetune.predict import predict_to_omezarr
 
     config = config_from_args(PredictConfig, args)
     ckpt = load_checkpoint(args.checkpoint)
+    _say_missing(open_volume(args.volume))
     bars: list = []  # made at the first block, so an early error prints no empty bar
 
     def progress(done: int, total: int) -> None:
@@ -217,6 +220,15 @@ def info(args: argparse.Namespace) -> int:
 
     print(describe_checkpoint(load_checkpoint(args.checkpoint)))
     return 0
+
+
+def _say_missing(volume: Any) -> None:
+    """Print the one line on the image's NaN/inf voxels, if it has any."""
+    from napari_finetune.data.normalization import describe_missing
+
+    line = describe_missing(volume.data, "".join(volume.axes))
+    if line:
+        print(line)
 
 
 def _json_option(flag: str, text: str) -> Any:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from napari_finetune.data.normalization import normalize
+from napari_finetune.data.normalization import missing_mask, normalize
 
 # Bounds memory when someone paints with a huge brush: anchors are a sample.
 MAX_ANCHORS_PER_CLASS = 1_000_000
@@ -142,8 +142,12 @@ class PatchSampler:
             slice(st, min(st + p, s))
             for st, p, s in zip(starts, self.patch_shape, self.shape, strict=True)
         )
-        image = normalize(np.asarray(self.image[box]), self.low, self.high)
+        raw = np.asarray(self.image[box])
+        image = normalize(raw, self.low, self.high)
         label = np.asarray(self.corrections[box]).astype(np.int64)
+        missing = missing_mask(raw)
+        if missing is not None:
+            label[missing] = 0  # a painted voxel without an image value teaches nothing
         pad = [(0, p - got) for p, got in zip(self.patch_shape, image.shape, strict=True)]
         if any(after for _, after in pad):
             # Volume smaller than the patch: mirror the image, leave labels unpainted.
