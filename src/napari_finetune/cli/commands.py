@@ -41,6 +41,7 @@ def register(sub: Any) -> None:
         help="name of the labels image holding the corrections (default: %(default)s)",
     )
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    add_trust_option(p)
     add_config_options(p, FinetuneConfig)
     p.set_defaults(func=train)
 
@@ -54,6 +55,7 @@ def register(sub: Any) -> None:
     p.add_argument("volume", type=Path, help="OME-Zarr store to predict (level 0)")
     p.add_argument("--name", default="prediction", help="label name prefix (default: %(default)s)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    add_trust_option(p)
     add_predict_options(p)
     p.set_defaults(func=predict)
 
@@ -82,6 +84,7 @@ def register(sub: Any) -> None:
         action="store_true",
         help="also write a TorchScript file next to the checkpoint (.torchscript.pt)",
     )
+    add_trust_option(p)
     p.set_defaults(func=export)
 
     p = sub.add_parser(
@@ -91,7 +94,21 @@ def register(sub: Any) -> None:
         "the fine-tuning run of a checkpoint.",
     )
     p.add_argument("checkpoint", type=Path)
+    add_trust_option(p)
     p.set_defaults(func=info)
+
+
+def add_trust_option(parser: argparse.ArgumentParser) -> None:
+    """``--trust-factory``: model factories the user trusts beyond the allow-list."""
+    parser.add_argument(
+        "--trust-factory",
+        action="append",
+        default=[],
+        metavar="MODULE:CALLABLE",
+        help="build the model with this factory although it is not on the allow-list "
+        "(napari-finetune's UNet, MONAI and torch-em UNets, registered architectures); "
+        "calling it runs that package's code, so only name one you trust (repeatable)",
+    )
 
 
 def train(args: argparse.Namespace) -> int:
@@ -104,7 +121,7 @@ def train(args: argparse.Namespace) -> int:
         raise ValueError(f"--out {args.out} is a folder; give a file name such as finetuned.pt")
     if not args.out.parent.is_dir():
         raise FileNotFoundError(2, "output folder does not exist", str(args.out.parent))
-    ckpt = load_checkpoint(args.checkpoint)
+    ckpt = load_checkpoint(args.checkpoint, trust=args.trust_factory)
     volume = open_volume(args.volume)
     if args.patch_shape is None and volume.data.ndim == 2:
         config.patch_shape = DEFAULT_2D_PATCH  # the dataclass default is for 3D models
@@ -134,7 +151,7 @@ def predict(args: argparse.Namespace) -> int:
     from napari_finetune.predict import predict_to_omezarr
 
     config = config_from_args(PredictConfig, args)
-    ckpt = load_checkpoint(args.checkpoint)
+    ckpt = load_checkpoint(args.checkpoint, trust=args.trust_factory)
     _say_missing(open_volume(args.volume))
     bars: list = []  # made at the first block, so an early error prints no empty bar
 
@@ -178,6 +195,7 @@ def export(args: argparse.Namespace) -> int:
     if args.normalization:
         metadata_update["normalization"] = _json_option("--normalization", args.normalization)
     out = args.out
+    trust = [*args.trust_factory, *([args.factory] if args.factory else [])]
     if args.factory:
         if out is None:
             raise ValueError("--factory needs --out: where to write the new checkpoint")
@@ -185,7 +203,7 @@ def export(args: argparse.Namespace) -> int:
         checkpoint_from_factory(out, args.factory, kwargs, args.source, metadata_update)
         print(f"wrote {out}")
     elif out is not None:
-        ckpt = load_checkpoint(args.source)
+        ckpt = load_checkpoint(args.source, trust=trust)
         metadata = {**ckpt.metadata, **metadata_update}
         save_checkpoint(out, ckpt.model, metadata, architecture=ckpt.architecture)
         print(f"wrote {out}")
@@ -193,7 +211,7 @@ def export(args: argparse.Namespace) -> int:
         raise ValueError("nothing to do: give --out (a checkpoint to write) or --torchscript")
     if args.torchscript:
         target = out if out is not None else args.source
-        print(f"wrote {write_torchscript(load_checkpoint(target))}")
+        print(f"wrote {write_torchscript(load_checkpoint(target, trust=trust))}")
     return 0
 
 
@@ -218,7 +236,7 @@ def info(args: argparse.Namespace) -> int:
     """Print :func:`describe_checkpoint`."""
     from napari_finetune.model.checkpoint import describe_checkpoint, load_checkpoint
 
-    print(describe_checkpoint(load_checkpoint(args.checkpoint)))
+    print(describe_checkpoint(load_checkpoint(args.checkpoint, trust=args.trust_factory)))
     return 0
 
 

@@ -8,15 +8,17 @@ weights_only=True)`` reads it)::
      "state_dict": {...},
      "metadata": {"channel_names": [...], "normalization": {...}, "run": {...}}}
 
-A model the user brings is accepted through the same layout: any importable
-factory whose keyword arguments rebuild it (see :func:`checkpoint_from_factory`).
+A model the user brings is accepted through the same layout: a factory whose
+keyword arguments rebuild it (see :func:`checkpoint_from_factory`). The factory
+is called only when it is on the allow-list of
+:mod:`napari_finetune.model.architectures` or trusted by the user (``trust=``):
+a file must never make the loader run code.
 """
 
 from __future__ import annotations
 
 import copy
 import hashlib
-import importlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from napari_finetune.model.architectures import FactoryNotAllowed, Trust, resolve_factory
 from napari_finetune.model.atomic_write import write_atomically
 
 FORMAT = "napari-finetune-checkpoint"
@@ -143,14 +146,27 @@ def save_checkpoint(
     )
 
 
-def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu") -> Checkpoint:
+def load_checkpoint(
+    path: str | os.PathLike, device: str | torch.device = "cpu", trust: Trust = None
+) -> Checkpoint:
     """Read a checkpoint with ``weights_only=True`` and rebuild its model.
+
+    Parameters
+    ----------
+    path : path-like
+        The checkpoint file.
+    device : str or torch.device
+        Where the model is put.
+    trust : str or collection of str, optional
+        Model factories (``"package.module:callable"``) the user trusts beyond
+        the allow-list of :mod:`napari_finetune.model.architectures`.
 
     Raises
     ------
     CheckpointError
-        Missing file, a file torch cannot read, a file of another format, or
-        weights that do not fit the recorded architecture; the message says which.
+        Missing file, a file torch cannot read, a file of another format, a
+        factory that is neither allowed nor trusted, or weights that do not fit
+        the recorded architecture; the message says which.
     """
     path = Path(path)
     if not path.is_file():
@@ -175,8 +191,13 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
             f"{path} was written by a newer napari-finetune (format "
             f"{payload['format_version']}); upgrade napari-finetune to read it."
         )
-    architecture = payload["architecture"]
-    model = build_model(architecture)
+    architecture = payload.get("architecture")
+    if not isinstance(architecture, dict) or not isinstance(architecture.get("factory"), str):
+        raise CheckpointError(
+            f"{path} has no usable 'architecture' (a dict with a 'factory' string); "
+            "export it again with napari-finetune."
+        )
+    model = build_model(architecture, trust=trust)
     try:
         model.load_state_dict(payload["state_dict"])
     except RuntimeError as exc:
@@ -193,27 +214,39 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
     )
 
 
-def build_model(architecture: dict[str, Any]) -> nn.Module:
-    """Call ``architecture["factory"]`` (``"module:callable"``) with its kwargs."""
-    factory = architecture.get("factory", "")
-    module_name, _, attr = str(factory).partition(":")
+def build_model(architecture: dict[str, Any], trust: Trust = None) -> nn.Module:
+    """Call ``architecture["factory"]`` (``"module:callable"``) with its kwargs.
+
+    Only factories on the allow-list (or in ``trust``) are imported and called.
+    """
+    factory = str(architecture.get("factory", ""))
+    kwargs = architecture.get("kwargs", {})
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise CheckpointError(
+            f"the architecture's 'kwargs' must be a dict of named arguments, got {kwargs!r}"
+        )
     try:
-        fn = importlib.import_module(module_name)
-        for part in attr.split("."):
-            fn = getattr(fn, part)
+        fn = resolve_factory(factory, trust)
+    except FactoryNotAllowed as exc:
+        raise CheckpointError(str(exc)) from None
     except (ImportError, AttributeError, ValueError) as exc:
         raise CheckpointError(
             f"cannot import the model factory {factory!r} ({exc}); install the package "
             "that defines it."
         ) from None
     try:
-        model = fn(**architecture.get("kwargs", {}))
+        model = fn(**kwargs)
     except TypeError as exc:
         raise CheckpointError(
             f"the model factory {factory!r} rejected its arguments: {exc}"
         ) from None
+    if not isinstance(model, nn.Module):
+        raise CheckpointError(
+            f"the model factory {factory!r} returned a {type(model).__name__}, "
+            "not a torch.nn.Module."
+        )
     if not hasattr(model, "init_kwargs"):
-        model.init_kwargs = dict(architecture.get("kwargs", {}))
+        model.init_kwargs = dict(kwargs)
     model.factory = factory
     return model
 
@@ -233,9 +266,12 @@ def checkpoint_from_factory(
         ``"package.module:callable"`` returning the model from ``kwargs``.
     state_dict : dict or path-like
         The weights, or a file holding them (read with ``weights_only=True``).
+
+    The caller names ``factory`` itself, so it is trusted here; loading the
+    written file needs the same trust unless the factory is on the allow-list.
     """
     architecture = {"factory": factory, "kwargs": dict(kwargs)}
-    model = build_model(architecture)
+    model = build_model(architecture, trust=[factory])
     if not isinstance(state_dict, dict):
         state_dict = torch.load(state_dict, map_location="cpu", weights_only=True)
     try:
