@@ -7,6 +7,7 @@ the field and the fix, before any model or optimizer is built.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -50,6 +51,9 @@ class FinetuneConfig:
         Where to train; "auto" takes CUDA, then MPS, then the CPU.
     seed : int
         Seeds patch sampling, augmentation and adapter initialisation.
+    max_grad_norm : float or None
+        Clip the total gradient norm of a step to this value (fp16 gradients are
+        unscaled first); None leaves the gradients as they are.
     """
 
     steps: int = 200
@@ -72,6 +76,7 @@ class FinetuneConfig:
     cpu_bf16: bool = False
     device: str = "auto"
     seed: int = 0
+    max_grad_norm: float | None = None
 
     def __post_init__(self) -> None:
         self.patch_shape = tuple(int(s) for s in self.patch_shape)
@@ -95,6 +100,13 @@ class FinetuneConfig:
         if self.distillation < 0:
             raise ValueError(
                 f"distillation must be >= 0, got {self.distillation}; use 0 to turn it off."
+            )
+        if self.max_grad_norm is not None and not (
+            math.isfinite(self.max_grad_norm) and self.max_grad_norm > 0
+        ):
+            raise ValueError(
+                f"max_grad_norm must be a positive number or None (no clipping), got "
+                f"{self.max_grad_norm}; 1.0 is a common choice."
             )
         if self.device not in ("auto", "cpu", "cuda", "mps") and not str(
             self.device

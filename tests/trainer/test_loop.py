@@ -296,3 +296,19 @@ def test_two_dimensional_lora_run_and_predict():
     assert events[-1].kind == "finished"
     probs = trainer.predict((slice(0, 20), slice(0, 24)))
     assert probs.shape == (2, 20, 24) and probs.min() >= 0 and probs.max() <= 1
+
+
+def test_status_and_record_show_the_true_samples_per_step_after_an_odd_split(tmp_path):
+    """5 samples cut 3 + 2 are 5 per step, not 3 x 2 = 6."""
+    from napari_finetune.model.checkpoint import load_checkpoint
+
+    trainer = make_trainer(steps=1, batch_size=5, distillation=0.0, hold_other_channels=False)
+    trainer.build()
+    faults.oom_above_batch(trainer.model, 3)
+    events = run_all(trainer)
+    recovery = [e for e in events if e.kind == "recovery"][0]
+    assert (recovery.batch_size, recovery.accumulation) == (3, 2)
+    assert recovery.message.endswith("(effective 5)")
+    assert all(e.effective_batch == 5 for e in events)
+    run = load_checkpoint(trainer.export(tmp_path / "odd.pt")).metadata["run"]
+    assert (run["batch_size"], run["accumulation"], run["samples_per_step"]) == (3, 2, 5)

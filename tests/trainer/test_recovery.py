@@ -36,6 +36,8 @@ from napari_finetune.trainer.recovery import (
                      "memory: you tried to allocate 1000 bytes."),
         RuntimeError("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if ..."),
         RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate`"),
+        # Raised by the CUDA caching allocator with expandable segments.
+        RuntimeError("CUDA driver error: out of memory"),
     ],
 )
 def test_is_oom_error_recognises_allocator_failures(exc):
@@ -49,6 +51,8 @@ def test_is_oom_error_recognises_allocator_failures(exc):
         ValueError("out of memory"),  # not an allocator error type
         RecoveryError("out of memory in step 3 with nothing left; CUDA out of memory"),
         KeyError("CUDA out of memory"),
+        ValueError("CUDA driver error: out of memory"),  # a ValueError never counts
+        ValueError("Expected input batch_size (4) to match target batch_size (2)"),
     ],
 )
 def test_is_oom_error_rejects_the_rest(exc):

@@ -16,6 +16,8 @@ from typing import Any
 from napari_finetune.config import PredictConfig
 
 _CHOICES = {"mode": ["lora", "full"]}
+# Fields whose default is None: the type their option parses.
+_OPTIONAL_TYPES: dict[str, type] = {"max_grad_norm": float, "memory_snapshot": str}
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -54,8 +56,9 @@ def add_config_options(parser: argparse.ArgumentParser, cls: type, skip: tuple =
         elif isinstance(default, tuple):
             group.add_argument(flag, type=int, nargs="+", metavar="N", default=None, help=helptext)
         else:
+            kind = _OPTIONAL_TYPES.get(f.name, str) if default is None else type(default)
             group.add_argument(
-                flag, type=type(default), default=None, help=helptext, choices=_CHOICES.get(f.name)
+                flag, type=kind, default=None, help=helptext, choices=_CHOICES.get(f.name)
             )
 
 

@@ -239,6 +239,7 @@ class Finetuner:
             distillation_weight=float(self.distillation),
             dropped_at_step=self.dropped_at_step,
             elapsed_s=time.perf_counter() - self._start_time,
+            samples_per_step=self.samples_per_step,
         )
 
     def release(self) -> None:

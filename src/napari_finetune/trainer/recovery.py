@@ -39,6 +39,8 @@ from napari_finetune.trainer.state import (
 OOM_MESSAGES = (
     "cuda out of memory",
     "cuda error: out of memory",
+    # The caching allocator with expandable segments (cuMemCreate failing).
+    "cuda driver error: out of memory",
     "hip out of memory",
     "hip error: out of memory",
     "xpu out of memory",

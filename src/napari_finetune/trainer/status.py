@@ -38,6 +38,9 @@ class Status:
         Step at which distillation and the hold were dropped, if they were.
     elapsed_s : float
         Seconds since the run started.
+    samples_per_step : int or None
+        Samples in one optimizer step, fixed when the run starts; None for a
+        Status built by hand, where ``batch_size * accumulation`` stands in.
     """
 
     kind: str
@@ -55,8 +58,14 @@ class Status:
     distillation_weight: float = 0.0
     dropped_at_step: int | None = None
     elapsed_s: float = 0.0
+    samples_per_step: int | None = None
 
     @property
     def effective_batch(self) -> int:
-        """Samples per optimizer step (constant through recoveries)."""
+        """The true samples per optimizer step (constant through recoveries).
+
+        Not ``batch_size * accumulation``: 5 samples cut 3 + 2 are 5, not 6.
+        """
+        if self.samples_per_step is not None:
+            return self.samples_per_step
         return self.batch_size * self.accumulation

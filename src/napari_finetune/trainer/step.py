@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from napari_finetune.trainer.losses import finetune_loss, step_normalisers
+from napari_finetune.trainer.precision import clip_gradients
 
 
 def split_sizes(n: int, batch_size: int) -> list[int]:
@@ -123,10 +124,16 @@ def run_step(trainer: Any, images: np.ndarray, labels: np.ndarray) -> StepOutcom
     if not math.isfinite(loss):
         optimizer.zero_grad(set_to_none=True)
         return StepOutcome("nonfinite", loss)
+    # fp16 gradients are divided by the scale first: measured and clipped as
+    # they are (a no-op for the other dtypes, whose scaler is disabled).
+    precision.unscale(optimizer)
     if precision.enabled and not precision.grad_scaler:
+        # Under fp16 the scaler itself skips a step with inf/NaN gradients.
         if not precision.gradients_finite(trainer.model):
             optimizer.zero_grad(set_to_none=True)
             return StepOutcome("nonfinite", loss)
+    if trainer.config.max_grad_norm is not None:
+        clip_gradients(trainer.model, trainer.config.max_grad_norm)
     applied, before, after = guarded_optimizer_step(optimizer, precision)
     optimizer.zero_grad(set_to_none=True)
     return StepOutcome("applied" if applied else "skipped", loss, (before, after))
