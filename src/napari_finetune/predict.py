@@ -20,7 +20,6 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -269,36 +268,10 @@ def predict_to_omezarr(
     name_prefix: str = "prediction",
     config: PredictConfig | None = None,
     progress: Progress | None = None,
+    log: Callable[[str], None] | None = None,
 ) -> list[str]:
-    """Predict an OME-Zarr volume and write one NGFF label image per channel.
+    """Predict an OME-Zarr volume into its labels group; see
+    :func:`napari_finetune.predict_store.predict_to_omezarr` (kept here by name)."""
+    from napari_finetune.predict_store import predict_to_omezarr as to_store
 
-    Each channel ``c`` goes to ``labels/<name_prefix>-<channel name>`` as uint8
-    (1 where the probability is above 0.5), written block by block, so the
-    volume and its prediction never need to fit in memory.
-
-    Parameters
-    ----------
-    checkpoint : path-like or Checkpoint
-        The model (a file, or what ``load_checkpoint`` returned).
-    store_path : path-like
-        The OME-Zarr store; its level 0 is predicted.
-
-    Returns the label names written.
-    """
-    from napari_finetune.data.normalization import intensity_range
-    from napari_finetune.io.omezarr import create_labels_array, open_volume
-    from napari_finetune.model.checkpoint import Checkpoint, load_checkpoint
-
-    ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else load_checkpoint(checkpoint)
-    image = open_volume(Path(store_path)).data
-    config = config or PredictConfig()
-    block_shape, _ = _spatial_config(config, image.ndim)
-    chunks = tuple(min(b, s) for b, s in zip(block_shape, image.shape, strict=True))
-    names = [f"{name_prefix}-{channel}" for channel in ckpt.channel_names]
-    targets = [
-        create_labels_array(store_path, name, tuple(image.shape), np.uint8, chunks)
-        for name in names
-    ]
-    low_high = intensity_range(image, ckpt.normalization)
-    predict_volume(ckpt.model, image, low_high, config, out=targets, progress=progress)
-    return names
+    return to_store(checkpoint, store_path, name_prefix, config, progress, log)

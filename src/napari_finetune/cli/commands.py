@@ -149,6 +149,7 @@ def predict(args: argparse.Namespace) -> int:
     from napari_finetune.io.omezarr import open_volume
     from napari_finetune.model.checkpoint import load_checkpoint
     from napari_finetune.predict import predict_to_omezarr
+    from napari_finetune.predict_regions import PredictOutOfMemoryError
 
     config = config_from_args(PredictConfig, args)
     ckpt = load_checkpoint(args.checkpoint, trust=args.trust_factory)
@@ -169,8 +170,17 @@ def predict(args: argparse.Namespace) -> int:
         bars[0].n = done
         bars[0].refresh()
 
+    def log(line: str) -> None:  # above the bar, on stderr with it
+        (bars[0].write if bars else print)(line, file=sys.stderr)
+
     try:
-        names = predict_to_omezarr(ckpt, args.volume, args.name, config, progress=progress)
+        names = predict_to_omezarr(
+            ckpt, args.volume, args.name, config, progress=progress, log=log
+        )
+    except PredictOutOfMemoryError as exc:
+        from napari_finetune.cli import CLIError
+
+        raise CLIError(f"{exc} The previous labels of the store are kept.") from None
     finally:
         for bar in bars:
             bar.close()

@@ -236,12 +236,16 @@ def create_labels_array(
     chunks: tuple[int, ...] | None = None,
     colors: list[dict[str, Any]] | None = None,
     properties: list[dict[str, Any]] | None = None,
+    staging: Path | None = None,
 ) -> Any:
     """Create an empty ``labels/<name>`` (NGFF metadata written) to fill block by block.
 
-    Unlike :func:`write_labels` this replaces an existing ``labels/<name>`` in
-    place (the data arrive later, so there is nothing complete to swap in);
-    use it for outputs that can be recomputed, such as predictions.
+    Without ``staging`` this replaces an existing ``labels/<name>`` in place
+    and lists it at once. With ``staging`` (a folder yielded by
+    :func:`~napari_finetune.io.staging.staged_replace`) the image is created
+    as ``<staging>/labels/<name>``: nothing in the store changes, and the old
+    labels stay until the caller's ``staged_replace`` swaps the complete new
+    one in (predictions use this, so a failed run keeps the previous result).
 
     Returns
     -------
@@ -257,9 +261,16 @@ def create_labels_array(
     check_writable(store, name)
     recover(store)
     fmt = _format(volume)
-    group = labels_group(store)
-    if _zarr_kind(store / "labels" / name) is not None:
-        shutil.rmtree(store / "labels" / name)
+    if staging is not None:
+        import zarr
+        from zarr.storage import LocalStore
+
+        root = zarr.open_group(store=LocalStore(staging), mode="a", zarr_format=fmt.zarr_format)
+        group = root.require_group("labels")
+    else:
+        group = labels_group(store)
+        if _zarr_kind(store / "labels" / name) is not None:
+            shutil.rmtree(store / "labels" / name)
     sub = group.create_group(name)
     kwargs: dict[str, Any] = {}
     if fmt.zarr_format == 2:
@@ -282,8 +293,9 @@ def create_labels_array(
         name=name,
     )
     write_label_metadata(group, name, fmt=fmt, **_image_label(colors, properties))
-    list_name(group, name)
-    refresh_consolidated(store)
+    if staging is None:  # a staged image is listed by staged_replace when swapped in
+        list_name(group, name)
+        refresh_consolidated(store)
     return array
 
 

@@ -1,0 +1,132 @@
+"""Predict an OME-Zarr volume into its ``labels/`` group, never losing the previous result.
+
+Every channel's labels image is written aside, in a staging folder of
+:func:`~napari_finetune.io.staging.staged_replace`, and swapped in (old image
+moved away, new one renamed into place, name listed) only once every region
+is written. A run that fails (out of memory at the smallest block, an error,
+Ctrl-C) or is killed leaves the store's previous ``labels/prediction-*``
+untouched and lists nothing half written; the staging folder is removed by the
+failed run itself or by the next write (``recover``).
+
+Regions are aligned to the output chunks (:func:`region_grid`), so each one
+writes whole chunks of its own. Out of memory, a region is tiled with smaller
+blocks (:class:`~napari_finetune.predict_regions.RegionPredictor`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from napari_finetune.config import PredictConfig
+from napari_finetune.predict import (
+    Progress,
+    _home_device,
+    _spatial_config,
+    _write,
+    resolve_device,
+)
+from napari_finetune.predict_regions import Log, RegionPredictor, region_grid
+
+
+def predict_to_omezarr(
+    checkpoint: Any,
+    store_path: str | os.PathLike,
+    name_prefix: str = "prediction",
+    config: PredictConfig | None = None,
+    progress: Progress | None = None,
+    log: Log | None = None,
+) -> list[str]:
+    """Predict an OME-Zarr volume and write one NGFF label image per channel.
+
+    Each channel ``c`` goes to ``labels/<name_prefix>-<channel name>`` as uint8
+    (1 where the probability is above 0.5), written region by region (one
+    output chunk of ``config.block_shape`` each), so the volume and its
+    prediction never need to fit in memory. See the module doc for what a
+    failed run keeps.
+
+    Parameters
+    ----------
+    checkpoint : path-like or Checkpoint
+        The model (a file, or what ``load_checkpoint`` returned).
+    store_path : path-like
+        The OME-Zarr store; its level 0 is predicted.
+    name_prefix : str
+        Label names are ``<name_prefix>-<channel>``.
+    config : PredictConfig, optional
+        Block (= output chunk), halo and device.
+    progress : callable, optional
+        ``progress(done, total)`` after each region.
+    log : callable, optional
+        Receives one line per out-of-memory step down.
+
+    Returns the label names written.
+
+    Raises
+    ------
+    PredictOutOfMemoryError
+        Out of memory even at the smallest block (a ``MemoryError``).
+    """
+    from napari_finetune.data.normalization import intensity_range
+    from napari_finetune.io.omezarr import create_labels_array, open_volume
+    from napari_finetune.io.staging import staged_replace
+    from napari_finetune.model.checkpoint import Checkpoint, load_checkpoint
+
+    ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else load_checkpoint(checkpoint)
+    volume = open_volume(Path(store_path))
+    image = volume.data
+    config = config or PredictConfig()
+    dims = getattr(ckpt.model, "dims", image.ndim)
+    if image.ndim != dims:
+        raise ValueError(
+            f"the model is {dims}D but the image has shape {tuple(image.shape)}; use a "
+            f"{dims}D image (ZYX for 3D, YX for 2D)."
+        )
+    block_shape, halo = _spatial_config(config, image.ndim)
+    chunks = tuple(min(b, s) for b, s in zip(block_shape, image.shape, strict=True))
+    names = [f"{name_prefix}-{channel}" for channel in ckpt.channel_names]
+    low, high = intensity_range(image, ckpt.normalization)
+    device = resolve_device(config.device)
+    regions = region_grid(image.shape, chunks)
+
+    with ExitStack() as stack:
+        # Entered in order, left in reverse: all are swapped in only after the body.
+        targets = []
+        for name in names:
+            staging = stack.enter_context(staged_replace(volume.path, name))
+            targets.append(
+                create_labels_array(
+                    store_path, name, tuple(image.shape), np.uint8, chunks, staging=staging
+                )
+            )
+        _predict_regions(ckpt.model, image, (low, high), halo, device, regions, targets,
+                         progress, log)
+    return names
+
+
+def _predict_regions(
+    model: Any,
+    image: Any,
+    low_high: tuple[float, float],
+    halo: tuple[int, ...],
+    device: str,
+    regions: list[tuple[slice, ...]],
+    targets: list[Any],
+    progress: Callable[[int, int], None] | None,
+    log: Log | None,
+) -> None:
+    home = _home_device(model)
+    model.to(device)  # once for the whole volume, not per region
+    try:
+        predictor = RegionPredictor(model, image, *low_high, halo, device, log)
+        for done, core in enumerate(regions, start=1):
+            _write(targets, core, predictor(core))
+            if progress is not None:
+                progress(done, len(regions))
+    finally:
+        model.to(home)
