@@ -21,6 +21,7 @@ def test_defaults_are_valid_and_plain():
         ("distillation", -1, "distillation must be >= 0"),
         ("device", "tpu", "device must be"),
         ("patch_shape", (0, 64, 64), "patch_shape must be positive"),
+        ("prefetch_steps", -1, "prefetch_steps must be an integer >= 0"),
     ],
 )
 def test_bad_values_name_the_field(field, value, match):

@@ -54,6 +54,10 @@ class FinetuneConfig:
     max_grad_norm : float or None
         Clip the total gradient norm of a step to this value (fp16 gradients are
         unscaled first); None leaves the gradients as they are.
+    prefetch_steps : int
+        Optimizer steps whose samples a background thread draws ahead of the
+        training step (0: drawn on the training thread). The samples are the
+        same either way; on CUDA they are staged in pinned memory.
     """
 
     steps: int = 200
@@ -77,6 +81,7 @@ class FinetuneConfig:
     device: str = "auto"
     seed: int = 0
     max_grad_norm: float | None = None
+    prefetch_steps: int = 2
 
     def __post_init__(self) -> None:
         self.patch_shape = tuple(int(s) for s in self.patch_shape)
@@ -84,6 +89,12 @@ class FinetuneConfig:
         _positive_int(self, "batch_size")
         _positive_int(self, "accumulation")
         _positive_int(self, "lora_rank")
+        if int(self.prefetch_steps) != self.prefetch_steps or self.prefetch_steps < 0:
+            raise ValueError(
+                f"prefetch_steps must be an integer >= 0, got {self.prefetch_steps!r}; "
+                "use 0 to draw samples on the training thread, 2 to prefetch."
+            )
+        self.prefetch_steps = int(self.prefetch_steps)
         if not self.patch_shape or any(s < 1 for s in self.patch_shape):
             raise ValueError(
                 f"patch_shape must be positive sizes, got {self.patch_shape}; "

@@ -81,6 +81,7 @@ class Finetuner:
         self.teacher: Any = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.sampler: Any = None
+        self.feed: Any = None  # the run's SampleFeed (its wait_s says how long steps waited)
         self.corrected: torch.Tensor | None = None
         self.steps_done = 0
         self.last_loss: float | None = None
@@ -197,12 +198,25 @@ class Finetuner:
         for kind, message in iter_probe(self):
             yield self.status(kind, message)
         total = self.config.steps
-        while self.steps_done < total:
-            if self._stop.is_set():
-                yield self.status("stopped", f"stopped after step {self.steps_done} of {total}")
-                return
-            images, labels = self.sampler.sample(self.samples_per_step)
-            yield from optimizer_step(self, images, labels)
+        # The feed draws the next steps' samples in a background thread (same
+        # sequence as drawing here); it is closed before the run's last event
+        # and on any error, so no thread outlives run().
+        from napari_finetune.data.prefetch import SampleFeed, stage_for
+
+        self.feed = SampleFeed(self.sampler, self.config.prefetch_steps, stage_for(self.device))
+        try:
+            while self.steps_done < total:
+                if self._stop.is_set():
+                    self.feed.close()
+                    yield self.status(
+                        "stopped", f"stopped after step {self.steps_done} of {total}"
+                    )
+                    return
+                images, labels = self.feed.next(self.samples_per_step)
+                yield from optimizer_step(self, images, labels)
+            self.feed.close()
+        finally:
+            self.feed.close()
         yield self.status("finished", f"finished {total} steps")
 
     # --- reporting -------------------------------------------------------------------
