@@ -19,6 +19,8 @@ def test_defaults_are_valid_and_plain():
         ("learning_rate", 0, "learning_rate must be > 0"),
         ("mode", "qlora", "mode must be 'lora' or 'full'"),
         ("distillation", -1, "distillation must be >= 0"),
+        ("distillation", float("nan"), "distillation must be a finite number"),
+        ("learning_rate", float("inf"), "learning_rate must be a finite number"),
         ("device", "tpu", "device must be"),
         ("patch_shape", (0, 64, 64), "patch_shape must be positive"),
         ("prefetch_steps", -1, "prefetch_steps must be an integer >= 0"),

@@ -104,6 +104,9 @@ class FinetuneConfig:
             raise ValueError(
                 f"learning_rate must be > 0, got {self.learning_rate}; 1e-3 is a good start."
             )
+        for name in ("learning_rate", "weight_decay", "lora_alpha", "distillation"):
+            if not math.isfinite(float(getattr(self, name))):
+                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}.")
         if self.weight_decay < 0:
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}.")
         if self.mode not in ("lora", "full"):
