@@ -38,11 +38,6 @@ def setup(tmp_path):
     return store, save_checkpoint(tmp_path / "model.pt", model, {"channel_names": CHANNELS})
 
 
-def _store_and_ckpt(setup):
-    store, ckpt = setup
-    return store, "-c", ckpt
-
-
 def _after_build(monkeypatch, hook):
     """Install ``hook(trainer)`` on every Finetuner the CLI builds."""
     original = Finetuner.__init__
@@ -69,23 +64,19 @@ def _oom(_output):
     raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
 
 
-def test_out_of_memory_late_exports_the_last_good_weights(capsys, tmp_path, setup):
+def _train_with_fault(monkeypatch, capsys, setup, out, first_failing_step, make_output, *extra):
+    """``train`` 10 steps with the student's output replaced from a given step on."""
+    _after_build(monkeypatch, lambda t: _fail_from_step(t, first_failing_step, make_output))
+    store, ckpt = setup
+    code, _, err = run_cli(
+        capsys, "train", store, "-c", ckpt, "-o", out, "--steps", "10", *extra, *TRAIN_FAST
+    )
+    return code, err
+
+
+def test_out_of_memory_late_exports_the_last_good_weights(monkeypatch, capsys, tmp_path, setup):
     out = tmp_path / "tuned.pt"
-    monkeypatch = pytest.MonkeyPatch()
-    _after_build(monkeypatch, lambda t: _fail_from_step(t, 4, _oom))
-    try:
-        code, stdout, err = run_cli(
-            capsys,
-            "train",
-            *_store_and_ckpt(setup),
-            "-o",
-            out,
-            "--steps",
-            "10",
-            *TRAIN_FAST,
-        )
-    finally:
-        monkeypatch.undo()
+    code, err = _train_with_fault(monkeypatch, capsys, setup, out, 4, _oom)
     assert_one_line_error(code, err)
     assert "out of memory" in err and str(out) in err
     run = load_checkpoint(out).metadata["run"]
@@ -93,24 +84,10 @@ def test_out_of_memory_late_exports_the_last_good_weights(capsys, tmp_path, setu
     assert run["ended"].startswith("out of memory at step 4")
 
 
-def test_nan_loss_late_exports_the_last_good_weights(capsys, tmp_path, setup):
+def test_nan_loss_late_exports_the_last_good_weights(monkeypatch, capsys, tmp_path, setup):
     out = tmp_path / "tuned.pt"
-    monkeypatch = pytest.MonkeyPatch()
-    _after_build(monkeypatch, lambda t: _fail_from_step(t, 5, lambda o: o * float("nan")))
-    try:
-        code, _, err = run_cli(
-            capsys,
-            "train",
-            *_store_and_ckpt(setup),
-            "-o",
-            out,
-            "--steps",
-            "10",
-            "--no-mixed-precision",
-            *TRAIN_FAST,
-        )
-    finally:
-        monkeypatch.undo()
+    nan = lambda o: o * float("nan")  # noqa: E731
+    code, err = _train_with_fault(monkeypatch, capsys, setup, out, 5, nan, "--no-mixed-precision")
     assert_one_line_error(code, err)
     tuned = load_checkpoint(out)
     run = tuned.metadata["run"]
@@ -119,23 +96,9 @@ def test_nan_loss_late_exports_the_last_good_weights(capsys, tmp_path, setup):
     assert all(torch.isfinite(v).all() for v in tuned.model.state_dict().values())
 
 
-def test_failure_before_any_step_writes_nothing(capsys, tmp_path, setup):
+def test_failure_before_any_step_writes_nothing(monkeypatch, capsys, tmp_path, setup):
     out = tmp_path / "tuned.pt"
-    monkeypatch = pytest.MonkeyPatch()
-    _after_build(monkeypatch, lambda t: _fail_from_step(t, 1, _oom))
-    try:
-        code, _, err = run_cli(
-            capsys,
-            "train",
-            *_store_and_ckpt(setup),
-            "-o",
-            out,
-            "--steps",
-            "10",
-            *TRAIN_FAST,
-        )
-    finally:
-        monkeypatch.undo()
+    code, err = _train_with_fault(monkeypatch, capsys, setup, out, 1, _oom)
     assert_one_line_error(code, err)
     assert "nothing was exported" in err
     assert not out.exists()

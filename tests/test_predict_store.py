@@ -13,6 +13,7 @@ from napari_finetune.model.checkpoint import load_checkpoint, save_checkpoint
 from napari_finetune.model.unet import UNet
 from napari_finetune.predict import predict_to_omezarr
 from napari_finetune.trainer.faults import MemoryBudget, always_oom
+from test_cli import make_store as make_cli_store
 
 CHANNELS = ["membrane", "mitochondria"]
 NAMES = [f"prediction-{c}" for c in CHANNELS]
@@ -21,16 +22,8 @@ CONFIG = PredictConfig(block_shape=(8, 24, 24), halo=(4, 8, 8), device="cpu")
 
 
 def make_store(path: Path, shape: tuple[int, ...] = SHAPE) -> Path:
-    """A real NGFF 0.5 store with a uint8 image (through ome-zarr-py)."""
-    import zarr
-    from ome_zarr.io import parse_url
-    from ome_zarr.writer import write_image
-
-    rng = np.random.default_rng(0)
-    image = (rng.random(shape) * 200 + 20).astype(np.uint8)
-    group = zarr.group(store=parse_url(str(path), mode="w").store)
-    write_image(image, group, axes="zyx", scaler=None)
-    return path
+    """A real NGFF 0.5 store with a uint8 image (the CLI tests' writer, this shape)."""
+    return make_cli_store(path, shape)
 
 
 @pytest.fixture

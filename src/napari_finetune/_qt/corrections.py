@@ -1,6 +1,6 @@
 """The corrections Labels layer: names and colours of the classes, and autosave.
 
-Label values follow DESIGN.md: 0 unpainted, 1 background, ``k >= 2`` the
+Label values: 0 unpainted, 1 background, ``k >= 2`` the
 foreground of the model's channel ``k - 2``. The layer carries a
 ``features`` table (``index``, ``class``) so napari's status bar names the
 class under the cursor, and a :class:`DirectLabelColormap` so each class has

@@ -40,7 +40,7 @@ def preload() -> None:
     """Pay the lazy-import costs now, while the dock opens, not mid-run.
 
     An import holds the GIL; done in the worker it freezes the canvas
-    (PITFALLS.md: napari.qt.threading ~1.7 s, the first AdamW ~1.6 s).
+    (measured on a 2-core machine: napari.qt.threading ~1.7 s, the first AdamW ~1.6 s).
     """
     import napari.qt.threading  # noqa: F401
     import torch

@@ -3,7 +3,7 @@
 PEFT is imported only inside :func:`wrap_lora` (``import peft`` takes seconds
 and pulls in transformers). Targets are the Conv2d/Conv3d layers whose kernel
 is larger than 1 on some axis: PEFT 0.21.2 cannot merge LoRA into a pointwise
-Conv3d (huggingface/peft #3768, see PITFALLS.md), and in the UNet the only
+Conv3d (huggingface/peft #3768, fixed upstream after 0.21.2), and in the UNet the only
 pointwise convolution is the 1x1 ``head``, which stays frozen.
 """
 

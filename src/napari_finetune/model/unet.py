@@ -3,7 +3,7 @@
 The constructor arguments are kept in ``init_kwargs`` so a checkpoint can
 rebuild the exact architecture without pickling code. Every convolution that
 carries spatial context is 3x3(x3) on purpose: PEFT merges LoRA on those, while
-it cannot merge pointwise Conv3d (see PITFALLS.md), so only the output head is
+it cannot merge pointwise Conv3d (huggingface/peft #3768), so only the output head is
 pointwise and it is left out of the LoRA targets.
 """
 

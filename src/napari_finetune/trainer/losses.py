@@ -1,6 +1,6 @@
 """Losses of a fine-tuning step: painted voxels, the teacher, the other channels.
 
-Label semantics (DESIGN.md): 0 = not painted, 1 = background, k >= 2 = the
+Label semantics: 0 = not painted, 1 = background, k >= 2 = the
 foreground of output channel k - 2. The model gives one logit per channel.
 
 * **Corrected channels** are the channels with at least one painted voxel in

@@ -4,7 +4,7 @@ The functions here read and change the public attributes of a
 :class:`~napari_finetune.trainer.loop.Finetuner` (``model``, ``teacher``,
 ``optimizer``, ``precision``, ``batch_size``, ``accumulation``, ``distillation``,
 ``hold_other_channels``, ``device``), so the loop, the widget and outside
-tests share one set of rules (DESIGN.md, "Recovery semantics"):
+tests share one set of rules (docs/architecture.md, recovery):
 
 * an out-of-memory first halves the micro-batch and raises the accumulation so
   the samples per optimizer step stay the same; at batch 1 the teacher is
@@ -139,7 +139,7 @@ def survive_oom(trainer: Any, epoch: int, where: str | None = None) -> bool:
     trainer : Finetuner
         Changed in place.
     epoch : int
-        Where the run stands (kept in the DESIGN.md signature; the Status the
+        Where the run stands (kept in the public signature; the Status the
         loop yields next carries it).
     where : str, optional
         "at step N" by default; the probe passes "in the precision probe".
