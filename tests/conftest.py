@@ -1,5 +1,6 @@
-"""Shared test set-up: deterministic torch on one thread."""
+"""Shared test set-up: deterministic torch on one thread; the CLI tests' store and model."""
 
+import numpy as np
 import pytest
 
 
@@ -18,3 +19,35 @@ def _seeded_single_threaded_torch():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def store(tmp_path):
+    """A 16x40x40 NGFF store written by ome-zarr-py, nothing painted."""
+    from test_cli import make_store
+
+    return make_store(tmp_path / "vol.zarr")
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    """A tiny 3D UNet checkpoint with the sample's two channels."""
+    from napari_finetune.model.checkpoint import save_checkpoint
+    from napari_finetune.model.unet import UNet
+    from test_cli import CHANNELS
+
+    model = UNet(dims=3, depth=2, features=4, out_channels=2)
+    return save_checkpoint(tmp_path / "model.pt", model, {"channel_names": CHANNELS})
+
+
+@pytest.fixture
+def painted_store(store):
+    """``store`` with a few painted corrections of three labels."""
+    from napari_finetune.io.omezarr import save_corrections
+
+    corrections = np.zeros((16, 40, 40), np.uint8)
+    corrections[4, 5:15, 5:15] = 1
+    corrections[4, 20:25, 20:30] = 2
+    corrections[6, 20:25, 20:30] = 3
+    save_corrections(store, corrections)
+    return store

@@ -34,17 +34,6 @@ def make_store(path: Path, shape=(16, 40, 40)) -> Path:
     return path
 
 
-@pytest.fixture
-def store(tmp_path):
-    return make_store(tmp_path / "vol.zarr")
-
-
-@pytest.fixture
-def checkpoint(tmp_path):
-    model = UNet(dims=3, depth=2, features=4, out_channels=2)
-    return save_checkpoint(tmp_path / "model.pt", model, {"channel_names": CHANNELS})
-
-
 def run_cli(capsys, *argv):
     code = main([str(a) for a in argv])
     out, err = capsys.readouterr()
@@ -214,18 +203,6 @@ def test_export_errors_are_one_line(capsys, tmp_path, checkpoint):
     )
     assert_one_line_error(code, err)
     assert "no_such_pkg" in err
-
-
-@pytest.fixture
-def painted_store(store):
-    from napari_finetune.io.omezarr import save_corrections
-
-    corrections = np.zeros((16, 40, 40), np.uint8)
-    corrections[4, 5:15, 5:15] = 1
-    corrections[4, 20:25, 20:30] = 2
-    corrections[6, 20:25, 20:30] = 3
-    save_corrections(store, corrections)
-    return store
 
 
 TRAIN_FAST = ["--patch-shape", "8", "16", "16", "--batch-size", "2", "--device", "cpu", "-q"]

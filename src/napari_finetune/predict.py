@@ -26,22 +26,9 @@ import numpy as np
 
 from napari_finetune.config import PredictConfig
 from napari_finetune.data.normalization import missing_mask, normalize
+from napari_finetune.devices import check_model_fits_image, model_device, resolve_device
 
 Progress = Callable[[int, int], None]
-
-
-def resolve_device(name: str = "auto") -> str:
-    """``"auto"`` -> ``"cuda"`` when available, then ``"mps"``, else ``"cpu"``."""
-    if name != "auto":
-        return name
-    import torch
-
-    if torch.cuda.is_available():
-        return "cuda"
-    mps = getattr(torch.backends, "mps", None)
-    if mps is not None and mps.is_available():
-        return "mps"
-    return "cpu"
 
 
 def shape_multiple(model: Any) -> int:
@@ -79,7 +66,7 @@ def _predict_batch(model: Any, blocks: np.ndarray, device: str) -> np.ndarray:
     pad = [(0, 0)] + [(0, (-s) % multiple) for s in spatial]
     if any(p[1] for p in pad):
         blocks = np.pad(blocks, pad, mode="reflect")
-    home = _home_device(model)
+    home = model_device(model)
     # Per module, not model.train(flag): a training model may hold parts kept in eval.
     modes = [(m, m.training) for m in model.modules()]
     try:
@@ -158,14 +145,7 @@ def out_channels(model: Any, ndim: int) -> int:
     if recorded is not None:
         return int(recorded)
     probe = np.zeros((1,) + (shape_multiple(model),) * ndim, np.float32)
-    return int(_predict_batch(model, probe, str(_home_device(model))).shape[1])
-
-
-def _home_device(model: Any) -> Any:
-    import torch
-
-    params = next(iter(model.parameters()), None)
-    return params.device if params is not None else torch.device("cpu")
+    return int(_predict_batch(model, probe, str(model_device(model))).shape[1])
 
 
 def _as_target(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -215,12 +195,7 @@ def predict_volume(
     """
     config = config or PredictConfig()
     shape = tuple(int(s) for s in image.shape)
-    dims = getattr(model, "dims", len(shape))
-    if len(shape) != dims:
-        raise ValueError(
-            f"the model is {dims}D but the image has shape {shape}; use a {dims}D image "
-            "(ZYX for 3D, YX for 2D)."
-        )
+    check_model_fits_image(model, shape)
     block_shape, halo = _spatial_config(config, len(shape))
     device = resolve_device(config.device)
     low, high = normalization_range
@@ -228,7 +203,7 @@ def predict_volume(
     if out is None:
         out = np.zeros((out_channels(model, len(shape)), *shape), dtype=np.float32)
 
-    home = _home_device(model)
+    home = model_device(model)
     model.to(device)  # once for the whole volume, not per block
     try:
         pending: list[tuple[tuple[slice, ...], tuple[slice, ...], np.ndarray, Any]] = []

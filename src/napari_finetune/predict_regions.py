@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from napari_finetune.data.normalization import normalize
+from napari_finetune.devices import empty_device_cache
 from napari_finetune.predict import _predict_batch, shape_multiple
 
 Log = Callable[[str], None]
@@ -149,7 +150,4 @@ class RegionPredictor:
 
     def _free(self) -> None:
         gc.collect()
-        import torch
-
-        if self.device.startswith("cuda") and torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        empty_device_cache(self.device)

@@ -24,13 +24,8 @@ from typing import Any
 import numpy as np
 
 from napari_finetune.config import PredictConfig
-from napari_finetune.predict import (
-    Progress,
-    _home_device,
-    _spatial_config,
-    _write,
-    resolve_device,
-)
+from napari_finetune.devices import check_model_fits_image, model_device, resolve_device
+from napari_finetune.predict import Progress, _spatial_config, _write
 from napari_finetune.predict_regions import Log, RegionPredictor, region_grid
 
 
@@ -81,12 +76,7 @@ def predict_to_omezarr(
     volume = open_volume(Path(store_path))
     image = volume.data
     config = config or PredictConfig()
-    dims = getattr(ckpt.model, "dims", image.ndim)
-    if image.ndim != dims:
-        raise ValueError(
-            f"the model is {dims}D but the image has shape {tuple(image.shape)}; use a "
-            f"{dims}D image (ZYX for 3D, YX for 2D)."
-        )
+    check_model_fits_image(ckpt.model, tuple(image.shape))
     block_shape, halo = _spatial_config(config, image.ndim)
     chunks = tuple(min(b, s) for b, s in zip(block_shape, image.shape, strict=True))
     names = [f"{name_prefix}-{channel}" for channel in ckpt.channel_names]
@@ -120,7 +110,7 @@ def _predict_regions(
     progress: Callable[[int, int], None] | None,
     log: Log | None,
 ) -> None:
-    home = _home_device(model)
+    home = model_device(model)
     model.to(device)  # once for the whole volume, not per region
     try:
         predictor = RegionPredictor(model, image, *low_high, halo, device, log)

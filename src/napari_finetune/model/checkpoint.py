@@ -202,7 +202,8 @@ def load_checkpoint(
         model.load_state_dict(payload["state_dict"])
     except RuntimeError as exc:
         raise CheckpointError(
-            f"the weights in {path} do not fit its architecture {architecture}: {exc}"
+            f"the weights in {path} do not fit its architecture "
+            f"{architecture['factory']}: {_mismatch(model, payload['state_dict'], exc)}"
         ) from None
     model.to(device).eval()
     return Checkpoint(
@@ -277,8 +278,18 @@ def checkpoint_from_factory(
     try:
         model.load_state_dict(state_dict)
     except RuntimeError as exc:
-        raise CheckpointError(f"the weights do not fit {factory}({kwargs}): {exc}") from None
+        raise CheckpointError(
+            f"the weights do not fit {factory}({kwargs}): {_mismatch(model, state_dict, exc)}"
+        ) from None
     return save_checkpoint(path, model, metadata, architecture=architecture)
+
+
+def _mismatch(model: torch.nn.Module, state_dict: object, exc: RuntimeError) -> str:
+    """The key names that do not fit, on one line (torch's own text if none is found)."""
+    from napari_finetune.model.state_dict_fit import describe_mismatch
+
+    line = describe_mismatch(model, state_dict) if isinstance(state_dict, dict) else ""
+    return line or " ".join(str(exc).split())
 
 
 def channel_names_of(metadata: dict[str, Any], out_channels: int | None) -> list[str]:

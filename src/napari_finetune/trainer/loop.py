@@ -63,8 +63,9 @@ class Finetuner:
         metadata: dict[str, Any] | None = None,
         source_sha256: str | None = None,
     ) -> None:
-        from napari_finetune.predict import resolve_device
+        from napari_finetune.devices import check_model_fits_image, resolve_device
 
+        check_model_fits_image(model, tuple(np.shape(image)))
         self.model = model
         self.image = image
         self.corrections = corrections
@@ -262,7 +263,7 @@ class Finetuner:
         The weights stay where they are, for :meth:`predict` and :meth:`export`;
         a released trainer cannot run again (build a new one to continue).
         """
-        from napari_finetune.trainer.recovery import empty_device_cache
+        from napari_finetune.devices import empty_device_cache
 
         with self._lock:
             self.optimizer = None

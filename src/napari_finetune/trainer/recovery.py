@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from napari_finetune.devices import empty_device_cache
 from napari_finetune.trainer import step as _step
 from napari_finetune.trainer.precision import Precision, choose_precision
 from napari_finetune.trainer.state import (
@@ -97,16 +98,6 @@ def release_failed_attempt(trainer: Any) -> None:
         precision.reset_step_state()
     gc.collect()
     empty_device_cache(torch.device(getattr(trainer, "device", "cpu")))
-
-
-def empty_device_cache(device: torch.device) -> None:
-    """Return cached blocks to the device so the retry sees the freed memory."""
-    if device.type == "cuda" and torch.cuda.is_available():
-        torch.cuda.empty_cache()
-    elif device.type == "mps" and hasattr(torch, "mps"):
-        torch.mps.empty_cache()
-    elif device.type == "xpu" and hasattr(torch, "xpu"):
-        torch.xpu.empty_cache()
 
 
 # --- the ladder -------------------------------------------------------------------
