@@ -27,6 +27,13 @@ import torch
 
 from napari_finetune.config import FinetuneConfig
 from napari_finetune.trainer import record
+from napari_finetune.trainer.batchnorm_floor import (
+    BatchNormFloor,
+    batchnorm_floor,
+    describe_floor,
+    refuse_batch,
+    split_respects,
+)
 from napari_finetune.trainer.losses import corrected_channels, needs_teacher
 from napari_finetune.trainer.recovery import Precision, iter_probe
 from napari_finetune.trainer.retry import optimizer_step
@@ -89,6 +96,7 @@ class Finetuner:
         self.dropped_at_step: int | None = None
         self.recovery_log: list[str] = []
         self.scaler_skips = 0
+        self.batchnorm_floor: BatchNormFloor | None = None  # measured by build()
         self.after_build: list[Callable[[Finetuner], None]] = []
         self._painted_seen = 0
         self._stop = threading.Event()
@@ -152,6 +160,7 @@ class Finetuner:
         sampler = self._get_sampler()
         self.corrected = corrected_channels(sampler.classes_present, self.out_channels)
         self.model.to(self.device)
+        self._measure_batchnorm_floor()
         want_teacher = needs_teacher(self.corrected, self.distillation, self.hold_other_channels)
         from napari_finetune.trainer.teacher import AdapterOffTeacher, FrozenCopyTeacher
 
@@ -174,6 +183,16 @@ class Finetuner:
         for hook in self.after_build:
             hook(self)
 
+    def _measure_batchnorm_floor(self) -> None:
+        """Keep the ladder above the micro-batch BatchNorm needs; refuse what cannot train."""
+        patch = tuple(self.config.patch_shape)
+        self.batchnorm_floor = floor = batchnorm_floor(self.model, patch, self.device)
+        if floor is None or floor.min_batch <= 1:
+            return
+        if not split_respects(floor, self.samples_per_step, self.batch_size):
+            raise ValueError(refuse_batch(floor, patch, self.samples_per_step))
+        self.recovery_log.append(describe_floor(floor, patch))
+
     # --- the run -------------------------------------------------------------------
 
     def stop(self) -> None:
@@ -194,6 +213,9 @@ class Finetuner:
             raise RuntimeError("this Finetuner was released; build a new one to train again.")
         self._start_time = time.perf_counter()
         self.build()
+        floor = self.batchnorm_floor
+        if floor is not None and floor.min_batch > 1:
+            yield self.status("recovery", describe_floor(floor, self.config.patch_shape))
         if self._resumed:
             yield self.status("recovery", self._resumed)
         for kind, message in iter_probe(self):

@@ -25,6 +25,7 @@ import torch
 
 from napari_finetune.devices import empty_device_cache
 from napari_finetune.trainer import step as _step
+from napari_finetune.trainer.batchnorm_floor import split_respects
 from napari_finetune.trainer.precision import Precision, choose_precision
 from napari_finetune.trainer.state import (
     batchnorm_state,
@@ -112,7 +113,12 @@ def halve_batch(trainer: Any) -> bool:
     if trainer.batch_size <= 1:
         return False
     samples = getattr(trainer, "samples_per_step", trainer.batch_size * trainer.accumulation)
-    trainer.batch_size = (trainer.batch_size + 1) // 2
+    smaller = (trainer.batch_size + 1) // 2
+    # BatchNorm layers that see one value per channel per sample cannot train
+    # on a micro-batch of 1: the ladder stops above that (the log said why).
+    if not split_respects(getattr(trainer, "batchnorm_floor", None), samples, smaller):
+        return False
+    trainer.batch_size = smaller
     trainer.accumulation = math.ceil(samples / trainer.batch_size)
     return True
 
@@ -159,7 +165,7 @@ def survive_oom(trainer: Any, epoch: int, where: str | None = None) -> bool:
         gc.collect()
         empty_device_cache(torch.device(getattr(trainer, "device", "cpu")))
         message = (
-            f"out of memory {where} at batch 1: dropped distillation and the hold on the "
+            f"out of memory {where} at batch {trainer.batch_size}: dropped distillation and the hold on the "
             "other channels, freed the teacher"
         )
     else:
