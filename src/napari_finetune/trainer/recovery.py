@@ -165,8 +165,8 @@ def survive_oom(trainer: Any, epoch: int, where: str | None = None) -> bool:
         gc.collect()
         empty_device_cache(torch.device(getattr(trainer, "device", "cpu")))
         message = (
-            f"out of memory {where} at batch {trainer.batch_size}: dropped distillation and the hold on the "
-            "other channels, freed the teacher"
+            f"out of memory {where} at batch {trainer.batch_size}: dropped distillation and "
+            "the hold on the other channels, freed the teacher"
         )
     else:
         return False
