@@ -154,7 +154,8 @@ def load_checkpoint(
     Parameters
     ----------
     path : path-like
-        The checkpoint file.
+        The checkpoint file, or a bioimage.io model package (a ``.zip`` or a folder
+        with ``rdf.yaml`` / ``bioimageio.yaml``; see :mod:`napari_finetune.bioimageio`).
     device : str or torch.device
         Where the model is put.
     trust : str or collection of str, optional
@@ -169,6 +170,12 @@ def load_checkpoint(
         the recorded architecture; the message says which.
     """
     path = Path(path)
+    from napari_finetune.bioimageio import is_bioimageio_package
+
+    if is_bioimageio_package(path):  # a folder or .zip with rdf.yaml / bioimageio.yaml
+        from napari_finetune.bioimageio.load import load_bioimageio
+
+        return load_bioimageio(path, device=device, trust=trust)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path} (is the path right?)")
     data = path.read_bytes()

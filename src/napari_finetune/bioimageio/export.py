@@ -1,0 +1,241 @@
+"""Write a checkpoint as a bioimage.io model package (format 0.5, ``.zip``).
+
+The package holds ``pytorch_state_dict`` weights (architecture: the
+checkpoint's factory as an ``ArchitectureFromLibraryDescr``), ``torchscript``
+weights (for consumers without napari-finetune), test tensors cut from the
+user's own volume, the channel names, the normalisation as preprocessing, a
+sigmoid as postprocessing (napari-finetune's models return logits), a README
+with the run record, and cite / licence / author fields.
+
+The expected test output is computed the way napari-finetune predicts (its own
+normalisation, model, sigmoid), so ``bioimageio.core.test_model``, which runs
+bioimage.io's preprocessing instead, checks that the two agree.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import re
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from napari_finetune.bioimageio.describe import PackageFields, build_description
+from napari_finetune.data.normalization import intensity_range, normalize
+from napari_finetune.devices import check_model_fits_image
+from napari_finetune.model.architectures import Trust
+from napari_finetune.model.checkpoint import Checkpoint, load_checkpoint
+from napari_finetune.model.atomic_write import write_atomically
+from napari_finetune.predict import predict_block, shape_multiple
+
+DEFAULT_LICENSE = "CC-BY-4.0"
+# Test tensors: at most this big (a few MB in the package), cut from the volume's centre.
+DEFAULT_TILE = {3: (32, 64, 64), 2: (256, 256)}
+# The papers behind napari-finetune's UNet, cited when the user names none.
+UNET_CITES = {
+    2: [("Ronneberger et al. (2015) U-Net", "10.1007/978-3-319-24574-4_28")],
+    3: [("Cicek et al. (2016) 3D U-Net", "10.1007/978-3-319-46723-8_49")],
+}
+
+
+class BioimageioExportError(ValueError):
+    """The checkpoint, the volume or an option cannot make a valid package."""
+
+
+class ExportsCheckpoint(Protocol):
+    """Anything with ``export(path)`` writing a checkpoint (a running ``Finetuner``)."""
+
+    def export(self, path: str | os.PathLike) -> os.PathLike: ...
+
+
+def export_bioimageio(
+    source: Checkpoint | ExportsCheckpoint | str | os.PathLike,
+    out_path: str | os.PathLike,
+    volume: Any,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    authors: Sequence[str] | None = None,
+    license: str = DEFAULT_LICENSE,
+    cite: Sequence[tuple[str, str]] | None = None,
+    tile_shape: Sequence[int] | None = None,
+    trust: Trust = None,
+    check: bool = True,
+) -> Path:
+    """Write ``source`` as a bioimage.io model package at ``out_path``.
+
+    Parameters
+    ----------
+    source : Checkpoint, Finetuner or path-like
+        A loaded checkpoint, anything with ``export(path)`` (the trainer: its
+        current weights are exported first), or a checkpoint / package path.
+    out_path : path-like
+        The ``.zip`` to write (atomically).
+    volume : array-like or path-like
+        The image the test tensors are cut from: a ZYX / YX array (numpy, zarr,
+        dask) or an OME-Zarr store (its level 0).
+    name, description : str, optional
+        Defaults: the checkpoint's file name, and a sentence on how it was made.
+    authors : sequence of str, optional
+        Default: the authors of an imported bioimage.io package, else the user's login.
+    license : str
+        SPDX identifier (default ``CC-BY-4.0``).
+    cite : sequence of (text, DOI or URL), optional
+        Default: the imported package's citations, else the U-Net paper.
+    tile_shape : sequence of int, optional
+        Spatial shape of the test tensors (default at most 32x64x64 / 256x256),
+        rounded down to the model's multiple.
+    trust : str or collection of str, optional
+        Passed to ``load_checkpoint`` when ``source`` is a path.
+    check : bool
+        Run ``bioimageio.core.test_model`` on the written package (offline).
+
+    Returns
+    -------
+    pathlib.Path
+        The written package.
+
+    Raises
+    ------
+    BioimageioExportError
+        One line: what cannot be written, and how to fix it.
+    """
+    out_path = Path(out_path)
+    if out_path.suffix != ".zip":
+        raise BioimageioExportError(f"{out_path}: a bioimage.io package is a .zip; name it *.zip")
+    if not out_path.parent.is_dir():
+        raise BioimageioExportError(f"cannot write {out_path}: {out_path.parent} does not exist")
+    with tempfile.TemporaryDirectory(prefix="napari-finetune-bioimageio-") as tmp:
+        folder = Path(tmp)
+        ckpt = _as_checkpoint(source, folder, trust)
+        image, volume_name, scale, units = _image_of(volume)
+        check_model_fits_image(ckpt.model, tuple(image.shape))
+        axes = "zyx"[-image.ndim :]
+        raw = _test_input(image, ckpt.model, tile_shape)
+        spec = ckpt.normalization
+        low, high = intensity_range(raw, spec)
+        # napari-finetune's own prediction of the tile: test_model compares bioimage.io's to it.
+        expected = predict_block(ckpt.model, normalize(raw, low, high))
+        np.save(folder / "input.npy", raw[None, None])
+        np.save(folder / "output.npy", expected[None].astype(np.float32))
+        provenance = ckpt.metadata.get("bioimageio") or {}
+        fields = PackageFields(
+            name=_name(name, ckpt),
+            description=description or _description(ckpt, volume_name),
+            authors=list(authors or provenance.get("authors") or [getpass.getuser()]),
+            license=license,
+            cite=_cites(cite, provenance, image.ndim),
+            axes=axes,
+            scale=scale,
+            units=units,
+        )
+        descr = build_description(ckpt, folder, fields, raw.shape, shape_multiple(ckpt.model))
+        from bioimageio.spec import save_bioimageio_package_to_stream
+
+        def write(handle: Any) -> None:
+            save_bioimageio_package_to_stream(descr, output_stream=handle)
+
+        write_atomically(out_path, write)
+    if check:
+        check_package(out_path)
+    return out_path
+
+
+def check_package(path: Path) -> None:
+    """Run ``bioimageio.core.test_model`` on a package; raise with its first failure."""
+    from bioimageio.core import test_model
+
+    summary = test_model(path)
+    if summary.status != "passed":
+        failed = [d for d in summary.details if d.status == "failed"]
+        first = failed[0] if failed else None
+        why = f"{first.name}: {first.errors[0].msg if first.errors else ''}" if first else ""
+        raise BioimageioExportError(
+            f"wrote {path}, but bioimageio.core's test_model failed it ({' '.join(why.split())})"
+        )
+
+
+def _as_checkpoint(source: Any, folder: Path, trust: Trust) -> Checkpoint:
+    if isinstance(source, Checkpoint):
+        return source
+    if hasattr(source, "export") and callable(source.export):
+        return load_checkpoint(source.export(folder / "current.pt"), trust=trust)
+    return load_checkpoint(source, trust=trust)
+
+
+def _image_of(volume: Any) -> tuple[Any, str, list[float] | None, dict[str, str]]:
+    """``(array, name, scale, units)``: an OME-Zarr store's level 0, or the array as given."""
+    if isinstance(volume, (str, os.PathLike)):
+        from napari_finetune.io.omezarr import open_volume
+
+        opened = open_volume(volume)
+        scale = [float(s) for s in opened.scale[0]]
+        return opened.data, opened.name, scale, dict(opened.axis_units)
+    if not hasattr(volume, "shape") or len(volume.shape) not in (2, 3):
+        raise BioimageioExportError(
+            "the volume for the test tensors must be a ZYX or YX array or an OME-Zarr store"
+        )
+    return volume, "the given image", None, {}
+
+
+def _test_input(image: Any, model: torch.nn.Module, tile_shape: Sequence[int] | None) -> np.ndarray:
+    """A tile from the centre of ``image``, each side a multiple of the model's."""
+    multiple = shape_multiple(model)
+    shape = tuple(int(s) for s in image.shape)
+    wanted = tuple(tile_shape) if tile_shape else DEFAULT_TILE[len(shape)]
+    if len(wanted) != len(shape):
+        raise BioimageioExportError(
+            f"the test tile {tuple(wanted)} has {len(wanted)} axes, the volume {len(shape)}"
+        )
+    tile = tuple(min(w, s) // multiple * multiple for w, s in zip(wanted, shape, strict=True))
+    if min(tile) < 1:
+        raise BioimageioExportError(
+            f"the volume {shape} is smaller than the model's multiple {multiple} along an "
+            "axis; use a bigger volume for the test tensors"
+        )
+    start = [(s - t) // 2 for s, t in zip(shape, tile, strict=True)]
+    raw = np.asarray(image[tuple(slice(a, a + t) for a, t in zip(start, tile, strict=True))])
+    if raw.dtype.kind not in "uif" or raw.dtype.itemsize > 8:
+        raw = raw.astype(np.float32)
+    return np.ascontiguousarray(raw.astype(raw.dtype.newbyteorder("=")))
+
+
+def _name(name: str | None, ckpt: Checkpoint) -> str:
+    if name:
+        bad = sorted(set(re.sub(r"[A-Za-z0-9_+\- ()]", "", name)))
+        if bad or not 5 <= len(name) <= 128:
+            raise BioimageioExportError(
+                f"--name {name!r}: bioimage.io names are 5-128 letters, digits, spaces and "
+                f"_+-() (remove {''.join(bad)!r})"
+            )
+        return name
+    stem = ckpt.path.stem if ckpt.path else "model"
+    clean = re.sub(r"[^A-Za-z0-9_+\- ()]", "-", stem)
+    return f"{clean} (napari-finetune)"[:128]
+
+
+def _description(ckpt: Checkpoint, volume_name: str) -> str:
+    channels = ", ".join(ckpt.channel_names)
+    made = "Fine-tuned" if ckpt.metadata.get("run") else "Exported"
+    return (
+        f"{made} with napari-finetune: segmentation of {channels}, one probability per "
+        f"channel; test tensors from {volume_name}."
+    )[:512]
+
+
+def _cites(
+    cite: Sequence[tuple[str, str]] | None, provenance: dict[str, Any], ndim: int
+) -> list[dict[str, str]]:
+    if cite:
+        out = []
+        for text, ref in cite:
+            key = "url" if ref.startswith(("http://", "https://")) else "doi"
+            out.append({"text": text, key: ref})
+        return out
+    kept = [c for c in provenance.get("cite") or [] if c.get("doi") or c.get("url")]
+    return kept or [{"text": t, "doi": d} for t, d in UNET_CITES[ndim]]
