@@ -19,9 +19,12 @@ installs them. Nothing here goes to the network: descriptions are read with
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import zipfile
 from pathlib import Path
+
+INSTALL_HINT = "pip install 'napari-finetune[bioimageio]'"
 
 # The names a package's description may have (bioimageio.spec accepts these two
 # and any ``*.bioimageio.yaml``).
@@ -59,4 +62,24 @@ def is_bioimageio_package(path: str | os.PathLike) -> bool:
         return False
 
 
-__all__ = ["YAML_NAMES", "is_bioimageio_package", "is_description_name"]
+def require(module: str, error: type[Exception], task: str) -> None:
+    """Raise ``error`` with an install hint when ``module`` is not installed.
+
+    Parameters
+    ----------
+    module : str
+        ``"bioimageio.spec"`` or ``"bioimageio.core"``.
+    error : type
+        The caller's one-line error type (a ``ValueError`` the CLI prints as is).
+    task : str
+        What needs it, for the message ("opening a bioimage.io package").
+    """
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # the parent namespace "bioimageio" is missing too
+        found = False
+    if not found:
+        raise error(f"{task} needs the {module} package: {INSTALL_HINT}")
+
+
+__all__ = ["require", "YAML_NAMES", "is_bioimageio_package", "is_description_name"]

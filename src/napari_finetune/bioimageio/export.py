@@ -25,12 +25,12 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from napari_finetune.bioimageio.describe import PackageFields, build_description
+from napari_finetune.bioimageio import require
 from napari_finetune.data.normalization import intensity_range, normalize
 from napari_finetune.devices import check_model_fits_image
 from napari_finetune.model.architectures import Trust
-from napari_finetune.model.checkpoint import Checkpoint, load_checkpoint
 from napari_finetune.model.atomic_write import write_atomically
+from napari_finetune.model.checkpoint import Checkpoint, load_checkpoint
 from napari_finetune.predict import predict_block, shape_multiple
 
 DEFAULT_LICENSE = "CC-BY-4.0"
@@ -106,6 +106,11 @@ def export_bioimageio(
         One line: what cannot be written, and how to fix it.
     """
     out_path = Path(out_path)
+    require("bioimageio.spec", BioimageioExportError, "writing a bioimage.io package")
+    if check:
+        require("bioimageio.core", BioimageioExportError, "testing a bioimage.io package")
+    from napari_finetune.bioimageio.describe import PackageFields, build_description
+
     if out_path.suffix != ".zip":
         raise BioimageioExportError(f"{out_path}: a bioimage.io package is a .zip; name it *.zip")
     if not out_path.parent.is_dir():
@@ -134,7 +139,10 @@ def export_bioimageio(
             scale=scale,
             units=units,
         )
-        descr = build_description(ckpt, folder, fields, raw.shape, shape_multiple(ckpt.model))
+        try:
+            descr = build_description(ckpt, folder, fields, raw.shape, shape_multiple(ckpt.model))
+        except ValueError as exc:
+            raise BioimageioExportError(str(exc)) from None
         from bioimageio.spec import save_bioimageio_package_to_stream
 
         def write(handle: Any) -> None:

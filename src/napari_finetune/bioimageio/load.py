@@ -31,12 +31,7 @@ from typing import Any
 
 import torch
 
-from napari_finetune.bioimageio.architecture import (
-    build_package_model,
-    read_source,
-    refuse_url,
-)
-from napari_finetune.bioimageio.normalization import normalization_from_preprocessing
+from napari_finetune.bioimageio import require
 from napari_finetune.model.architectures import Trust
 from napari_finetune.model.checkpoint import Checkpoint, CheckpointError
 
@@ -91,6 +86,11 @@ def load_bioimageio(
         One line: what in the package napari-finetune cannot use, and what to do.
     """
     path = Path(path)
+    require("bioimageio.spec", CheckpointError, f"opening the bioimage.io package {path}")
+    # Imported here, after the check: they import bioimageio.spec.
+    from napari_finetune.bioimageio.architecture import build_package_model, refuse_url
+    from napari_finetune.bioimageio.normalization import normalization_from_preprocessing
+
     descr = read_description(path)
     weights = descr.weights.pytorch_state_dict
     if weights is None:
@@ -188,6 +188,8 @@ def _output_channel_names(descr: Any) -> list[str]:
 def _provenance(descr: Any, path: Path, axes: list[str], arch: Any) -> dict[str, Any]:
     """What an export of the fine-tuned model carries on (plain types only)."""
     from bioimageio.spec.model import v0_5
+
+    from napari_finetune.bioimageio.architecture import read_source
 
     record: dict[str, Any] = {
         "source": str(path),

@@ -58,7 +58,8 @@ def readme_text(
         f"- Normalisation: {norm}.",
         f"- Output: one probability per channel and voxel (sigmoid of the model's logits); "
         f"channels: {', '.join(channel_names)}.",
-        f"- Architecture: `{architecture.get('factory')}` with {_value(architecture.get('kwargs'))}.",
+        f"- Architecture: `{architecture.get('factory')}` with "
+        f"{_value(architecture.get('kwargs'))}.",
         f"- Exported by napari-finetune {__version__} from `{source}` "
         f"(sha256 {source_sha256[:16]}...).",
         "",

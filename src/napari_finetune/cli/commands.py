@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from napari_finetune.cli import bioimageio_export
 from napari_finetune.cli.options import (
     add_config_options,
     add_predict_options,
@@ -61,7 +62,7 @@ def register(sub: Any) -> None:
 
     p = sub.add_parser(
         "export",
-        help="convert a model into a checkpoint, or a checkpoint to TorchScript",
+        help="convert a model into a checkpoint, or a checkpoint to TorchScript or bioimage.io",
         description="Without --factory: re-save CHECKPOINT (optionally with new "
         "channel names / normalisation). With --factory: SOURCE is a state dict "
         "file and the model is rebuilt by calling FACTORY(**KWARGS).",
@@ -85,6 +86,7 @@ def register(sub: Any) -> None:
         help="also write a TorchScript file next to the checkpoint (.torchscript.pt)",
     )
     add_trust_option(p)
+    bioimageio_export.add_options(p)
     p.set_defaults(func=export)
 
     p = sub.add_parser(
@@ -197,6 +199,8 @@ def export(args: argparse.Namespace) -> int:
         save_checkpoint,
     )
 
+    if args.bioimageio is not None and not (args.factory or args.out or args.torchscript):
+        return bioimageio_export.run(args, args.source)  # SOURCE may be a package folder
     if not args.source.is_file():
         raise FileNotFoundError(2, "no such file", str(args.source))
     metadata_update: dict[str, Any] = {}
@@ -218,10 +222,14 @@ def export(args: argparse.Namespace) -> int:
         save_checkpoint(out, ckpt.model, metadata, architecture=ckpt.architecture)
         print(f"wrote {out}")
     elif not args.torchscript:
-        raise ValueError("nothing to do: give --out (a checkpoint to write) or --torchscript")
+        raise ValueError(
+            "nothing to do: give --out (a checkpoint to write), --torchscript or --bioimageio"
+        )
     if args.torchscript:
         target = out if out is not None else args.source
         print(f"wrote {write_torchscript(load_checkpoint(target, trust=trust))}")
+    if args.bioimageio is not None:
+        bioimageio_export.run(args, out if out is not None else args.source)
     return 0
 
 
