@@ -90,7 +90,7 @@ def read_source(arch: v0_5.ArchitectureFromFileDescr) -> str:
     refuse_url(arch.source, "architecture file")
     try:
         data = arch.get_reader().read()
-    except (OSError, ValueError) as exc:  # missing in the package, or a SHA-256 mismatch
+    except Exception as exc:  # noqa: BLE001 - missing, a SHA-256 or zip CRC mismatch
         raise CheckpointError(f"cannot read the package's architecture file: {exc}") from None
     return data.decode("utf-8")
 

@@ -224,8 +224,10 @@ def _script(model: torch.nn.Module) -> torch.jit.ScriptModule:
     """TorchScript of ``model``: scripted (any input size), else traced on a small input."""
     try:
         with warnings.catch_warnings():
-            # The UNet's annotated ``init_kwargs`` dict: TorchScript warns and ignores it.
+            # The UNet's annotated ``init_kwargs`` dict: TorchScript warns and ignores it;
+            # torch 2.13 also calls torch.jit deprecated (it still works, and consumers need it).
             warnings.simplefilter("ignore", UserWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
             return torch.jit.script(model)
     except Exception:  # noqa: BLE001 - scripting fails on many Python constructs; tracing remains
         dims = int(getattr(model, "dims", 3))

@@ -110,7 +110,7 @@ def load_bioimageio(
     refuse_url(weights.source, "weights file")
     try:
         data = weights.get_reader().read()
-    except (OSError, ValueError) as exc:  # missing from the package, or a SHA-256 mismatch
+    except Exception as exc:  # noqa: BLE001 - missing, a SHA-256 or zip CRC mismatch
         raise CheckpointError(f"cannot read the weights of {path}: {_first_line(exc)}") from None
     try:
         state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
