@@ -172,7 +172,7 @@ def _as_checkpoint(source: Any, folder: Path, trust: Trust) -> Checkpoint:
     if isinstance(source, Checkpoint):
         return source
     if hasattr(source, "export") and callable(source.export):
-        return load_checkpoint(source.export(folder / "current.pt"), trust=trust)
+        return load_checkpoint(source.export(folder / "finetuned.pt"), trust=trust)
     return load_checkpoint(source, trust=trust)
 
 
