@@ -18,7 +18,7 @@ from bioimageio_helpers import (
     volume,
 )
 
-from napari_finetune.model.checkpoint import load_checkpoint
+from napari_finetune.model.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 
 pytest.importorskip("bioimageio.core")
 
@@ -112,6 +112,11 @@ def test_imported_file_architecture_goes_back_into_a_new_package(tmp_path):
     edit_rdf(folder, from_file)
     trust = ["tiny_net.py:build"]
     ckpt = load_checkpoint(folder, trust=trust)
+    # A fine-tuned .pt keeps the file in its metadata: it loads again, under the same trust.
+    pt = save_checkpoint(tmp_path / "ft.pt", ckpt.model, ckpt.metadata, ckpt.architecture)
+    with pytest.raises(CheckpointError, match="--trust-factory tiny_net.py:build"):
+        load_checkpoint(pt)
+    ckpt = load_checkpoint(pt, trust=trust)
     again = export_bioimageio(ckpt, tmp_path / "again.zip", volume(), check=False)
     rdf = _rdf(again)
     assert rdf["weights"]["pytorch_state_dict"]["architecture"]["source"] == "tiny_net.py"

@@ -189,7 +189,7 @@ def _provenance(descr: Any, path: Path, axes: list[str], arch: Any) -> dict[str,
     """What an export of the fine-tuned model carries on (plain types only)."""
     from bioimageio.spec.model import v0_5
 
-    from napari_finetune.bioimageio.architecture import read_source
+    from napari_finetune.bioimageio.architecture import source_record
 
     record: dict[str, Any] = {
         "source": str(path),
@@ -211,11 +211,7 @@ def _provenance(descr: Any, path: Path, axes: list[str], arch: Any) -> dict[str,
     }
     if isinstance(arch, v0_5.ArchitectureFromFileDescr):
         # Kept so that an export can put the file back into the new package.
-        record["architecture_file"] = {
-            "name": str(arch.source).rstrip("/").rsplit("/", 1)[-1],
-            "callable": str(arch.callable),
-            "code": read_source(arch),
-        }
+        record["architecture_file"] = source_record(arch)
     return record
 
 

@@ -204,7 +204,13 @@ def load_checkpoint(
             f"{path} has no usable 'architecture' (a dict with a 'factory' string); "
             "export it again with napari-finetune."
         )
-    model = build_model(architecture, trust=trust)
+    from napari_finetune.bioimageio.source_file import build_from_source, saved_source
+
+    source = saved_source(architecture, payload.get("metadata"))  # a bioimage.io package's file
+    if source is not None:
+        model = build_from_source(source, architecture.get("kwargs") or {}, trust)
+    else:
+        model = build_model(architecture, trust=trust)
     try:
         model.load_state_dict(payload["state_dict"])
     except RuntimeError as exc:
