@@ -211,6 +211,49 @@ def test_corrupt_package_is_one_line(tmp_path, package):
     assert "\n" not in str(info.value)
 
 
+RDF_V04 = """
+format_version: 0.4.10
+type: model
+name: tiny v04 model
+description: a format 0.4 package, as most of the zoo's models still are
+authors: [{name: Ada Lovelace}]
+cite: [{text: U-Net, doi: 10.1007/978-3-319-24574-4_28}]
+license: MIT
+documentation: README.md
+timestamp: "2024-01-01T00:00:00"
+inputs:
+  - name: raw
+    axes: bczyx
+    data_type: uint8
+    shape: {min: [1, 1, 2, 2, 2], step: [0, 0, 2, 2, 2]}
+    preprocessing:
+      - name: scale_range
+        kwargs: {mode: per_sample, axes: zyx, min_percentile: 2, max_percentile: 98}
+outputs:
+  - name: probs
+    axes: bczyx
+    data_type: float32
+    shape: {reference_tensor: raw, scale: [1, 0, 1, 1, 1], offset: [0, 1, 0, 0, 0]}
+    postprocessing: [{name: sigmoid}]
+test_inputs: [input.npy]
+test_outputs: [output.npy]
+weights:
+  pytorch_state_dict:
+    source: weights.pt
+    architecture: napari_finetune.model.unet.UNet
+    kwargs: {dims: 3, in_channels: 1, out_channels: 2, depth: 1, features: 4, norm: group}
+"""
+
+
+def test_format_0_4_package_is_converted(folder, package):
+    (folder / "rdf.yaml").write_text(RDF_V04)
+    ckpt = load_checkpoint(folder)
+    assert ckpt.normalization == {"method": "percentile", "low": 2.0, "high": 98.0}
+    assert ckpt.channel_names == ["channel0", "channel1"]  # 0.4 has no channel names
+    assert ckpt.metadata["bioimageio"]["authors"] == ["Ada Lovelace"]
+    _same_predictions(ckpt.model, load_checkpoint(package).model)
+
+
 def test_cli_info_reads_a_package(package, capsys):
     from napari_finetune.cli import main
 

@@ -58,7 +58,8 @@ def read_description(path: Path) -> Any:
         kind = getattr(descr, "type", None)
         if isinstance(descr, InvalidDescr):
             errors = descr.validation_summary.errors
-            why = f"{errors[0].loc}: {errors[0].msg}" if errors else "invalid description"
+            where = ".".join(str(part) for part in errors[0].loc) if errors else ""
+            why = f"{where}: {errors[0].msg}" if errors else "invalid description"
         else:
             why = f"it describes a {kind!r}, not a model"
         raise CheckpointError(f"{path} is not a usable bioimage.io model package ({why}).")

@@ -65,7 +65,8 @@ def register(sub: Any) -> None:
         help="convert a model into a checkpoint, or a checkpoint to TorchScript or bioimage.io",
         description="Without --factory: re-save CHECKPOINT (optionally with new "
         "channel names / normalisation). With --factory: SOURCE is a state dict "
-        "file and the model is rebuilt by calling FACTORY(**KWARGS).",
+        "file and the model is rebuilt by calling FACTORY(**KWARGS). With --bioimageio: "
+        "write a bioimage.io model package (SOURCE may also be a package).",
     )
     p.add_argument("source", type=Path, help="a checkpoint, or a state dict with --factory")
     p.add_argument(
