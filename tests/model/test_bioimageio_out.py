@@ -88,6 +88,17 @@ def test_package_content_and_fields(tmp_path):
     np.testing.assert_array_equal(test_input[0, 0], image[2:10, 12:28, 12:28])
 
 
+def test_a_package_whose_outputs_differ_fails_the_check_in_one_line(tmp_path):
+    from napari_finetune.bioimageio.export import BioimageioExportError, check_package
+
+    folder = unpack(export_package(tmp_path), tmp_path / "unpacked")
+    expected = np.load(folder / "output.npy")
+    np.save(folder / "output.npy", 1.0 - expected)  # not what the model predicts
+    with pytest.raises(BioimageioExportError, match="Reproduce test outputs") as info:
+        check_package(folder / "rdf.yaml")
+    assert "\n" not in str(info.value)
+
+
 def test_defaults_cite_the_unet_and_name_the_file(tmp_path):
     rdf = _rdf(export_package(tmp_path))
     assert rdf["name"] == "tiny (napari-finetune)" and rdf["license"] == "CC-BY-4.0"
@@ -176,6 +187,7 @@ def test_two_dimensional_model(tmp_path):
         ({"image": np.zeros((40, 40), np.uint8)}, "the model is 3D"),
         ({"name": "bad/name"}, "remove '/'"),
         ({"normalization": {"method": "percentile", "low": 0.1, "high": 0.9}}, "scale_range"),
+        ({"image": np.full((12, 40, 40), np.nan, np.float32)}, "NaN/inf voxels"),
     ],
 )
 def test_bad_input_is_one_line(tmp_path, kwargs, expected):

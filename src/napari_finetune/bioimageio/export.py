@@ -210,6 +210,12 @@ def _test_input(image: Any, model: torch.nn.Module, tile_shape: Sequence[int] | 
     raw = np.asarray(image[tuple(slice(a, a + t) for a, t in zip(start, tile, strict=True))])
     if raw.dtype.kind not in "uif" or raw.dtype.itemsize > 8:
         raw = raw.astype(np.float32)
+    if raw.dtype.kind == "f" and not np.isfinite(raw).all():
+        # napari-finetune reads NaN as "missing"; bioimage.io consumers would get NaN out.
+        raise BioimageioExportError(
+            f"the test tile (the volume's centre, {tile}) has {int((~np.isfinite(raw)).sum())} "
+            "NaN/inf voxels; give a --test-shape / tile_shape that avoids them"
+        )
     return np.ascontiguousarray(raw.astype(raw.dtype.newbyteorder("=")))
 
 
