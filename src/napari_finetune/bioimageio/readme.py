@@ -8,11 +8,13 @@ from typing import Any
 from napari_finetune import __version__
 
 
-def _value(value: Any) -> str:
+def _value(value: Any, nested: bool = False) -> str:
+    """A record entry on one line; lists inside dicts keep brackets (patch_shape=[4, 8, 8])."""
     if isinstance(value, dict):
-        return ", ".join(f"{k}={_value(v)}" for k, v in value.items()) or "{}"
+        return ", ".join(f"{k}={_value(v, nested=True)}" for k, v in value.items()) or "{}"
     if isinstance(value, (list, tuple)):
-        return ", ".join(_value(v) for v in value) or "[]"
+        text = ", ".join(_value(v, nested=True) for v in value)
+        return f"[{text}]" if nested or not text else text
     return str(value)
 
 
@@ -63,7 +65,7 @@ def readme_text(
         f"- Exported by napari-finetune {__version__} from `{source}` "
         f"(sha256 {source_sha256[:16]}...).",
         "",
-        "The test tensors were cut from the volume the model was fine-tuned or checked on.",
+        "The test tensors were cut from the centre of the volume given at export.",
         "",
         "## How it was made",
         "",
