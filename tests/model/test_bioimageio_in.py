@@ -280,3 +280,19 @@ def test_blockwise_predictions_match_through_a_package(package):
         span = intensity_range(image, ckpt.normalization)
         results.append(predict_volume(ckpt.model, image, span, config))
     np.testing.assert_allclose(results[0], results[1], atol=1e-6)
+
+
+def test_without_bioimageio_installed_the_cli_says_what_to_install(package):
+    """A real process in which bioimageio cannot be imported (as where the extra is missing)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['bioimageio'] = None\n"
+        "from napari_finetune.cli import main\n"
+        f"sys.exit(main(['info', {str(package)!r}]))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "pip install 'napari-finetune[bioimageio]'" in lines[0]
