@@ -25,13 +25,15 @@ from napari_finetune.bioimageio.source_file import build_from_source, trust_name
 from napari_finetune.model.architectures import Trust, trusted_names
 from napari_finetune.model.checkpoint import CheckpointError, build_model
 
+PackageArchitecture = v0_5.ArchitectureFromLibraryDescr | v0_5.ArchitectureFromFileDescr
+
 
 def file_trust_name(arch: v0_5.ArchitectureFromFileDescr) -> str:
     """``"<file name>:<callable>"``: how the user trusts a package's source file."""
     return trust_name(_source_name(arch.source), str(arch.callable))
 
 
-def architecture_dict(arch: object) -> dict[str, Any]:
+def architecture_dict(arch: PackageArchitecture) -> dict[str, Any]:
     """``{"factory": ..., "kwargs": ...}`` as a checkpoint records it."""
     if isinstance(arch, v0_5.ArchitectureFromLibraryDescr):
         factory = f"{arch.import_from}:{arch.callable}"
@@ -42,7 +44,9 @@ def architecture_dict(arch: object) -> dict[str, Any]:
     return {"factory": factory, "kwargs": dict(arch.kwargs)}
 
 
-def build_package_model(arch: object, trust: Trust = None) -> tuple[nn.Module, dict[str, Any]]:
+def build_package_model(
+    arch: PackageArchitecture, trust: Trust = None
+) -> tuple[nn.Module, dict[str, Any]]:
     """The model a package's architecture describes, and its architecture dict.
 
     Raises

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from bioimageio.spec import ValidationContext
 from bioimageio.spec.model import v0_5
@@ -59,7 +60,7 @@ def build_description(
     fields: PackageFields,
     test_shape: Sequence[int],
     multiple: int,
-) -> Any:
+) -> v0_5.ModelDescr:
     """A ``bioimageio.spec`` ``ModelDescr`` for ``ckpt``, its files written into ``folder``.
 
     ``folder`` must already hold ``input.npy`` and ``output.npy`` (the test
@@ -113,7 +114,9 @@ def build_description(
             ) from None
 
 
-def _input(folder: Path, fields: PackageFields, spec: dict[str, Any], multiple: int) -> Any:
+def _input(
+    folder: Path, fields: PackageFields, spec: dict[str, Any], multiple: int
+) -> v0_5.InputTensorDescr:
     raw_dtype = str(_npy_dtype(folder / "input.npy"))
     float32 = v0_5.EnsureDtypeDescr(kwargs=v0_5.EnsureDtypeKwargs(dtype="float32"))
     return v0_5.InputTensorDescr(
@@ -138,7 +141,9 @@ def _input(folder: Path, fields: PackageFields, spec: dict[str, Any], multiple: 
     )
 
 
-def _output(folder: Path, fields: PackageFields, channel_names: list[str]) -> Any:
+def _output(
+    folder: Path, fields: PackageFields, channel_names: list[str]
+) -> v0_5.OutputTensorDescr:
     return v0_5.OutputTensorDescr(
         id=v0_5.TensorId(OUTPUT_ID),
         description="probability of each channel (sigmoid of the logits)",
@@ -176,7 +181,7 @@ def _geometry(fields: PackageFields, index: int) -> dict[str, Any]:
     return out
 
 
-def _write_weights(ckpt: Checkpoint, folder: Path) -> Any:
+def _write_weights(ckpt: Checkpoint, folder: Path) -> v0_5.WeightsDescr:
     """State dict + TorchScript files, and their ``WeightsDescr``."""
     model = ckpt.model.eval()
     state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
@@ -198,7 +203,9 @@ def _write_weights(ckpt: Checkpoint, folder: Path) -> Any:
     )
 
 
-def _architecture(ckpt: Checkpoint, folder: Path) -> Any:
+def _architecture(
+    ckpt: Checkpoint, folder: Path
+) -> v0_5.ArchitectureFromLibraryDescr | v0_5.ArchitectureFromFileDescr:
     factory = str(ckpt.architecture.get("factory", ""))
     kwargs = dict(ckpt.architecture.get("kwargs") or {})
     module, _, qualname = factory.partition(":")
@@ -236,7 +243,5 @@ def _script(model: torch.nn.Module) -> torch.jit.ScriptModule:
             return torch.jit.trace(model, torch.zeros((1, 1) + (side,) * dims))
 
 
-def _npy_dtype(path: Path) -> Any:
-    import numpy as np
-
+def _npy_dtype(path: Path) -> np.dtype:
     return np.load(path, mmap_mode="r").dtype

@@ -27,7 +27,7 @@ import hashlib
 import io
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -35,8 +35,13 @@ from napari_finetune.bioimageio import require
 from napari_finetune.model.architectures import Trust
 from napari_finetune.model.checkpoint import Checkpoint, CheckpointError
 
+if TYPE_CHECKING:  # bioimageio.spec is imported at run time only once it is known to exist
+    from bioimageio.spec.model.v0_5 import ModelDescr
 
-def read_description(path: Path) -> Any:
+    from napari_finetune.bioimageio.architecture import PackageArchitecture
+
+
+def read_description(path: Path) -> ModelDescr:
     """The package's model description (bioimage.io format 0.5), read offline.
 
     Raises
@@ -140,7 +145,7 @@ def load_bioimageio(
     )
 
 
-def _input_axes(descr: Any) -> list[str]:
+def _input_axes(descr: ModelDescr) -> list[str]:
     """The spatial axis ids of the one input; refuse what napari-finetune cannot feed."""
     if len(descr.inputs) != 1:
         raise ValueError(
@@ -162,7 +167,7 @@ def _input_axes(descr: Any) -> list[str]:
     return spatial
 
 
-def _output_channel_names(descr: Any) -> list[str]:
+def _output_channel_names(descr: ModelDescr) -> list[str]:
     """Channel names of the one output, whose postprocessing must start with a sigmoid."""
     from bioimageio.spec.model import v0_5
 
@@ -186,7 +191,9 @@ def _output_channel_names(descr: Any) -> list[str]:
     return [str(name) for name in channels[0].channel_names]
 
 
-def _provenance(descr: Any, path: Path, axes: list[str], arch: Any) -> dict[str, Any]:
+def _provenance(
+    descr: ModelDescr, path: Path, axes: list[str], arch: PackageArchitecture
+) -> dict[str, Any]:
     """What an export of the fine-tuned model carries on (plain types only)."""
     from bioimageio.spec.model import v0_5
 
@@ -216,7 +223,7 @@ def _provenance(descr: Any, path: Path, axes: list[str], arch: Any) -> dict[str,
     return record
 
 
-def _napari_finetune_config(descr: Any) -> dict[str, Any]:
+def _napari_finetune_config(descr: ModelDescr) -> dict[str, Any]:
     """``config.napari_finetune`` of a package napari-finetune wrote ({} otherwise)."""
     extra = getattr(descr.config, "model_extra", None) or {}
     value = extra.get("napari_finetune")

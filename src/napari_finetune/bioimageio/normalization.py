@@ -25,6 +25,7 @@ from typing import Any
 from bioimageio.spec.model import v0_5
 
 Normalization = dict[str, Any]
+Step = v0_5.PreprocessingDescr
 
 _FLOAT_TYPES = ("float32", "float64")
 
@@ -39,7 +40,7 @@ def _scalar(value: float | Sequence[float], op: str) -> float:
     return values[0]
 
 
-def _affine(step: object) -> tuple[float, float] | None:
+def _affine(step: Step) -> tuple[float, float] | None:
     """``(gain, offset)`` of a fixed affine step, None for any other step."""
     if isinstance(step, v0_5.ScaleLinearDescr):
         kw = step.kwargs
@@ -57,7 +58,7 @@ def _tidy(value: float) -> float:
     return float(f"{value:.12g}")
 
 
-def normalization_from_preprocessing(steps: Sequence[object]) -> Normalization:
+def normalization_from_preprocessing(steps: Sequence[Step]) -> Normalization:
     """The normalisation dict equivalent to a package's input preprocessing.
 
     Parameters
@@ -117,7 +118,7 @@ def normalization_from_preprocessing(steps: Sequence[object]) -> Normalization:
 
 def preprocessing_from_normalization(
     spec: Normalization, spatial_axes: Sequence[str]
-) -> list[object]:
+) -> list[Step]:
     """bioimage.io preprocessing steps that do what ``spec`` does.
 
     Parameters
