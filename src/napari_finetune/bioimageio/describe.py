@@ -8,6 +8,7 @@ returns a validated ``ModelDescr`` that points at them;
 
 from __future__ import annotations
 
+import copy
 import typing
 import warnings
 from collections.abc import Sequence
@@ -183,8 +184,10 @@ def _geometry(fields: PackageFields, index: int) -> dict[str, Any]:
 
 def _write_weights(ckpt: Checkpoint, folder: Path) -> v0_5.WeightsDescr:
     """State dict + TorchScript files, and their ``WeightsDescr``."""
-    model = ckpt.model.eval()
-    state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    # A CPU copy: the TorchScript file must load on any machine, and the caller's model
+    # (a trainer's, maybe on a GPU) stays where and as it is.
+    model = copy.deepcopy(ckpt.model).cpu().eval()
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     torch.save(state, folder / "weights.pt")
     (folder / "environment.yaml").write_text(ENVIRONMENT.format(version=__version__))
     torchscript = folder / "model.torchscript"

@@ -132,7 +132,7 @@ def export_bioimageio(
         fields = PackageFields(
             name=_name(name, ckpt),
             description=description or _description(ckpt, volume_name),
-            authors=list(authors or provenance.get("authors") or [getpass.getuser()]),
+            authors=list(authors or provenance.get("authors") or [_login()]),
             license=license,
             cite=_cites(cite, provenance, image.ndim),
             axes=axes,
@@ -217,6 +217,14 @@ def _test_input(image: Any, model: torch.nn.Module, tile_shape: Sequence[int] | 
             "NaN/inf voxels; give a --test-shape / tile_shape that avoids them"
         )
     return np.ascontiguousarray(raw.astype(raw.dtype.newbyteorder("=")))
+
+
+def _login() -> str:
+    """The user's login name, the default author (``"unknown"`` where there is none)."""
+    try:
+        return getpass.getuser() or "unknown"
+    except (KeyError, OSError):  # no USER variable and no passwd entry (some containers)
+        return "unknown"
 
 
 def _name(name: str | None, ckpt: Checkpoint) -> str:
