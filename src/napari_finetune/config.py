@@ -8,7 +8,7 @@ the field and the fix, before any model or optimizer is built.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
 Mode = Literal["lora", "full"]
@@ -58,6 +58,14 @@ class FinetuneConfig:
         Optimizer steps whose samples a background thread draws ahead of the
         training step (0: drawn on the training thread). The samples are the
         same either way; on CUDA they are staged in pinned memory.
+    resume_degraded : bool
+        Start from the degraded state a previous run of the checkpoint ended in
+        (smaller batch, fp32, distillation dropped), so it does not run out of
+        memory the same way again; False starts fresh from these settings.
+    explicit_settings : tuple of str
+        Fields the user set explicitly; a resumed degraded state never overrides
+        them (the CLI fills it from the options given, the widget from the
+        inputs changed).
     """
 
     steps: int = 200
@@ -82,9 +90,19 @@ class FinetuneConfig:
     seed: int = 0
     max_grad_norm: float | None = None
     prefetch_steps: int = 2
+    resume_degraded: bool = True
+    explicit_settings: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self.patch_shape = tuple(int(s) for s in self.patch_shape)
+        self.explicit_settings = tuple(str(name) for name in self.explicit_settings)
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(self.explicit_settings) - known)
+        if unknown:
+            raise ValueError(
+                f"explicit_settings names unknown fields {unknown}; use FinetuneConfig field "
+                "names such as 'batch_size' or 'distillation'."
+            )
         _positive_int(self, "steps")
         _positive_int(self, "batch_size")
         _positive_int(self, "accumulation")
@@ -138,6 +156,7 @@ class FinetuneConfig:
         """Plain-types copy, safe for ``torch.save(..., weights_only)`` round trips."""
         d = asdict(self)
         d["patch_shape"] = list(self.patch_shape)
+        d["explicit_settings"] = list(self.explicit_settings)
         return d
 
 

@@ -106,6 +106,8 @@ class Finetuner:
         self._normalization_range: tuple[float, float] | None = None
         self._start_time = time.perf_counter()
         self._resumed = record.apply_previous_run(self, self.metadata.get("run"))
+        if self._resumed:
+            self.recovery_log.append(self._resumed)
 
     # --- set-up (worker thread) ----------------------------------------------------
 
