@@ -58,6 +58,10 @@ class FinetuneConfig:
         Optimizer steps whose samples a background thread draws ahead of the
         training step (0: drawn on the training thread). The samples are the
         same either way; on CUDA they are staged in pinned memory.
+    sample_cache_gib : float
+        Keep the part of a store that patches can reach (around the painted
+        voxels) in memory when it fits this many GiB; 0 reads every patch from
+        the store.
     resume_degraded : bool
         Start from the degraded state a previous run of the checkpoint ended in
         (smaller batch, fp32, distillation dropped), so it does not run out of
@@ -90,6 +94,7 @@ class FinetuneConfig:
     seed: int = 0
     max_grad_norm: float | None = None
     prefetch_steps: int = 2
+    sample_cache_gib: float = 1.0
     resume_degraded: bool = True
     explicit_settings: tuple[str, ...] = ()
 
@@ -113,6 +118,11 @@ class FinetuneConfig:
                 "use 0 to draw samples on the training thread, 2 to prefetch."
             )
         self.prefetch_steps = int(self.prefetch_steps)
+        if not (math.isfinite(float(self.sample_cache_gib)) and self.sample_cache_gib >= 0):
+            raise ValueError(
+                f"sample_cache_gib must be a number >= 0, got {self.sample_cache_gib!r}; "
+                "use 0 to read every patch from the store, 1 to cache up to 1 GiB."
+            )
         if not self.patch_shape or any(s < 1 for s in self.patch_shape):
             raise ValueError(
                 f"patch_shape must be positive sizes, got {self.patch_shape}; "

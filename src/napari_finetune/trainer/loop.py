@@ -148,6 +148,7 @@ class Finetuner:
                 self.normalization_range,
                 seed=self.config.seed,
                 max_label=self.out_channels + 1,
+                cache_bytes=int(self.config.sample_cache_gib * 2**30),
             )
         return self.sampler
 
