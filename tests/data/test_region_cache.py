@@ -129,3 +129,22 @@ def test_finetuner_weights_are_the_same_with_and_without_the_cache():
 def test_cache_budget_is_validated(bad):
     with pytest.raises(ValueError, match="sample_cache_gib"):
         FinetuneConfig(sample_cache_gib=bad)
+
+
+def test_previews_of_the_painted_region_come_from_memory():
+    image, corrections = two_far_strokes()
+    recorded = BoxRecorder(image)
+    config = FinetuneConfig(steps=1, batch_size=2, patch_shape=PATCH, device="cpu",
+                            mixed_precision=False, seed=0)
+    torch.manual_seed(0)
+    model = UNet(dims=3, in_channels=1, out_channels=2, depth=2, features=4)
+    trainer = Finetuner(model, recorded, BoxRecorder(corrections), config)
+    list(trainer.run())
+    near = (slice(0, 8), slice(0, 32), slice(0, 32))  # inside the first stroke's tiles
+    far = (slice(16, 24), slice(48, 80), slice(48, 80))  # nowhere near a stroke
+    reads = len(recorded.boxes)
+    by_cache = trainer.predict(near)
+    assert len(recorded.boxes) == reads
+    np.testing.assert_array_equal(by_cache, trainer.predict(image[near]))
+    trainer.predict(far)
+    assert len(recorded.boxes) == reads + 1  # read from the store, not cached

@@ -119,13 +119,20 @@ class RegionCache:
             self.tiles[index] = np.asarray(self.array[self._tile_box(index)])
         self.loaded = True
 
-    def read(self, box: Box) -> np.ndarray:
-        """``array[box]`` (a box of unit-step slices), from the tiles where they cover it."""
-        self.load()
+    def _needed(self, box: Box) -> list[tuple[int, ...]]:
         first = [b.start // t for b, t in zip(box, self.tile_shape, strict=True)]
         last = [(b.stop - 1) // t for b, t in zip(box, self.tile_shape, strict=True)]
         spans = (range(f, e + 1) for f, e in zip(first, last, strict=True))
-        needed = list(itertools.product(*spans))
+        return list(itertools.product(*spans))
+
+    def covers(self, box: Box) -> bool:
+        """Whether the loaded tiles hold all of ``box`` (unit-step slices)."""
+        return self.loaded and all(index in self.tiles for index in self._needed(box))
+
+    def read(self, box: Box) -> np.ndarray:
+        """``array[box]`` (a box of unit-step slices), from the tiles where they cover it."""
+        self.load()
+        needed = self._needed(box)
         if any(index not in self.tiles for index in needed):
             self.misses += 1
             return np.asarray(self.array[box])

@@ -113,6 +113,20 @@ class PatchSampler:
         )
         return caches if sum(c.nbytes for c in caches) <= budget else None
 
+    def read_image(self, box: tuple[slice, ...]) -> np.ndarray:
+        """``image[box]``, from memory when the cached tiles are loaded and hold it.
+
+        For previews and predictions during a run: a region the run already
+        holds is not read from the store again; any other region is, and the
+        cache is never filled from here (that happens in the sampling thread).
+        """
+        box = tuple(
+            slice(*b.indices(s)[:2]) for b, s in zip(box, self.shape, strict=True)
+        )
+        if self.caches is not None and self.caches[0].covers(box):
+            return self.caches[0].read(box)
+        return np.asarray(self.image[box])
+
     @property
     def cached_bytes(self) -> int:
         """Bytes kept in memory around the painted voxels (0: patches read from the arrays)."""

@@ -311,7 +311,10 @@ class Finetuner:
         from napari_finetune.predict import predict_block
 
         if isinstance(region, tuple) and all(isinstance(r, slice) for r in region):
-            region = self.image[region]
+            # Through the run's in-memory region when it holds this one (live previews
+            # of the painted area then never touch the store).
+            sampler = self.sampler
+            region = self.image[region] if sampler is None else sampler.read_image(region)
         block = normalize(np.asarray(region), *self.normalization_range)
         with self._lock:
             return predict_block(self.model, block, device=str(self.device))
