@@ -58,6 +58,16 @@ class FinetuneConfig:
         Optimizer steps whose samples a background thread draws ahead of the
         training step (0: drawn on the training thread). The samples are the
         same either way; on CUDA they are staged in pinned memory.
+    validation_fraction : float
+        Share of each class's painted voxels held out of training (as whole
+        regions) and scored during the run; 0 trains on all of them.
+    validation_every : int
+        Score the held-out voxels after every so many steps (and the last one).
+    keep_best : bool
+        At the end of a finished run, keep the weights of the best validation
+        score when they beat the last step's (the export says which step).
+    early_stop_checks : int
+        End the run after this many checks without a better score (0: never).
     sample_cache_gib : float
         Keep the part of a store that patches can reach (around the painted
         voxels) in memory when it fits this many GiB; 0 reads every patch from
@@ -95,6 +105,10 @@ class FinetuneConfig:
     max_grad_norm: float | None = None
     prefetch_steps: int = 2
     sample_cache_gib: float = 1.0
+    validation_fraction: float = 0.1
+    validation_every: int = 10
+    keep_best: bool = True
+    early_stop_checks: int = 0
     resume_degraded: bool = True
     explicit_settings: tuple[str, ...] = ()
 
@@ -112,6 +126,17 @@ class FinetuneConfig:
         _positive_int(self, "batch_size")
         _positive_int(self, "accumulation")
         _positive_int(self, "lora_rank")
+        _positive_int(self, "validation_every")
+        if not 0 <= self.validation_fraction < 1:
+            raise ValueError(
+                f"validation_fraction must be in [0, 1), got {self.validation_fraction!r}; "
+                "0.1 holds out a tenth of the painting, 0 trains on all of it."
+            )
+        if int(self.early_stop_checks) != self.early_stop_checks or self.early_stop_checks < 0:
+            raise ValueError(
+                f"early_stop_checks must be an integer >= 0, got {self.early_stop_checks!r}; "
+                "0 never stops early."
+            )
         if int(self.prefetch_steps) != self.prefetch_steps or self.prefetch_steps < 0:
             raise ValueError(
                 f"prefetch_steps must be an integer >= 0, got {self.prefetch_steps!r}; "

@@ -125,6 +125,7 @@ class StatusPrinter:
             status.accumulation,
             status.distillation,
             status.hold_other_channels,
+            None if status.validation is None else tuple(sorted(status.validation.items())),
         )
         if status.kind != "step" or key != self.last_key:
             line = f"[{status.kind} {status.step}/{status.total_steps}] {self.describe(status)}"

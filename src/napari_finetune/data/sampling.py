@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from napari_finetune.data.holdout import HeldOut, holdout_tile_shape, split_holdout
 from napari_finetune.data.normalization import missing_mask, normalize
 from napari_finetune.data.region_cache import RegionCache, reachable_tiles
 
@@ -49,6 +50,9 @@ class PatchSampler:
         Keep the image and corrections around the painted voxels in memory when
         they fit this many bytes (read on the first draw); 0 reads every patch
         from the arrays. Arrays already in memory (numpy) are never copied.
+    holdout_fraction : float
+        Share of each class's painted voxels kept out of training, as whole
+        regions (``data.holdout``), to score the run on; 0 trains on all.
 
     Raises
     ------
@@ -66,6 +70,7 @@ class PatchSampler:
         augment: bool = True,
         max_label: int | None = None,
         cache_bytes: int = 0,
+        holdout_fraction: float = 0.0,
     ) -> None:
         self.image = image
         self.corrections = corrections
@@ -97,6 +102,16 @@ class PatchSampler:
                 "repaint those voxels with a valid label."
             )
         self.caches = self._region_caches(int(cache_bytes))
+        self.holdout: HeldOut = split_holdout(
+            self.anchors, self.shape, holdout_tile_shape(self.patch_shape), holdout_fraction,
+            seed=seed,
+        )
+        if self.holdout:
+            # Held-out voxels anchor no patch; _read_patch also unpaints them in patches
+            # anchored nearby, so the model is never told their answer.
+            self.anchors = {
+                v: a[~self.holdout.contains(a)] for v, a in self.anchors.items()
+            }
 
     def _region_caches(self, budget: int) -> tuple[RegionCache, RegionCache] | None:
         """Tiles of image and corrections the patches can reach, if they fit ``budget``."""
@@ -191,6 +206,7 @@ class PatchSampler:
         else:
             raw = self.caches[0].read(box)
             label = self.caches[1].read(box).astype(np.int64)
+        self.holdout.mask_box(label, box)
         image = normalize(raw, self.low, self.high)
         missing = missing_mask(raw)
         if missing is not None:

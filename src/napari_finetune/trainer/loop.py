@@ -39,6 +39,7 @@ from napari_finetune.trainer.recovery import Precision, iter_probe
 from napari_finetune.trainer.retry import optimizer_step
 from napari_finetune.trainer.state import batchnorm_modules
 from napari_finetune.trainer.status import Status
+from napari_finetune.trainer.validation import Validator
 
 
 class Finetuner:
@@ -96,7 +97,11 @@ class Finetuner:
         self.dropped_at_step: int | None = None
         self.recovery_log: list[str] = []
         self.scaler_skips = 0
+        self.ended: str | None = None  # how the run ended, when not by finishing or stop()
         self.batchnorm_floor: BatchNormFloor | None = None  # measured by build()
+        self.validator = Validator(
+            config.validation_every, config.early_stop_checks, config.keep_best
+        )
         self.after_build: list[Callable[[Finetuner], None]] = []
         self._painted_seen = 0
         self._stop = threading.Event()
@@ -149,6 +154,7 @@ class Finetuner:
                 seed=self.config.seed,
                 max_label=self.out_channels + 1,
                 cache_bytes=int(self.config.sample_cache_gib * 2**30),
+                holdout_fraction=self.config.validation_fraction,
             )
         return self.sampler
 
@@ -240,10 +246,19 @@ class Finetuner:
                     return
                 images, labels = self.feed.next(self.samples_per_step)
                 yield from optimizer_step(self, images, labels)
+                if self.validator.early_stop():
+                    break
             self.feed.close()
         finally:
             self.feed.close()
-        yield self.status("finished", f"finished {total} steps")
+        early = self.validator.early_stop()
+        if early:
+            self.ended = f"{early} after step {self.steps_done}"
+        restored = self.validator.restore_best(self.model, self.steps_done)
+        if restored:
+            self.recovery_log.append(restored)
+        done = early or f"finished {total} steps"
+        yield self.status("finished", f"{done}; {restored}" if restored else done)
 
     # --- reporting -------------------------------------------------------------------
 
@@ -253,6 +268,28 @@ class Finetuner:
         if self.sampler is None:
             return 0
         return self._painted_seen // max(1, int(self.sampler.painted_voxels))
+
+    def validate_if_due(self) -> str:
+        """Score the held-out voxels when a check is due after this step; its log line.
+
+        Called by the step before its Status is yielded, so the step's Status
+        carries the new scores and its message says them.
+        """
+        if not self.validator.due(self.steps_done, self.config.steps):
+            return ""
+        return self.validator.check(self, self.model, self.steps_done) or ""
+
+    @property
+    def channel_names(self) -> list[str]:
+        """The model's output channel names (from the checkpoint, or channel-N)."""
+        from napari_finetune.model.checkpoint import channel_names_of
+
+        return channel_names_of(self.metadata, self.out_channels)
+
+    @property
+    def validation(self) -> dict[str, float] | None:
+        """Per-channel IoU on the held-out painted voxels at the last check."""
+        return self.validator.latest
 
     def _switch(self, configured: bool, current: bool) -> str:
         if current:
@@ -280,6 +317,7 @@ class Finetuner:
             dropped_at_step=self.dropped_at_step,
             elapsed_s=time.perf_counter() - self._start_time,
             samples_per_step=self.samples_per_step,
+            validation=self.validator.latest,
         )
 
     def release(self) -> None:

@@ -44,6 +44,7 @@ def run_record(trainer: Any) -> dict[str, Any]:
         "recovery_log": list(trainer.recovery_log),
         "device": str(trainer.device),
         "config": trainer.config.to_dict(),
+        **trainer.validator.record(),
         "degraded": {
             "device_type": trainer.device.type,
             "fell_back_to_fp32": bool(trainer.precision.fell_back),
@@ -138,6 +139,8 @@ def export_checkpoint(trainer: Any, path: str | os.PathLike, ended: str | None =
     metadata["normalization"] = dict(metadata.get("normalization") or DEFAULT_NORMALIZATION)
     previous = metadata.get("run")
     metadata["run"] = run_record(trainer)
+    if ended is None and trainer.ended:
+        ended = trainer.ended
     if ended is None:
         done, total = trainer.steps_done, trainer.config.steps
         ended = "finished" if done >= total else f"stopped after step {done}"

@@ -41,6 +41,10 @@ class Status:
     samples_per_step : int or None
         Samples in one optimizer step, fixed when the run starts; None for a
         Status built by hand, where ``batch_size * accumulation`` stands in.
+    validation : dict or None
+        IoU per channel name on the held-out painted voxels at the last check
+        (the message of the step after which it ran says so); None before the
+        first check or when nothing is held out.
     """
 
     kind: str
@@ -59,6 +63,7 @@ class Status:
     dropped_at_step: int | None = None
     elapsed_s: float = 0.0
     samples_per_step: int | None = None
+    validation: dict[str, float] | None = None
 
     @property
     def effective_batch(self) -> int:
