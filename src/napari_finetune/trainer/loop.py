@@ -38,7 +38,7 @@ from napari_finetune.trainer.losses import corrected_channels, needs_teacher
 from napari_finetune.trainer.recovery import Precision, iter_probe
 from napari_finetune.trainer.retry import optimizer_step
 from napari_finetune.trainer.state import batchnorm_modules
-from napari_finetune.trainer.status import Status
+from napari_finetune.trainer.status import Status, switch_state
 from napari_finetune.trainer.validation import Validator
 
 
@@ -291,22 +291,20 @@ class Finetuner:
         """Per-channel IoU on the held-out painted voxels at the last check."""
         return self.validator.latest
 
-    def _switch(self, configured: bool, current: bool) -> str:
-        if current:
-            return "on"
-        return "dropped" if configured and self.dropped_at_step is not None else "off"
-
     def status(self, kind: str, message: str) -> Status:
         """Where the run stands now, frozen."""
+        dropped = self.dropped_at_step is not None
         return Status(
             kind=kind,
             dtype=self.precision.dtype_name,
             grad_scaler=self.precision.grad_scaler,
             batch_size=self.batch_size,
             accumulation=self.accumulation,
-            distillation=self._switch(self.config.distillation > 0, self.distillation > 0),
-            hold_other_channels=self._switch(
-                self.config.hold_other_channels, self.hold_other_channels
+            distillation=switch_state(
+                self.config.distillation > 0, self.distillation > 0, dropped
+            ),
+            hold_other_channels=switch_state(
+                self.config.hold_other_channels, self.hold_other_channels, dropped
             ),
             step=self.steps_done,
             total_steps=self.config.steps,

@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from napari_finetune.trainer.status import switch_state
+
 RECORD_VERSION = 1
 
 
@@ -31,10 +33,10 @@ def run_record(trainer: Any) -> dict[str, Any]:
         "batch_size": int(trainer.batch_size),
         "accumulation": int(trainer.accumulation),
         "samples_per_step": int(trainer.samples_per_step),
-        "distillation": _switch(
+        "distillation": switch_state(
             trainer.config.distillation > 0, trainer.distillation > 0, dropped
         ),
-        "hold_other_channels": _switch(
+        "hold_other_channels": switch_state(
             trainer.config.hold_other_channels, trainer.hold_other_channels, dropped
         ),
         "dropped_at_step": trainer.dropped_at_step,
@@ -52,13 +54,6 @@ def run_record(trainer: Any) -> dict[str, Any]:
             "distillation_dropped": dropped,
         },
     }
-
-
-def _switch(configured: bool, current: bool, dropped: bool) -> str:
-    """"on", "off", or "dropped" (configured on, given up during or before the run)."""
-    if current:
-        return "on"
-    return "dropped" if configured and dropped else "off"
 
 
 def apply_previous_run(trainer: Any, run: dict[str, Any] | None) -> str:
