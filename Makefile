@@ -33,10 +33,12 @@ system-deps:
 demo: $(VENV)/.installed
 	$(VENV)/bin/napari-finetune demo
 
+# The whole suite on Qt 5 (qtpy's first choice), then the widget tests again on Qt 6.
 test: system-deps $(VENV)/.installed
 	$(VENV)/bin/ruff check src tests benchmarks sample_data
 	$(VENV)/bin/lint-imports
 	$(XVFB) $(PY) -m pytest
+	QT_API=pyqt6 PYTEST_QT_API=pyqt6 $(XVFB) $(PY) -m pytest tests/_qt
 
 test-all: system-deps $(VENV)/.installed
 	$(XVFB) $(PY) -m pytest -m ""

@@ -3,7 +3,8 @@
 On the sample OME-Zarr store (image read lazily through dask) and on an
 in-memory numpy copy of it, with the same painted corrections:
 
-1. ``PatchSampler.sample(n)`` per step, from the store vs from memory;
+1. ``PatchSampler.sample(n)`` per step, from the store, from the store with
+   the reachable region cached in memory (``sample_cache_gib``), and from memory;
 2. Finetuner ms/step with ``prefetch_steps`` 0 (samples drawn on the training
    thread) and 2 (drawn in the background), and the share of step time the
    training thread spent waiting for samples (``trainer.feed.wait_s``).
@@ -45,8 +46,11 @@ def corrections_for(shape: tuple[int, ...]) -> np.ndarray:
     return corrections
 
 
-def sampling_ms(image, corrections, low_high, n: int, draws: int) -> float:
-    sampler = PatchSampler(image, corrections, PATCH, low_high, seed=0)
+def sampling_ms(image, corrections, low_high, n: int, draws: int, cache_gib: float) -> float:
+    """Median ms of ``sample(n)``; the first draw (which fills the cache) is left out."""
+    sampler = PatchSampler(image, corrections, PATCH, low_high, seed=0,
+                           cache_bytes=int(cache_gib * 2**30))
+    sampler.sample(n)
     times = []
     for _ in range(draws):
         t = time.perf_counter()
@@ -55,11 +59,14 @@ def sampling_ms(image, corrections, low_high, n: int, draws: int) -> float:
     return 1000 * statistics.median(times)
 
 
-def finetuner_run(image, corrections, prefetch: int, steps: int, batch: int) -> tuple[float, float]:
+def finetuner_run(
+    image, corrections, prefetch: int, steps: int, batch: int, cache_gib: float
+) -> tuple[float, float]:
     """(median ms per step, share of the run's step time spent waiting for samples)."""
     ckpt = load_checkpoint(sample_checkpoint_path())
     config = FinetuneConfig(steps=steps, batch_size=batch, patch_shape=PATCH, device="cpu",
-                            mixed_precision=False, prefetch_steps=prefetch, seed=0)
+                            mixed_precision=False, prefetch_steps=prefetch, seed=0,
+                            sample_cache_gib=cache_gib)
     trainer = Finetuner(ckpt.model, image, corrections, config, metadata=ckpt.metadata)
     times, last = [], None
     for status in trainer.run():
@@ -87,17 +94,23 @@ def main() -> None:
     low_high = intensity_range(memory_image, {"method": "percentile", "low": 1, "high": 99})
     print(f"load average at start: {os.getloadavg()}; volume {memory_image.shape}")
 
-    sources = {"store": store_image, "memory": memory_image}
+    sources = {
+        "store": (store_image, 0.0),
+        "store + cache": (store_image, 1.0),
+        "memory": (memory_image, 0.0),
+    }
     sampling = {k: [] for k in sources}
     runs: dict[tuple[str, int], list[tuple[float, float]]] = {}
     for r in range(args.rounds):
-        for name, image in sources.items():
-            ms = sampling_ms(image, corrections, low_high, args.batch, 20)
+        for name, (image, cache_gib) in sources.items():
+            ms = sampling_ms(image, corrections, low_high, args.batch, 20, cache_gib)
             if r:
                 sampling[name].append(ms)
         for prefetch in (0, 2):
-            for name, image in sources.items():
-                result = finetuner_run(image, corrections, prefetch, args.steps, args.batch)
+            for name, (image, cache_gib) in sources.items():
+                result = finetuner_run(
+                    image, corrections, prefetch, args.steps, args.batch, cache_gib
+                )
                 if r:
                     runs.setdefault((name, prefetch), []).append(result)
     print(f"load average at end: {os.getloadavg()}")

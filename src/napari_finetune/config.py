@@ -8,7 +8,7 @@ the field and the fix, before any model or optimizer is built.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
 Mode = Literal["lora", "full"]
@@ -58,6 +58,28 @@ class FinetuneConfig:
         Optimizer steps whose samples a background thread draws ahead of the
         training step (0: drawn on the training thread). The samples are the
         same either way; on CUDA they are staged in pinned memory.
+    validation_fraction : float
+        Share of each class's painted voxels held out of training (as whole
+        regions) and scored during the run; 0 trains on all of them.
+    validation_every : int
+        Score the held-out voxels after every so many steps (and the last one).
+    keep_best : bool
+        At the end of a finished run, keep the weights of the best validation
+        score when they beat the last step's (the export says which step).
+    early_stop_checks : int
+        End the run after this many checks without a better score (0: never).
+    sample_cache_gib : float
+        Keep the part of a store that patches can reach (around the painted
+        voxels) in memory when it fits this many GiB; 0 reads every patch from
+        the store.
+    resume_degraded : bool
+        Start from the degraded state a previous run of the checkpoint ended in
+        (smaller batch, fp32, distillation dropped), so it does not run out of
+        memory the same way again; False starts fresh from these settings.
+    explicit_settings : tuple of str
+        Fields the user set explicitly; a resumed degraded state never overrides
+        them (the CLI fills it from the options given, the widget from the
+        inputs changed).
     """
 
     steps: int = 200
@@ -82,19 +104,50 @@ class FinetuneConfig:
     seed: int = 0
     max_grad_norm: float | None = None
     prefetch_steps: int = 2
+    sample_cache_gib: float = 1.0
+    validation_fraction: float = 0.1
+    validation_every: int = 10
+    keep_best: bool = True
+    early_stop_checks: int = 0
+    resume_degraded: bool = True
+    explicit_settings: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self.patch_shape = tuple(int(s) for s in self.patch_shape)
+        self.explicit_settings = tuple(str(name) for name in self.explicit_settings)
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(self.explicit_settings) - known)
+        if unknown:
+            raise ValueError(
+                f"explicit_settings names unknown fields {unknown}; use FinetuneConfig field "
+                "names such as 'batch_size' or 'distillation'."
+            )
         _positive_int(self, "steps")
         _positive_int(self, "batch_size")
         _positive_int(self, "accumulation")
         _positive_int(self, "lora_rank")
+        _positive_int(self, "validation_every")
+        if not 0 <= self.validation_fraction < 1:
+            raise ValueError(
+                f"validation_fraction must be in [0, 1), got {self.validation_fraction!r}; "
+                "0.1 holds out a tenth of the painting, 0 trains on all of it."
+            )
+        if int(self.early_stop_checks) != self.early_stop_checks or self.early_stop_checks < 0:
+            raise ValueError(
+                f"early_stop_checks must be an integer >= 0, got {self.early_stop_checks!r}; "
+                "0 never stops early."
+            )
         if int(self.prefetch_steps) != self.prefetch_steps or self.prefetch_steps < 0:
             raise ValueError(
                 f"prefetch_steps must be an integer >= 0, got {self.prefetch_steps!r}; "
                 "use 0 to draw samples on the training thread, 2 to prefetch."
             )
         self.prefetch_steps = int(self.prefetch_steps)
+        if not (math.isfinite(float(self.sample_cache_gib)) and self.sample_cache_gib >= 0):
+            raise ValueError(
+                f"sample_cache_gib must be a number >= 0, got {self.sample_cache_gib!r}; "
+                "use 0 to read every patch from the store, 1 to cache up to 1 GiB."
+            )
         if not self.patch_shape or any(s < 1 for s in self.patch_shape):
             raise ValueError(
                 f"patch_shape must be positive sizes, got {self.patch_shape}; "
@@ -138,6 +191,7 @@ class FinetuneConfig:
         """Plain-types copy, safe for ``torch.save(..., weights_only)`` round trips."""
         d = asdict(self)
         d["patch_shape"] = list(self.patch_shape)
+        d["explicit_settings"] = list(self.explicit_settings)
         return d
 
 

@@ -41,3 +41,24 @@ def test_eta_text():
     assert eta_text(_status()) == "step 10 / 40, ETA 1:00"
     assert eta_text(_status(step=0, elapsed_s=3.0)) == "step 0 / 40"
     assert format_seconds(3725) == "1:02:05"
+
+
+def test_panel_shows_validation_scores_plots_and_logs_them_once(qtbot):
+    from napari_finetune._qt.status_panel import StatusPanel
+
+    panel = StatusPanel()
+    qtbot.addWidget(panel)
+    panel.start_run(20)
+    panel.show_status(_status(step=1, message="step 1/20: loss 0.5"))
+    assert panel.validation_label.text() == "–" and panel.log.toPlainText() == ""
+    scores = {"membrane": 0.861, "mitochondria": 0.7}
+    line = "step 10/20: loss 0.3; validation at step 10 (IoU on held-out strokes): ..."
+    panel.show_status(_status(step=10, validation=scores, message=line))
+    panel.show_status(_status(step=11, validation=scores, message="step 11/20: loss 0.2"))
+    assert panel.validation_label.text() == "membrane 0.86, mitochondria 0.70"
+    assert panel.log.toPlainText() == line  # the check's step is logged, the next is not
+    assert panel.loss_plot.scores == [(10, (0.861 + 0.7) / 2)]
+    panel.loss_plot.resize(300, 80)
+    panel.loss_plot.grab()  # paints both curves without error
+    panel.start_run(20)
+    assert panel.validation_label.text() == "–" and panel.loss_plot.scores == []

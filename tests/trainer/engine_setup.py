@@ -49,6 +49,9 @@ def make_trainer(
         mixed_precision=False,
         device="cpu",
         seed=0,
+        # The loop's own tests count forward passes and samples exactly; the
+        # held-out validation has tests of its own (test_validation.py).
+        validation_fraction=0.0,
     )
     settings.update(overrides)
     return Finetuner(model, image, corrections, FinetuneConfig(**settings), metadata=metadata)

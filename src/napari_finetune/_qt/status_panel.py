@@ -60,6 +60,11 @@ def format_seconds(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
+def validation_text(scores: dict[str, float]) -> str:
+    """"membrane 0.86, mitochondria 0.71" (IoU on the held-out strokes)."""
+    return ", ".join(f"{name} {iou:.2f}" for name, iou in scores.items())
+
+
 def eta_text(status: Status) -> str:
     """"step 12 / 200, ETA 3:10" (no ETA before the first step)."""
     text = f"step {status.step} / {status.total_steps}"
@@ -75,14 +80,25 @@ class LossPlot(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.losses: list[float] = []
+        self.scores: list[tuple[int, float]] = []  # (step, mean held-out IoU)
         self.setMinimumHeight(70)
         self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
-        self.setToolTip("Training loss per optimizer step")
+        self.setToolTip(
+            "Blue: training loss per optimizer step. Orange: mean IoU on the held-out "
+            "strokes (0 to 1) at each validation check."
+        )
 
     def clear(self) -> None:
-        """Forget the curve."""
+        """Forget the curves."""
         self.losses.clear()
+        self.scores.clear()
         self.update()
+
+    def add_score(self, step: int, scores: dict[str, float]) -> None:
+        """Append one validation check (its mean IoU over the channels)."""
+        if scores:
+            self.scores.append((step, sum(scores.values()) / len(scores)))
+            self.update()
 
     def add(self, loss: float | None) -> None:
         """Append one step's loss (non-finite values are skipped) and schedule a repaint."""
@@ -113,8 +129,21 @@ class LossPlot(QWidget):
         painter.setRenderHint(QPainter.Antialiasing)
         painter.setPen(QPen(QColor(90, 200, 250), 1.5))
         painter.drawPolyline(polygon)
+        text = f"loss {self.losses[-1]:.4g}  (min {low:.3g})"
+        if self.scores:
+            # The score shares the x axis (steps) with the loss; its y axis is 0..1.
+            steps = max(len(self.losses), self.scores[-1][0])
+            scored = QPolygonF()
+            for step, score in self.scores:
+                x = margin + (step - 1) * (width - 2 * margin) / max(steps - 1, 1)
+                scored.append(QPointF(x, margin + (1 - score) * (height - 2 * margin - 12)))
+            painter.setPen(QPen(QColor(250, 160, 60), 1.5))
+            painter.drawPolyline(scored)
+            for i in range(scored.size()):
+                painter.drawEllipse(scored.at(i), 2.0, 2.0)
+            text += f"   IoU {self.scores[-1][1]:.2f}"
         painter.setPen(QColor(200, 200, 200))
-        painter.drawText(margin, height - 3, f"loss {self.losses[-1]:.4g}  (min {low:.3g})")
+        painter.drawText(margin, height - 3, text)
         painter.end()
 
 
@@ -127,13 +156,27 @@ class StatusPanel(QWidget):
         self.batch_label = QLabel("–")
         self.distillation_label = QLabel("–")
         self.hold_label = QLabel("–")
-        for label in (self.dtype_label, self.batch_label, self.distillation_label, self.hold_label):
+        self.validation_label = QLabel("–")
+        self._last_validation: dict[str, float] | None = None
+        self.validation_label.setWordWrap(True)
+        self.validation_label.setToolTip(
+            "IoU per channel on painted voxels held out of training (validation fraction)"
+        )
+        labels = (
+            self.dtype_label,
+            self.batch_label,
+            self.distillation_label,
+            self.hold_label,
+            self.validation_label,
+        )
+        for label in labels:
             label.setTextInteractionFlags(Qt.TextSelectableByMouse)
         form = QFormLayout()
         form.addRow("Precision:", self.dtype_label)
         form.addRow("Batch:", self.batch_label)
         form.addRow("Distillation:", self.distillation_label)
         form.addRow("Hold:", self.hold_label)
+        form.addRow("Validation:", self.validation_label)
         self.progress = QProgressBar()
         self.progress.setRange(0, 1)
         self.progress.setValue(0)
@@ -171,6 +214,8 @@ class StatusPanel(QWidget):
     def start_run(self, total_steps: int) -> None:
         """Reset for a new run of ``total_steps`` steps."""
         self.loss_plot.clear()
+        self.validation_label.setText("–")
+        self._last_validation = None
         self._set_bar(0, total_steps, "starting…")
 
     def show_status(self, status: Status) -> None:
@@ -186,7 +231,12 @@ class StatusPanel(QWidget):
         self._set_bar(status.step, status.total_steps, eta_text(status))
         if status.kind == "step":
             self.loss_plot.add(status.loss)
-        if status.kind != "step" and status.message:
+        checked = status.validation is not None and status.validation != self._last_validation
+        if checked:
+            self._last_validation = status.validation
+            self.validation_label.setText(validation_text(status.validation))
+            self.loss_plot.add_score(status.step, status.validation)
+        if (status.kind != "step" or checked) and status.message:
             self.append_log(status.message)
 
     def show_progress(self, done: int, total: int, what: str) -> None:

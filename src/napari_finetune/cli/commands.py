@@ -17,6 +17,7 @@ from napari_finetune.cli.options import (
     add_config_options,
     add_predict_options,
     config_from_args,
+    given_options,
 )
 from napari_finetune.cli.run import STOP_SIGNALS, describe_outcome, run_finetune
 from napari_finetune.config import FinetuneConfig, PredictConfig
@@ -43,7 +44,13 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     add_trust_option(p)
-    add_config_options(p, FinetuneConfig)
+    p.add_argument(
+        "--fresh",
+        action="store_true",
+        help="do not resume the degraded state (smaller batch, fp32, distillation dropped) "
+        "the checkpoint's previous run ended in; options given explicitly always win",
+    )
+    add_config_options(p, FinetuneConfig, skip=("resume_degraded", "explicit_settings"))
     p.set_defaults(func=train)
 
     p = sub.add_parser(
@@ -119,7 +126,12 @@ def train(args: argparse.Namespace) -> int:
     from napari_finetune.io.omezarr import load_corrections, open_volume
     from napari_finetune.model.checkpoint import load_checkpoint
 
-    config = config_from_args(FinetuneConfig, args)
+    config = config_from_args(
+        FinetuneConfig,
+        args,
+        resume_degraded=not args.fresh,
+        explicit_settings=given_options(FinetuneConfig, args),
+    )
     if args.out.exists() and args.out.is_dir():
         raise ValueError(f"--out {args.out} is a folder; give a file name such as finetuned.pt")
     if not args.out.parent.is_dir():

@@ -62,6 +62,11 @@ def add_config_options(parser: argparse.ArgumentParser, cls: type, skip: tuple =
             )
 
 
+def given_options(cls: type, args: argparse.Namespace) -> tuple[str, ...]:
+    """Names of the ``cls`` fields whose option was given on the command line."""
+    return tuple(f.name for f in dataclasses.fields(cls) if getattr(args, f.name, None) is not None)
+
+
 def config_from_args(cls: type, args: argparse.Namespace, **overrides: Any) -> Any:
     """Build ``cls`` from the options given (unset ones keep the dataclass default)."""
     values = {}
@@ -120,6 +125,7 @@ class StatusPrinter:
             status.accumulation,
             status.distillation,
             status.hold_other_channels,
+            None if status.validation is None else tuple(sorted(status.validation.items())),
         )
         if status.kind != "step" or key != self.last_key:
             line = f"[{status.kind} {status.step}/{status.total_steps}] {self.describe(status)}"

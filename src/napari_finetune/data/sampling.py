@@ -6,7 +6,9 @@ painted voxel, the painted classes take turns (a few background strokes must
 not drown one mitochondrion), and the anchor lands anywhere inside the patch
 (jitter) so the model does not learn "the centre is special". Only the
 patches are read, so zarr and dask volumes are never loaded whole; the
-corrections are scanned once in slabs to find the painted voxels.
+corrections are scanned once in slabs to find the painted voxels. The part of
+a store the patches can reach is read once into memory when it fits a budget
+(``data.region_cache``), so the training step does not wait for the store.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from napari_finetune.data.holdout import HeldOut, holdout_tile_shape, split_holdout
 from napari_finetune.data.normalization import missing_mask, normalize
+from napari_finetune.data.region_cache import RegionCache, reachable_tiles
 
 # Bounds memory when someone paints with a huge brush: anchors are a sample.
 MAX_ANCHORS_PER_CLASS = 1_000_000
@@ -42,6 +46,13 @@ class PatchSampler:
     max_label : int, optional
         Largest label the model understands (``out_channels + 1``); a larger
         painted label is an error instead of a silent crash later.
+    cache_bytes : int
+        Keep the image and corrections around the painted voxels in memory when
+        they fit this many bytes (read on the first draw); 0 reads every patch
+        from the arrays. Arrays already in memory (numpy) are never copied.
+    holdout_fraction : float
+        Share of each class's painted voxels kept out of training, as whole
+        regions (``data.holdout``), to score the run on; 0 trains on all.
 
     Raises
     ------
@@ -58,6 +69,8 @@ class PatchSampler:
         seed: int = 0,
         augment: bool = True,
         max_label: int | None = None,
+        cache_bytes: int = 0,
+        holdout_fraction: float = 0.0,
     ) -> None:
         self.image = image
         self.corrections = corrections
@@ -88,6 +101,51 @@ class PatchSampler:
                 f"{max_label} (1 = background, 2.. = its {max_label - 1} channels); "
                 "repaint those voxels with a valid label."
             )
+        self.caches = self._region_caches(int(cache_bytes))
+        self.holdout: HeldOut = split_holdout(
+            self.anchors, self.shape, holdout_tile_shape(self.patch_shape), holdout_fraction,
+            seed=seed,
+        )
+        if self.holdout:
+            # Held-out voxels anchor no patch; _read_patch also unpaints them in patches
+            # anchored nearby, so the model is never told their answer.
+            self.anchors = {
+                v: a[~self.holdout.contains(a)] for v, a in self.anchors.items()
+            }
+
+    def _region_caches(self, budget: int) -> tuple[RegionCache, RegionCache] | None:
+        """Tiles of image and corrections the patches can reach, if they fit ``budget``."""
+        in_memory = all(
+            isinstance(a, np.ndarray) and not isinstance(a, np.memmap)
+            for a in (self.image, self.corrections)
+        )
+        if budget <= 0 or in_memory:
+            return None
+        tiles = reachable_tiles(self.anchors.values(), self.patch_shape, self.shape)
+        caches = (
+            RegionCache(self.image, tiles, self.patch_shape),
+            RegionCache(self.corrections, tiles, self.patch_shape),
+        )
+        return caches if sum(c.nbytes for c in caches) <= budget else None
+
+    def read_image(self, box: tuple[slice, ...]) -> np.ndarray:
+        """``image[box]``, from memory when the cached tiles are loaded and hold it.
+
+        For previews and predictions during a run: a region the run already
+        holds is not read from the store again; any other region is, and the
+        cache is never filled from here (that happens in the sampling thread).
+        """
+        box = tuple(
+            slice(*b.indices(s)[:2]) for b, s in zip(box, self.shape, strict=True)
+        )
+        if self.caches is not None and self.caches[0].covers(box):
+            return self.caches[0].read(box)
+        return np.asarray(self.image[box])
+
+    @property
+    def cached_bytes(self) -> int:
+        """Bytes kept in memory around the painted voxels (0: patches read from the arrays)."""
+        return 0 if self.caches is None else sum(c.nbytes for c in self.caches)
 
     @property
     def painted_voxels(self) -> int:
@@ -142,9 +200,14 @@ class PatchSampler:
             slice(st, min(st + p, s))
             for st, p, s in zip(starts, self.patch_shape, self.shape, strict=True)
         )
-        raw = np.asarray(self.image[box])
+        if self.caches is None:
+            raw = np.asarray(self.image[box])
+            label = np.asarray(self.corrections[box]).astype(np.int64)
+        else:
+            raw = self.caches[0].read(box)
+            label = self.caches[1].read(box).astype(np.int64)
+        self.holdout.mask_box(label, box)
         image = normalize(raw, self.low, self.high)
-        label = np.asarray(self.corrections[box]).astype(np.int64)
         missing = missing_mask(raw)
         if missing is not None:
             label[missing] = 0  # a painted voxel without an image value teaches nothing

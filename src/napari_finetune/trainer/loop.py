@@ -38,7 +38,8 @@ from napari_finetune.trainer.losses import corrected_channels, needs_teacher
 from napari_finetune.trainer.recovery import Precision, iter_probe
 from napari_finetune.trainer.retry import optimizer_step
 from napari_finetune.trainer.state import batchnorm_modules
-from napari_finetune.trainer.status import Status
+from napari_finetune.trainer.status import Status, switch_state
+from napari_finetune.trainer.validation import Validator
 
 
 class Finetuner:
@@ -96,7 +97,11 @@ class Finetuner:
         self.dropped_at_step: int | None = None
         self.recovery_log: list[str] = []
         self.scaler_skips = 0
+        self.ended: str | None = None  # how the run ended, when not by finishing or stop()
         self.batchnorm_floor: BatchNormFloor | None = None  # measured by build()
+        self.validator = Validator(
+            config.validation_every, config.early_stop_checks, config.keep_best
+        )
         self.after_build: list[Callable[[Finetuner], None]] = []
         self._painted_seen = 0
         self._stop = threading.Event()
@@ -106,6 +111,8 @@ class Finetuner:
         self._normalization_range: tuple[float, float] | None = None
         self._start_time = time.perf_counter()
         self._resumed = record.apply_previous_run(self, self.metadata.get("run"))
+        if self._resumed:
+            self.recovery_log.append(self._resumed)
 
     # --- set-up (worker thread) ----------------------------------------------------
 
@@ -146,6 +153,8 @@ class Finetuner:
                 self.normalization_range,
                 seed=self.config.seed,
                 max_label=self.out_channels + 1,
+                cache_bytes=int(self.config.sample_cache_gib * 2**30),
+                holdout_fraction=self.config.validation_fraction,
             )
         return self.sampler
 
@@ -237,10 +246,19 @@ class Finetuner:
                     return
                 images, labels = self.feed.next(self.samples_per_step)
                 yield from optimizer_step(self, images, labels)
+                if self.validator.early_stop():
+                    break
             self.feed.close()
         finally:
             self.feed.close()
-        yield self.status("finished", f"finished {total} steps")
+        early = self.validator.early_stop()
+        if early:
+            self.ended = f"{early} after step {self.steps_done}"
+        restored = self.validator.restore_best(self.model, self.steps_done)
+        if restored:
+            self.recovery_log.append(restored)
+        done = early or f"finished {total} steps"
+        yield self.status("finished", f"{done}; {restored}" if restored else done)
 
     # --- reporting -------------------------------------------------------------------
 
@@ -251,22 +269,42 @@ class Finetuner:
             return 0
         return self._painted_seen // max(1, int(self.sampler.painted_voxels))
 
-    def _switch(self, configured: bool, current: bool) -> str:
-        if current:
-            return "on"
-        return "dropped" if configured and self.dropped_at_step is not None else "off"
+    def validate_if_due(self) -> str:
+        """Score the held-out voxels when a check is due after this step; its log line.
+
+        Called by the step before its Status is yielded, so the step's Status
+        carries the new scores and its message says them.
+        """
+        if not self.validator.due(self.steps_done, self.config.steps):
+            return ""
+        return self.validator.check(self, self.model, self.steps_done) or ""
+
+    @property
+    def channel_names(self) -> list[str]:
+        """The model's output channel names (from the checkpoint, or channel-N)."""
+        from napari_finetune.model.checkpoint import channel_names_of
+
+        return channel_names_of(self.metadata, self.out_channels)
+
+    @property
+    def validation(self) -> dict[str, float] | None:
+        """Per-channel IoU on the held-out painted voxels at the last check."""
+        return self.validator.latest
 
     def status(self, kind: str, message: str) -> Status:
         """Where the run stands now, frozen."""
+        dropped = self.dropped_at_step is not None
         return Status(
             kind=kind,
             dtype=self.precision.dtype_name,
             grad_scaler=self.precision.grad_scaler,
             batch_size=self.batch_size,
             accumulation=self.accumulation,
-            distillation=self._switch(self.config.distillation > 0, self.distillation > 0),
-            hold_other_channels=self._switch(
-                self.config.hold_other_channels, self.hold_other_channels
+            distillation=switch_state(
+                self.config.distillation > 0, self.distillation > 0, dropped
+            ),
+            hold_other_channels=switch_state(
+                self.config.hold_other_channels, self.hold_other_channels, dropped
             ),
             step=self.steps_done,
             total_steps=self.config.steps,
@@ -277,6 +315,7 @@ class Finetuner:
             dropped_at_step=self.dropped_at_step,
             elapsed_s=time.perf_counter() - self._start_time,
             samples_per_step=self.samples_per_step,
+            validation=self.validator.latest,
         )
 
     def release(self) -> None:
@@ -308,7 +347,10 @@ class Finetuner:
         from napari_finetune.predict import predict_block
 
         if isinstance(region, tuple) and all(isinstance(r, slice) for r in region):
-            region = self.image[region]
+            # Through the run's in-memory region when it holds this one (live previews
+            # of the painted area then never touch the store).
+            sampler = self.sampler
+            region = self.image[region] if sampler is None else sampler.read_image(region)
         block = normalize(np.asarray(region), *self.normalization_range)
         with self._lock:
             return predict_block(self.model, block, device=str(self.device))

@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from napari_finetune.trainer.status import switch_state
+
 RECORD_VERSION = 1
 
 
@@ -31,11 +33,11 @@ def run_record(trainer: Any) -> dict[str, Any]:
         "batch_size": int(trainer.batch_size),
         "accumulation": int(trainer.accumulation),
         "samples_per_step": int(trainer.samples_per_step),
-        "distillation": "dropped" if dropped and trainer.config.distillation > 0 else (
-            "on" if trainer.distillation > 0 else "off"
+        "distillation": switch_state(
+            trainer.config.distillation > 0, trainer.distillation > 0, dropped
         ),
-        "hold_other_channels": "dropped" if dropped and trainer.config.hold_other_channels else (
-            "on" if trainer.hold_other_channels else "off"
+        "hold_other_channels": switch_state(
+            trainer.config.hold_other_channels, trainer.hold_other_channels, dropped
         ),
         "dropped_at_step": trainer.dropped_at_step,
         "painted_voxels": None if painted is None else int(painted),
@@ -44,6 +46,7 @@ def run_record(trainer: Any) -> dict[str, Any]:
         "recovery_log": list(trainer.recovery_log),
         "device": str(trainer.device),
         "config": trainer.config.to_dict(),
+        **trainer.validator.record(),
         "degraded": {
             "device_type": trainer.device.type,
             "fell_back_to_fp32": bool(trainer.precision.fell_back),
@@ -58,34 +61,61 @@ def apply_previous_run(trainer: Any, run: dict[str, Any] | None) -> str:
 
     The batch never grows above the new config's batch and the samples per
     step stay the new config's; fp32 and a dropped distillation carry over.
+    Settings named in ``config.explicit_settings`` are never overridden, and
+    ``config.resume_degraded=False`` resumes nothing.
 
     Returns
     -------
     str
-        A log line describing what was resumed, or "" when nothing was.
+        A log line describing what was resumed, kept or skipped, or "" when the
+        previous run left no degraded state for this device type.
     """
     degraded = (run or {}).get("degraded") or {}
     if not degraded or degraded.get("device_type") != trainer.device.type:
         return ""
-    changes = []
+    config = trainer.config
+    explicit = set(config.explicit_settings)
     batch = int(degraded.get("batch_size") or trainer.batch_size)
-    if batch < trainer.batch_size:
+    offered = {
+        "batch": batch < trainer.batch_size,
+        "fp32": bool(degraded.get("fell_back_to_fp32")) and trainer.precision.enabled,
+        "distillation": bool(degraded.get("distillation_dropped")) and trainer.distillation > 0,
+        "hold": bool(degraded.get("distillation_dropped")) and trainer.hold_other_channels,
+    }
+    if not any(offered.values()):
+        return ""
+    if not config.resume_degraded:
+        what = ", ".join(name for name, on in offered.items() if on)
+        return f"the previous run's degraded state ({what}) was not resumed (fresh start)"
+    changes: list[str] = []
+    kept: list[str] = []
+
+    def resume(part: str, fields: tuple[str, ...]) -> bool:
+        if not offered[part]:
+            return False
+        set_by_user = [name for name in fields if name in explicit]
+        kept.extend(f"{name}={getattr(config, name)}" for name in set_by_user)
+        return not set_by_user
+
+    if resume("batch", ("batch_size",)):
         trainer.batch_size = batch
         trainer.accumulation = math.ceil(trainer.samples_per_step / batch)
         changes.append(f"batch {trainer.batch_size} × accumulation {trainer.accumulation}")
-    if degraded.get("fell_back_to_fp32") and trainer.precision.enabled:
+    if resume("fp32", ("mixed_precision", "cpu_bf16")):
         trainer.precision.fall_back_to_fp32()
         changes.append("fp32")
-    if degraded.get("distillation_dropped") and (
-        trainer.distillation > 0 or trainer.hold_other_channels
-    ):
+    if resume("distillation", ("distillation",)):
         trainer.distillation = 0.0
+        trainer.dropped_at_step = 0
+        changes.append("distillation dropped")
+    if resume("hold", ("hold_other_channels",)):
         trainer.hold_other_channels = False
         trainer.dropped_at_step = 0
-        changes.append("distillation and hold dropped")
-    if not changes:
-        return ""
-    return "resumed the previous run's degraded state: " + ", ".join(changes)
+        changes.append("hold on the other channels dropped")
+    line = "resumed the previous run's degraded state: " + (", ".join(changes) or "nothing")
+    if kept:
+        line += f"; kept {' and '.join(kept)} as set"
+    return line
 
 
 def export_checkpoint(trainer: Any, path: str | os.PathLike, ended: str | None = None) -> Path:
@@ -104,6 +134,8 @@ def export_checkpoint(trainer: Any, path: str | os.PathLike, ended: str | None =
     metadata["normalization"] = dict(metadata.get("normalization") or DEFAULT_NORMALIZATION)
     previous = metadata.get("run")
     metadata["run"] = run_record(trainer)
+    if ended is None and trainer.ended:
+        ended = trainer.ended
     if ended is None:
         done, total = trainer.steps_done, trainer.config.steps
         ended = "finished" if done >= total else f"stopped after step {done}"

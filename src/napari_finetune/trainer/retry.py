@@ -87,7 +87,9 @@ def optimizer_step(trainer: Any, images: np.ndarray, labels: np.ndarray) -> Iter
         trainer.steps_done = step
         trainer.last_loss = outcome.loss
         trainer._painted_seen += int(np.count_nonzero(labels))
-        yield trainer.status("step", f"step {step}/{trainer.config.steps}: loss {outcome.loss:.4f}")
+        message = f"step {step}/{trainer.config.steps}: loss {outcome.loss:.4f}"
+        checked = trainer.validate_if_due()
+        yield trainer.status("step", f"{message}; {checked}" if checked else message)
         return
 
 

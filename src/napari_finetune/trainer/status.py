@@ -8,6 +8,14 @@ from typing import Literal
 Switch = Literal["on", "off", "dropped"]
 
 
+def switch_state(configured: bool, current: bool, dropped: bool) -> Switch:
+    """"on" while in use; "dropped" when configured on and given up (out of memory, or a
+    resumed degraded state); "off" when never configured."""
+    if current:
+        return "on"
+    return "dropped" if configured and dropped else "off"
+
+
 @dataclass(frozen=True)
 class Status:
     """One event of :meth:`Finetuner.run`.
@@ -41,6 +49,10 @@ class Status:
     samples_per_step : int or None
         Samples in one optimizer step, fixed when the run starts; None for a
         Status built by hand, where ``batch_size * accumulation`` stands in.
+    validation : dict or None
+        IoU per channel name on the held-out painted voxels at the last check
+        (the message of the step after which it ran says so); None before the
+        first check or when nothing is held out.
     """
 
     kind: str
@@ -59,6 +71,7 @@ class Status:
     dropped_at_step: int | None = None
     elapsed_s: float = 0.0
     samples_per_step: int | None = None
+    validation: dict[str, float] | None = None
 
     @property
     def effective_batch(self) -> int:
