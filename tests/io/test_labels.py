@@ -66,15 +66,15 @@ def test_load_missing_corrections(store: Path) -> None:
 _KILLED_SAVE = """
 import os, sys
 import numpy as np
-import ome_zarr.writer
+from napari_finetune.io import pyramid
 from napari_finetune.io.omezarr import save_corrections
 path, when = sys.argv[1], sys.argv[2]
 if when == "while-writing":
-    real = ome_zarr.writer.write_labels
-    def write_then_die(data, group, **kwargs):
-        real(data, group, **kwargs)
-        os._exit(9)  # the new copy is on disk, but not marked complete
-    ome_zarr.writer.write_labels = write_then_die
+    real = pyramid.fill_pyramid
+    def write_then_die(group):
+        real(group)
+        os._exit(9)  # the new copy (every level) is on disk, but not marked complete
+    pyramid.fill_pyramid = write_then_die
 else:
     real_rename, calls = os.rename, []
     def rename(src, dst):
@@ -113,7 +113,7 @@ def test_failed_write_keeps_old_labels(store: Path, monkeypatch, hash_files) -> 
     def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("ome_zarr.writer.write_labels", disk_full)
+    monkeypatch.setattr("napari_finetune.io.pyramid.write_level0", disk_full)
     with pytest.raises(OSError, match="No space left"):
         save_corrections(store, painted_corrections(3))
     assert hash_files(store) == before and staging_dirs(store) == []
@@ -154,17 +154,17 @@ def test_save_while_another_thread_writes(store: Path, monkeypatch) -> None:
     """
     import threading
 
-    import ome_zarr.writer
+    from napari_finetune.io import pyramid
 
-    real, halfway, go_on = ome_zarr.writer.write_labels, threading.Event(), threading.Event()
+    real, halfway, go_on = pyramid.fill_pyramid, threading.Event(), threading.Event()
 
-    def held_write(data, group, **kwargs):
-        real(data, group, **kwargs)
-        if kwargs["name"] == "prediction":
+    def held_write(group):
+        real(group)
+        if group.basename == "prediction":
             halfway.set()
             assert go_on.wait(60)
 
-    monkeypatch.setattr(ome_zarr.writer, "write_labels", held_write)
+    monkeypatch.setattr(pyramid, "fill_pyramid", held_write)
     mask = np.full(SHAPE, 5, np.uint8)
     writer = threading.Thread(target=write_labels, args=(store, "prediction", mask))
     writer.start()

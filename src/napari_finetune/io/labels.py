@@ -123,8 +123,8 @@ def write_labels(
     recover(store)
 
     dtype = np.uint8 if np.dtype(array.dtype) == np.bool_ else np.dtype(array.dtype)
-    # Same blocks as the image: cheap blockwise IO, and viewers fetch matching tiles.
-    chunks = tuple(int(c) for c in volume.data.chunksize)
+    # The image's blocks (viewers fetch matching tiles), split if they are huge.
+    chunks = pyramid.bounded_chunks(tuple(int(c) for c in volume.data.chunksize))
     with staged_replace(store, name) as staging:
         group = pyramid.create_pyramid(
             _staging_labels(staging, volume), name, volume, dtype, chunks,
@@ -239,7 +239,9 @@ def create_labels_array(
         parent = labels_group(store)
         if _zarr_kind(store / "labels" / name) is not None:
             shutil.rmtree(store / "labels" / name)
-    level0_chunks = tuple(chunks) if chunks else tuple(int(c) for c in volume.data.chunksize)
+    level0_chunks = pyramid.bounded_chunks(
+        tuple(chunks) if chunks else tuple(int(c) for c in volume.data.chunksize)
+    )
     group = pyramid.create_pyramid(
         parent, name, volume, dtype, level0_chunks, _image_label(colors, properties)
     )

@@ -18,12 +18,29 @@ at a few chunks whatever the volume's size.
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from napari_finetune.io.volume import Volume, compose_transforms
+
+
+# Largest chunk a labels level gets (voxels): what one block of the writing holds in
+# memory, a few times over. An image stored as one big chunk would otherwise make
+# the labels one big chunk too.
+MAX_CHUNK_VOXELS = 2**21
+STORE_THREADS = 4
+
+
+def bounded_chunks(chunks: tuple[int, ...], max_voxels: int = MAX_CHUNK_VOXELS) -> tuple[int, ...]:
+    """``chunks`` with the longest side halved until a chunk holds at most ``max_voxels``."""
+    out = [max(int(c), 1) for c in chunks]
+    while int(np.prod(out)) > max_voxels and max(out) > 1:
+        longest = out.index(max(out))
+        out[longest] = (out[longest] + 1) // 2
+    return tuple(out)
 
 
 def ngff_format(volume: Volume) -> Any:
@@ -116,14 +133,15 @@ def nearest_indices(
 ) -> np.ndarray:
     """For each of ``n_dst`` voxels along one axis, the index of the nearest source voxel.
 
-    ``dst`` and ``src`` are (scale, translation) along that axis. Where they
-    disagree with the shapes by more than a factor of two (metadata that does
+    ``dst`` and ``src`` are (scale, translation) along that axis. Where their
+    ratio disagrees with the shapes' by more than a quarter (metadata that does
     not describe the arrays, e.g. the same scale at every level), the shapes
     decide: the levels are taken to span the same extent.
     """
     by_shape = n_src / n_dst
     step = dst[0] / src[0] if src[0] > 0 else 0.0
-    if 0.5 * by_shape <= step <= 2.0 * by_shape:
+    # Odd sizes make the two ratios differ a little (65 -> 33 is 1.97, not 2).
+    if abs(step / by_shape - 1.0) <= 0.25:
         centres = (dst[1] - src[1]) / src[0] + np.arange(n_dst) * step
     else:
         centres = (np.arange(n_dst) + 0.5) * by_shape - 0.5
@@ -191,5 +209,7 @@ def write_level0(array: Any, data: Any) -> None:
 
     lazy = data if isinstance(data, da.Array) else da.from_array(data, chunks=array.chunks)
     lazy = lazy.astype(array.dtype).rechunk(array.chunks)
-    # Each dask block is one whole zarr chunk: no two writers touch the same chunk.
-    da.store(lazy, array, lock=False)
+    # Each dask block is one whole zarr chunk: no two writers touch the same chunk. A
+    # few threads only: each holds a chunk or three, on a 64-core machine too.
+    da.store(lazy, array, lock=False, scheduler="threads",
+             num_workers=min(STORE_THREADS, os.cpu_count() or 1))
