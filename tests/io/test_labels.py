@@ -19,6 +19,7 @@ from napari_finetune.io.omezarr import (
     save_corrections,
     write_labels,
 )
+from ngff_validation import assert_valid_ngff
 
 
 def test_shape_mismatch_changes_nothing(store: Path, hash_files) -> None:
@@ -75,6 +76,12 @@ if when == "while-writing":
         real(group)
         os._exit(9)  # the new copy (every level) is on disk, but not marked complete
     pyramid.fill_pyramid = write_then_die
+elif when == "mid-pyramid":
+    real_level = pyramid.downsample_level
+    def level_then_die(src, dst, *args):
+        real_level(src, dst, *args)
+        os._exit(9)  # level 1 written, level 2 not yet
+    pyramid.downsample_level = level_then_die
 else:
     real_rename, calls = os.rename, []
     def rename(src, dst):
@@ -89,7 +96,7 @@ save_corrections(path, new)
 """
 
 
-@pytest.mark.parametrize("when", ["while-writing", "between-renames"])
+@pytest.mark.parametrize("when", ["while-writing", "mid-pyramid", "between-renames"])
 def test_killed_save_loses_nothing(store: Path, when: str) -> None:
     save_corrections(store, painted_corrections(2))
     proc = subprocess.run([sys.executable, "-c", _KILLED_SAVE, str(store), when],
@@ -98,12 +105,13 @@ def test_killed_save_loses_nothing(store: Path, when: str) -> None:
     assert len(staging_dirs(store)) == 1  # what the killed process left behind
     new = np.zeros(SHAPE, np.uint8)
     new[5] = 3
-    expected = painted_corrections(2) if when == "while-writing" else new
+    expected = new if when == "between-renames" else painted_corrections(2)
     if when == "between-renames":
         assert not (store / "labels" / "corrections").exists()
     np.testing.assert_array_equal(load_corrections(store), expected)  # recovers first
     assert staging_dirs(store) == []
     assert list_labels(store) == ["ground_truth", "corrections"]
+    assert_valid_ngff(store)  # whichever copy survived has every level
 
 
 def test_failed_write_keeps_old_labels(store: Path, monkeypatch, hash_files) -> None:

@@ -26,7 +26,6 @@ import numpy as np
 
 from napari_finetune.io.volume import Volume, compose_transforms
 
-
 # Largest chunk a labels level gets (voxels): what one block of the writing holds in
 # memory, a few times over. An image stored as one big chunk would otherwise make
 # the labels one big chunk too.
