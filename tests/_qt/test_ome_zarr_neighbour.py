@@ -11,9 +11,8 @@ def test_store_opened_by_napari_ome_zarr_gets_autosaved_corrections(
     make_napari_viewer, qtbot, tiny_store, tiny_checkpoint
 ):
     """It used to find no store (no metadata["ome_zarr_path"]): no autosave, no saving."""
-    from ngff_validation import assert_valid_ngff
-
     from napari_finetune.io.omezarr import load_corrections
+    from ngff_validation import assert_valid_ngff
 
     viewer = make_napari_viewer()
     image = viewer.open(str(tiny_store), plugin="napari-ome-zarr")[0]

@@ -177,3 +177,16 @@ def test_an_image_in_one_big_chunk_gets_labels_in_bounded_chunks(tmp_path: Path,
     write_labels(store, "cells", np.ones((32, 512, 512), np.uint8))
     chunks = zarr.open_array(str(store / "labels" / "cells" / "s0"), mode="r").chunks
     assert int(np.prod(chunks)) <= MAX_CHUNK_VOXELS
+
+
+def test_save_corrections_from_a_lazy_wide_array(store: Path, tmp_path: Path) -> None:
+    """A zarr int32 array in: its range is found lazily, it is stored as uint8 on every level."""
+    from napari_finetune.io.omezarr import save_corrections
+
+    wide = zarr.create_array(str(tmp_path / "wide.zarr"), shape=(16, 64, 64), chunks=(8, 32, 32),
+                             dtype=np.int32, fill_value=0)
+    wide[3, 10:20, 10:20] = 3
+    save_corrections(store, wide)
+    levels = open_volume(store / "labels" / "corrections").levels
+    assert {lv.dtype for lv in levels} == {np.dtype(np.uint8)}
+    np.testing.assert_array_equal(load_corrections(store), np.asarray(wide[:]))

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from napari_finetune.io import pyramid
 from napari_finetune.io.staging import (
@@ -92,6 +93,7 @@ def write_labels(
     array: Any,
     colors: list[dict[str, Any]] | None = None,
     properties: list[dict[str, Any]] | None = None,
+    dtype: npt.DTypeLike | None = None,
 ) -> Path:
     """Write ``array`` as ``labels/<name>`` of the image at ``path``, replacing it safely.
 
@@ -109,6 +111,9 @@ def write_labels(
     colors, properties : list of dict, optional
         NGFF image-label ``colors`` (``{"label-value": v, "rgba": [r, g, b, a]}``)
         and ``properties`` (``{"label-value": v, ...}``).
+    dtype : dtype, optional
+        Stored integer type (each chunk is cast on its way); default the
+        array's own (uint8 for bool).
 
     Returns
     -------
@@ -122,7 +127,9 @@ def write_labels(
     check_writable(store, name)
     recover(store)
 
-    dtype = np.uint8 if np.dtype(array.dtype) == np.bool_ else np.dtype(array.dtype)
+    if dtype is None:
+        dtype = np.uint8 if np.dtype(array.dtype) == np.bool_ else array.dtype
+    dtype = np.dtype(dtype)
     # The image's blocks (viewers fetch matching tiles), split if they are huge.
     chunks = pyramid.bounded_chunks(tuple(int(c) for c in volume.data.chunksize))
     with staged_replace(store, name) as staging:
@@ -160,23 +167,28 @@ def save_corrections(
     Stored as the smallest unsigned integer type that holds them, with colours
     and class names in the NGFF image-label metadata, on every level of the
     image's pyramid; see the module doc for what survives a crash mid-write.
-    ``labels`` may be numpy, dask or zarr: its range is found block by block.
+    ``labels`` may be numpy (napari's layer data), dask or zarr: a lazy array
+    is never loaded whole (its range is found block by block), and each chunk
+    is cast to the stored type on its way to disk, without a full-size copy.
     """
     import dask.array as da
 
-    lazy = labels if isinstance(labels, da.Array) else da.asarray(
-        labels if hasattr(labels, "dtype") else np.asarray(labels)
-    )
-    if not (np.issubdtype(lazy.dtype, np.integer) or lazy.dtype == np.bool_):
+    array = labels if hasattr(labels, "dtype") and hasattr(labels, "shape") else (
+        np.asarray(labels))
+    if not (np.issubdtype(array.dtype, np.integer) or array.dtype == np.bool_):
         raise VolumeError(
-            f"corrections have dtype {lazy.dtype}; paint them on an integer Labels layer."
+            f"corrections have dtype {array.dtype}; paint them on an integer Labels layer."
         )
-    low, top = (int(v) for v in da.compute(lazy.min(), lazy.max())) if lazy.size else (0, 0)
+    if isinstance(array, np.ndarray):
+        low, top = (int(array.min()), int(array.max())) if array.size else (0, 0)
+    else:
+        lazy = array if isinstance(array, da.Array) else da.from_array(array)
+        low, top = (int(v) for v in da.compute(lazy.min(), lazy.max())) if lazy.size else (0, 0)
     if low < 0:
         raise VolumeError("corrections contain negative values; use 0 (unpainted), 1, 2, ...")
     dtype = np.uint8 if top < 2**8 else np.uint16 if top < 2**16 else np.uint32
     colors, properties = correction_metadata(channel_names, max(top - 1, 0))
-    return write_labels(path, name, lazy.astype(dtype), colors, properties)
+    return write_labels(path, name, array, colors, properties, dtype=dtype)
 
 
 def load_corrections(path: str | os.PathLike, name: str = "corrections") -> np.ndarray:
