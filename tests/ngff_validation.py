@@ -68,9 +68,9 @@ def assert_valid_ngff(path: Path) -> None:
     if not labels_dir.is_dir():
         return
     labels_attrs = _attrs(labels_dir)
-    image_version = _attrs(path)["version" if (path / "zarr.json").is_file() else "multiscales"]
-    if isinstance(image_version, list):  # 0.4: the version sits in the multiscales entry
-        image_version = image_version[0]["version"]
+    image_attrs = _attrs(path)
+    # 0.5 has one version for the group; 0.4 puts it in the multiscales entry.
+    image_version = image_attrs.get("version") or image_attrs["multiscales"][0]["version"]
     assert labels_attrs.get("version") == image_version, labels_attrs
     image = level_geometry(path)
     for name in labels_attrs["labels"]:

@@ -67,3 +67,12 @@ def test_labels_of_another_writer_are_left_as_they_are(store: Path, version: str
     save_corrections(store, painted_corrections())
     assert_valid_ngff(store)  # ground_truth (ome-zarr-py's, with the image's levels) too
     assert_napari_ome_zarr_reads_labels(store, ["ground_truth", "corrections"])
+
+
+def test_image_with_a_singleton_channel_axis(tmp_path: Path, make_store, version: str) -> None:
+    """Labels keep the spatial axes only (NGFF allows it); both readers accept that."""
+    path = make_store(tmp_path / "czyx.zarr", version, image=np.zeros((1, *SHAPE), np.uint8),
+                      axes="czyx")
+    save_corrections(path, painted_corrections())
+    assert_valid_ngff(path)
+    assert_napari_ome_zarr_reads_labels(path, ["corrections"])
