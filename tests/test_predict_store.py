@@ -122,3 +122,39 @@ def _budget_between(model) -> int:
     assert small < large
     torch.manual_seed(0)
     return (small + large) // 2
+
+
+def _ngff_store(path: Path, version: str, scale_factors: tuple[int, ...]) -> Path:
+    """A uint8 image in NGFF 0.4 (zarr v2) or 0.5 (zarr v3), written by ome-zarr-py."""
+    import zarr
+    from ome_zarr.format import FormatV04, FormatV05
+    from ome_zarr.io import parse_url
+    from ome_zarr.writer import write_image
+
+    fmt = FormatV04() if version == "0.4" else FormatV05()
+    rng = np.random.default_rng(0)
+    image = (rng.random(SHAPE) * 200 + 20).astype(np.uint8)
+    root = zarr.group(store=parse_url(str(path), mode="w", fmt=fmt).store,
+                      zarr_format=fmt.zarr_format)
+    write_image(image, root, axes="zyx", fmt=fmt, scale_factors=list(scale_factors),
+                scale={"z": 1.0, "y": 0.5, "x": 0.5})
+    return path
+
+
+@pytest.mark.parametrize("scale_factors", [(), (2, 4)], ids=["single-scale", "multiscale"])
+@pytest.mark.parametrize("version", ["0.4", "0.5"])
+def test_predictions_are_valid_ngff_with_the_image_levels(tmp_path, checkpoint, version,
+                                                          scale_factors):
+    """ome-zarr-models 1.7 rejected a 0.5 multiscale store once predictions were written:
+    "Number of image label multiscale levels (1) doesn't match ... (3)"."""
+    from napari_finetune.io.omezarr import open_volume
+    from ngff_validation import assert_napari_ome_zarr_reads_labels, assert_valid_ngff
+
+    store = _ngff_store(tmp_path / f"vol{version}.zarr", version, scale_factors)
+    assert predict_to_omezarr(checkpoint, store, config=CONFIG) == NAMES
+    assert_valid_ngff(store)
+    assert_napari_ome_zarr_reads_labels(store, NAMES)
+    for name in NAMES:
+        levels = open_volume(store / "labels" / name).levels
+        assert len(levels) == len(scale_factors) + 1  # values: tests/io/test_pyramid.py
+        assert np.asarray(levels[0]).any()

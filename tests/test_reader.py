@@ -30,7 +30,7 @@ def _store(path: Path, version: str, scale_factors: tuple[int, ...] = (2, 4)) ->
     write_image(image, root, axes="zyx", fmt=fmt, scale_factors=list(scale_factors), scale=scale)
     gt = (image > 0).astype(np.uint8)
     write_labels(gt, root, name="ground_truth", axes="zyx", fmt=fmt, scaler=None,
-                 scale_factors=[], scale=scale)
+                 scale_factors=list(scale_factors), scale=scale)  # the image's levels (NGFF)
     return path
 
 
@@ -125,4 +125,67 @@ def test_big_labels_stay_lazy_and_broken_ones_are_skipped(store: Path, monkeypat
     with pytest.warns(UserWarning, match=r"labels/broken skipped: .*without OME-NGFF"):
         layers = read_ome_zarr(str(store))
     assert [kw["name"] for _, kw, _ in layers[1:]] == ["ground_truth", "corrections"]
-    assert all(isinstance(data, da.Array) for data, _, _ in layers[1:])
+    for data, kwargs, _ in layers[1:]:  # every level, lazy: a multiscale Labels layer
+        assert kwargs["multiscale"] and len(data) == 3
+        assert all(isinstance(level, da.Array) for level in data)
+
+
+# -- living beside napari-ome-zarr and napari's own readers ------------------------------------
+
+
+def _readers_for(path: Path) -> set[str]:
+    """Plugins napari offers for ``path`` (npe2's matching: patterns for files, any
+    directory reader for a folder)."""
+    import npe2
+
+    manager = npe2.PluginManager.instance()
+    manager.discover()
+    return {r.plugin_name for r in manager.iter_compatible_readers([str(path)])}
+
+
+def test_reader_claims_zarr_directories_not_every_file(tmp_path: Path, store: Path) -> None:
+    """The manifest said "*": every .tif or .npy had two readers, and viewer.open raised."""
+    np.save(tmp_path / "image.npy", np.zeros((4, 4)))
+    (tmp_path / "image.tif").write_bytes(b"II*\x00")
+    for path in (tmp_path / "image.npy", tmp_path / "image.tif"):
+        assert "napari-finetune" not in _readers_for(path), path
+    assert "napari-finetune" in _readers_for(store)
+
+
+def test_napari_opens_other_files_without_asking(make_napari_viewer, tmp_path: Path) -> None:
+    np.save(tmp_path / "image.npy", np.arange(16.0).reshape(4, 4))
+    viewer = make_napari_viewer()
+    # plugin=None: what the GUI does on File > Open; it raised MultipleReaderError before.
+    layers = viewer.open(str(tmp_path / "image.npy"), plugin=None)
+    assert [layer.name for layer in layers] == ["image"]
+
+
+def test_two_readers_for_a_store_are_a_choice(make_napari_viewer, store: Path) -> None:
+    """napari offers every directory reader for a folder: it asks (GUI) or says which (script)."""
+    from napari.errors import MultipleReaderError
+
+    assert {"napari-finetune", "napari-ome-zarr"} <= _readers_for(store)
+    viewer = make_napari_viewer()
+    with pytest.raises(MultipleReaderError, match="napari-finetune"):
+        viewer.open(str(store), plugin=None)
+    assert len(viewer.open(str(store), plugin="napari-finetune")) == 3
+
+
+def test_layers_opened_by_napari_ome_zarr_lead_to_their_store(make_napari_viewer,
+                                                              store: Path) -> None:
+    """napari-ome-zarr records no store path of ours; napari's source.path is enough."""
+    from napari_finetune.io.layer_store import store_of_layer
+    from ngff_validation import assert_valid_ngff
+
+    assert_valid_ngff(store)  # what save_corrections left is valid, with the image's levels
+    viewer = make_napari_viewer()
+    for opened in (store, store / "labels" / "corrections"):
+        layers = viewer.open(str(opened), plugin="napari-ome-zarr")
+        assert "ome_zarr_path" not in layers[0].metadata
+        kinds = {type(layer).__name__ for layer in layers}
+        assert "Labels" in kinds, kinds
+        for layer in layers:
+            assert store_of_layer(layer.metadata, layer.source.path) == store, opened
+    labels = [layer for layer in viewer.layers if layer.name.endswith("corrections")
+              and type(layer).__name__ == "Labels"]
+    assert labels and all(len(layer.data) == 3 for layer in labels)  # the image's levels

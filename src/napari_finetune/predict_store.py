@@ -9,7 +9,9 @@ untouched and lists nothing half written; the staging folder is removed by the
 failed run itself or by the next write (``recover``).
 
 Regions are aligned to the output chunks (:func:`region_grid`), so each one
-writes whole chunks of its own. Out of memory, a region is tiled with smaller
+writes whole chunks of its own. Each labels image has the image's levels: the
+smaller ones are filled from level 0, chunk by chunk, once every region is
+written and before the swap. Out of memory, a region is tiled with smaller
 blocks (:class:`~napari_finetune.predict_regions.RegionPredictor`).
 """
 
@@ -67,8 +69,11 @@ def predict_to_omezarr(
     PredictOutOfMemoryError
         Out of memory even at the smallest block (a ``MemoryError``).
     """
+    import zarr
+
     from napari_finetune.data.normalization import intensity_range
     from napari_finetune.io.omezarr import create_labels_array, open_volume
+    from napari_finetune.io.pyramid import fill_pyramid
     from napari_finetune.io.staging import staged_replace
     from napari_finetune.model.checkpoint import Checkpoint, load_checkpoint
 
@@ -86,7 +91,7 @@ def predict_to_omezarr(
 
     with ExitStack() as stack:
         # Entered in order, left in reverse: all are swapped in only after the body.
-        targets = []
+        targets, pyramids = [], []
         for name in names:
             staging = stack.enter_context(staged_replace(volume.path, name))
             targets.append(
@@ -94,8 +99,11 @@ def predict_to_omezarr(
                     store_path, name, tuple(image.shape), np.uint8, chunks, staging=staging
                 )
             )
+            pyramids.append(staging / "labels" / name)
         _predict_regions(ckpt.model, image, (low, high), halo, device, regions, targets,
                          progress, log)
+        for labels_image in pyramids:  # the image's smaller levels, before the swap
+            fill_pyramid(zarr.open_group(str(labels_image), mode="r+"))
     return names
 
 

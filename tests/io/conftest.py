@@ -22,6 +22,7 @@ def write_store(
     scale_factors: tuple[int, ...] = (2, 4),
     labels: dict[str, np.ndarray] | None = None,
     scale: dict[str, float] | None = None,
+    chunks: tuple[int, ...] | None = None,
 ) -> Path:
     """An OME-Zarr image (multiscale unless ``scale_factors`` is empty) via ome-zarr-py."""
     import zarr
@@ -37,10 +38,11 @@ def write_store(
     root = zarr.group(store=store, zarr_format=fmt.zarr_format)
     spatial = {a: (scale or SCALE).get(a, 1.0) for a in axes}
     write_image(image, root, axes=axes, fmt=fmt, scale_factors=list(scale_factors),
-                scale=spatial)
+                scale=spatial, storage_options={"chunks": chunks} if chunks else None)
     for name, data in (labels or {}).items():
+        # With the image's levels (NGFF requires them): a valid store to start from.
         write_labels(data, root, name=name, axes=axes, fmt=fmt, scaler=None,
-                     scale_factors=[], scale=spatial)
+                     scale_factors=list(scale_factors), scale=spatial)
     return path
 
 

@@ -19,6 +19,7 @@ from napari_finetune.io.omezarr import (
     save_corrections,
     write_labels,
 )
+from ngff_validation import assert_valid_ngff
 
 
 def test_shape_mismatch_changes_nothing(store: Path, hash_files) -> None:
@@ -66,15 +67,21 @@ def test_load_missing_corrections(store: Path) -> None:
 _KILLED_SAVE = """
 import os, sys
 import numpy as np
-import ome_zarr.writer
+from napari_finetune.io import pyramid
 from napari_finetune.io.omezarr import save_corrections
 path, when = sys.argv[1], sys.argv[2]
 if when == "while-writing":
-    real = ome_zarr.writer.write_labels
-    def write_then_die(data, group, **kwargs):
-        real(data, group, **kwargs)
-        os._exit(9)  # the new copy is on disk, but not marked complete
-    ome_zarr.writer.write_labels = write_then_die
+    real = pyramid.fill_pyramid
+    def write_then_die(group):
+        real(group)
+        os._exit(9)  # the new copy (every level) is on disk, but not marked complete
+    pyramid.fill_pyramid = write_then_die
+elif when == "mid-pyramid":
+    real_level = pyramid.downsample_level
+    def level_then_die(src, dst, *args):
+        real_level(src, dst, *args)
+        os._exit(9)  # level 1 written, level 2 not yet
+    pyramid.downsample_level = level_then_die
 else:
     real_rename, calls = os.rename, []
     def rename(src, dst):
@@ -89,7 +96,7 @@ save_corrections(path, new)
 """
 
 
-@pytest.mark.parametrize("when", ["while-writing", "between-renames"])
+@pytest.mark.parametrize("when", ["while-writing", "mid-pyramid", "between-renames"])
 def test_killed_save_loses_nothing(store: Path, when: str) -> None:
     save_corrections(store, painted_corrections(2))
     proc = subprocess.run([sys.executable, "-c", _KILLED_SAVE, str(store), when],
@@ -98,12 +105,13 @@ def test_killed_save_loses_nothing(store: Path, when: str) -> None:
     assert len(staging_dirs(store)) == 1  # what the killed process left behind
     new = np.zeros(SHAPE, np.uint8)
     new[5] = 3
-    expected = painted_corrections(2) if when == "while-writing" else new
+    expected = new if when == "between-renames" else painted_corrections(2)
     if when == "between-renames":
         assert not (store / "labels" / "corrections").exists()
     np.testing.assert_array_equal(load_corrections(store), expected)  # recovers first
     assert staging_dirs(store) == []
     assert list_labels(store) == ["ground_truth", "corrections"]
+    assert_valid_ngff(store)  # whichever copy survived has every level
 
 
 def test_failed_write_keeps_old_labels(store: Path, monkeypatch, hash_files) -> None:
@@ -113,7 +121,7 @@ def test_failed_write_keeps_old_labels(store: Path, monkeypatch, hash_files) -> 
     def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("ome_zarr.writer.write_labels", disk_full)
+    monkeypatch.setattr("napari_finetune.io.pyramid.write_level0", disk_full)
     with pytest.raises(OSError, match="No space left"):
         save_corrections(store, painted_corrections(3))
     assert hash_files(store) == before and staging_dirs(store) == []
@@ -154,17 +162,17 @@ def test_save_while_another_thread_writes(store: Path, monkeypatch) -> None:
     """
     import threading
 
-    import ome_zarr.writer
+    from napari_finetune.io import pyramid
 
-    real, halfway, go_on = ome_zarr.writer.write_labels, threading.Event(), threading.Event()
+    real, halfway, go_on = pyramid.fill_pyramid, threading.Event(), threading.Event()
 
-    def held_write(data, group, **kwargs):
-        real(data, group, **kwargs)
-        if kwargs["name"] == "prediction":
+    def held_write(group):
+        real(group)
+        if group.basename == "prediction":
             halfway.set()
             assert go_on.wait(60)
 
-    monkeypatch.setattr(ome_zarr.writer, "write_labels", held_write)
+    monkeypatch.setattr(pyramid, "fill_pyramid", held_write)
     mask = np.full(SHAPE, 5, np.uint8)
     writer = threading.Thread(target=write_labels, args=(store, "prediction", mask))
     writer.start()

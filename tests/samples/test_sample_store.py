@@ -104,3 +104,23 @@ def test_cache_dir_default_and_override(monkeypatch, tmp_path):
     assert gen.cache_dir().parts[-2:] == (".cache", "napari-finetune")
     monkeypatch.setenv("NAPARI_FINETUNE_CACHE", str(tmp_path))
     assert gen.cache_dir() == tmp_path
+
+
+def test_sample_store_is_valid_ngff_before_anything_is_painted(cache):
+    """Its labels group had no NGFF version: ome-zarr-models rejected the fresh store
+    ("1 validation error for LabelsAttrs: version Field required")."""
+    from ngff_validation import assert_napari_ome_zarr_reads_labels, assert_valid_ngff
+
+    path = gen.ensure_sample("target", SHAPE, seed=8)
+    assert_valid_ngff(path)  # ground_truth has every level of the image, same transforms
+    assert_napari_ome_zarr_reads_labels(path, ["ground_truth"])
+
+
+def test_cached_store_of_the_old_layout_is_written_again(cache):
+    path = gen.ensure_sample("target", SHAPE, seed=9)
+    root = zarr.open_group(str(path), mode="r+")
+    old = {k: v for k, v in root.attrs[_store.COMPLETE_KEY].items() if k != "store_layout"}
+    root.attrs[_store.COMPLETE_KEY] = old  # what a cache written before layout 2 holds
+    assert gen.ensure_sample("target", SHAPE, seed=9) == path
+    record = zarr.open_group(str(path), mode="r").attrs[_store.COMPLETE_KEY]
+    assert record["store_layout"] == _store.STORE_LAYOUT

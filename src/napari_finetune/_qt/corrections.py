@@ -95,9 +95,12 @@ def image_level0(layer: Any) -> Any:
 
 
 def store_path_of(*layers: Any) -> str | None:
-    """The first ``metadata["ome_zarr_path"]`` among ``layers``."""
+    """The store of the first of ``layers`` that has one (our reader's or napari-ome-zarr's)."""
+    from napari_finetune.io.layer_store import store_of_layer
+
     for layer in layers:
-        path = (getattr(layer, "metadata", None) or {}).get("ome_zarr_path")
+        source = getattr(getattr(layer, "source", None), "path", None)
+        path = store_of_layer(getattr(layer, "metadata", None), source)
         if path:
             return str(path)
     return None

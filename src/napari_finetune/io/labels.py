@@ -1,16 +1,18 @@
 """NGFF ``labels/<name>`` images: corrections and predictions kept in the volume's own store.
 
-Writing goes through ome-zarr-py (``write_labels``, ``write_multiscales_metadata``,
-``write_label_metadata``) in the store's own zarr format and NGFF version, so
-ome-zarr-py's Reader and napari-ome-zarr read what we write. Labels are single
-resolution (level 0 only) with the image's spatial axes and level-0 scale;
-viewers draw them over the image pyramid.
+Labels are written in the store's own zarr format and NGFF version (metadata
+through ome-zarr-py's writers), so ome-zarr-py's Reader, napari-ome-zarr and
+ome-zarr-models read what we write. A labels image has the image's levels,
+shapes and per-level transforms (:mod:`napari_finetune.io.pyramid`): level 0
+is written chunk by chunk from the array given, then each smaller level from
+the one above, so a big volume is never held in memory twice.
 
 Replacing an existing ``labels/<name>`` (``write_labels``, ``save_corrections``)
-goes through :func:`napari_finetune.io.staging.staged_replace`: the new image is
-written completely beside the old one and swapped in by renames, so a crash or
-an error mid-write never loses the old labels (its module doc says exactly what
-is guaranteed). Nothing is written before every check has passed.
+goes through :func:`napari_finetune.io.staging.staged_replace`: the new image,
+every level of it, is written completely beside the old one and swapped in by
+renames, so a crash or an error mid-write never loses the old labels (its
+module doc says exactly what is guaranteed). Nothing is written before every
+check has passed.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
+from napari_finetune.io import pyramid
 from napari_finetune.io.staging import (
     check_writable,
     labels_group,
@@ -43,12 +47,6 @@ BACKGROUND_RGBA = [128, 128, 128, 255]
 CHANNEL_RGBA = [[255, 0, 255, 255], [0, 255, 255, 255], [255, 200, 0, 255], [0, 200, 0, 255]]
 
 
-def _format(volume: Volume) -> Any:
-    from ome_zarr.format import FormatV04, FormatV05
-
-    return FormatV04() if volume.zarr_format == 2 else FormatV05()
-
-
 def _check_name(name: str) -> None:
     if not name or "/" in name or "\\" in name or name.startswith(".") or name == "labels":
         raise VolumeError(
@@ -68,16 +66,6 @@ def _check_array(volume: Volume, array: Any, what: str) -> None:
         raise VolumeError(f"{what} have dtype {dtype}; labels must be integers (e.g. uint8).")
 
 
-def _axes_meta(volume: Volume) -> list[dict[str, str]]:
-    axes = []
-    for a in volume.axes:
-        entry = {"name": a, "type": "space"}
-        if a in volume.axis_units:
-            entry["unit"] = volume.axis_units[a]
-        axes.append(entry)
-    return axes
-
-
 def _image_label(
     colors: list[dict[str, Any]] | None, properties: list[dict[str, Any]] | None
 ) -> dict[str, Any]:
@@ -89,14 +77,27 @@ def _image_label(
     return meta
 
 
+def _staging_labels(staging: Path, volume: Volume) -> Any:
+    """The ``labels`` group of a staging folder (a zarr hierarchy of the store's format)."""
+    import zarr
+    from zarr.storage import LocalStore
+
+    fmt = pyramid.ngff_format(volume)
+    root = zarr.open_group(store=LocalStore(staging), mode="a", zarr_format=fmt.zarr_format)
+    return root.require_group("labels")
+
+
 def write_labels(
     path: str | os.PathLike,
     name: str,
     array: Any,
     colors: list[dict[str, Any]] | None = None,
     properties: list[dict[str, Any]] | None = None,
+    dtype: npt.DTypeLike | None = None,
 ) -> Path:
     """Write ``array`` as ``labels/<name>`` of the image at ``path``, replacing it safely.
+
+    Every level of the image gets its labels level (see the module doc).
 
     Parameters
     ----------
@@ -105,21 +106,20 @@ def write_labels(
     name : str
         Labels name (``labels/<name>``).
     array : array-like
-        Integer labels with the image's level-0 spatial shape (numpy, dask or zarr).
+        Integer labels with the image's level-0 spatial shape (numpy, dask or
+        zarr); read one chunk at a time.
     colors, properties : list of dict, optional
         NGFF image-label ``colors`` (``{"label-value": v, "rgba": [r, g, b, a]}``)
         and ``properties`` (``{"label-value": v, ...}``).
+    dtype : dtype, optional
+        Stored integer type (each chunk is cast on its way); default the
+        array's own (uint8 for bool).
 
     Returns
     -------
     Path
         The ``labels/<name>`` directory.
     """
-    import dask.array as da
-    import zarr
-    from ome_zarr.writer import write_labels as ome_write_labels
-    from zarr.storage import LocalStore
-
     _check_name(name)
     volume = open_volume(path)
     store = volume.path  # the image group (series 0 of a bioformats2raw store)
@@ -127,46 +127,19 @@ def write_labels(
     check_writable(store, name)
     recover(store)
 
-    data = array if isinstance(array, da.Array) else da.from_array(array)
-    if data.dtype == np.bool_:
-        data = data.astype(np.uint8)
-    data = data.rechunk(volume.data.chunksize)  # same blocks as the image: cheap blockwise IO
-    fmt = _format(volume)
+    if dtype is None:
+        dtype = np.uint8 if np.dtype(array.dtype) == np.bool_ else array.dtype
+    dtype = np.dtype(dtype)
+    # The image's blocks (viewers fetch matching tiles), split if they are huge.
+    chunks = pyramid.bounded_chunks(tuple(int(c) for c in volume.data.chunksize))
     with staged_replace(store, name) as staging:
-        group = zarr.open_group(store=LocalStore(staging), mode="w", zarr_format=fmt.zarr_format)
-        ome_write_labels(
-            data,
-            group,
-            name=name,
-            scaler=None,  # its default (a deprecated Scaler) would build a pyramid
-            scale_factors=[],
-            fmt=fmt,
-            axes=_axes_meta(volume),
-            scale=dict(zip(volume.axes, volume.scale[0], strict=True)),
-            label_metadata=_image_label(colors, properties),
+        group = pyramid.create_pyramid(
+            _staging_labels(staging, volume), name, volume, dtype, chunks,
+            _image_label(colors, properties),
         )
-        _align(group[f"labels/{name}"], volume)
+        pyramid.write_level0(group["s0"], array)
+        pyramid.fill_pyramid(group)
     return store / "labels" / name
-
-
-def _transforms(volume: Volume) -> list[dict[str, Any]]:
-    """Level-0 transforms of the image, so the labels overlay it in every viewer."""
-    transforms: list[dict[str, Any]] = [{"type": "scale", "scale": list(volume.scale[0])}]
-    if any(volume.translation[0]):
-        transforms.append({"type": "translation", "translation": list(volume.translation[0])})
-    return transforms
-
-
-def _align(group: Any, volume: Volume) -> None:
-    """Give a freshly written single-level labels image the image's level-0 transforms.
-
-    ome-zarr-py's write_labels takes a scale only; an image with an origin
-    offset (translation) would otherwise be overlaid shifted.
-    """
-    attrs = group.attrs.asdict()
-    meta = attrs.get("ome", attrs)
-    meta["multiscales"][0]["datasets"][0]["coordinateTransformations"] = _transforms(volume)
-    group.attrs.update(attrs)
 
 
 def correction_metadata(
@@ -192,20 +165,30 @@ def save_corrections(
     """Save painted corrections (0 unpainted, 1 background, k >= 2 channel k-2) into the store.
 
     Stored as the smallest unsigned integer type that holds them, with colours
-    and class names in the NGFF image-label metadata; see the module doc for
-    what survives a crash mid-write.
+    and class names in the NGFF image-label metadata, on every level of the
+    image's pyramid; see the module doc for what survives a crash mid-write.
+    ``labels`` may be numpy (napari's layer data), dask or zarr: a lazy array
+    is never loaded whole (its range is found block by block), and each chunk
+    is cast to the stored type on its way to disk, without a full-size copy.
     """
-    labels_arr = np.asarray(labels)
-    if not (np.issubdtype(labels_arr.dtype, np.integer) or labels_arr.dtype == np.bool_):
+    import dask.array as da
+
+    array = labels if hasattr(labels, "dtype") and hasattr(labels, "shape") else (
+        np.asarray(labels))
+    if not (np.issubdtype(array.dtype, np.integer) or array.dtype == np.bool_):
         raise VolumeError(
-            f"corrections have dtype {labels_arr.dtype}; paint them on an integer Labels layer."
+            f"corrections have dtype {array.dtype}; paint them on an integer Labels layer."
         )
-    top = int(labels_arr.max()) if labels_arr.size else 0
-    if labels_arr.size and int(labels_arr.min()) < 0:
+    if isinstance(array, np.ndarray):
+        low, top = (int(array.min()), int(array.max())) if array.size else (0, 0)
+    else:
+        lazy = array if isinstance(array, da.Array) else da.from_array(array)
+        low, top = (int(v) for v in da.compute(lazy.min(), lazy.max())) if lazy.size else (0, 0)
+    if low < 0:
         raise VolumeError("corrections contain negative values; use 0 (unpainted), 1, 2, ...")
     dtype = np.uint8 if top < 2**8 else np.uint16 if top < 2**16 else np.uint32
     colors, properties = correction_metadata(channel_names, max(top - 1, 0))
-    return write_labels(path, name, labels_arr.astype(dtype, copy=False), colors, properties)
+    return write_labels(path, name, array, colors, properties, dtype=dtype)
 
 
 def load_corrections(path: str | os.PathLike, name: str = "corrections") -> np.ndarray:
@@ -238,7 +221,11 @@ def create_labels_array(
     properties: list[dict[str, Any]] | None = None,
     staging: Path | None = None,
 ) -> Any:
-    """Create an empty ``labels/<name>`` (NGFF metadata written) to fill block by block.
+    """Create an empty ``labels/<name>`` (every level, NGFF metadata written) to fill by blocks.
+
+    The caller writes level 0 (the array returned) and then calls
+    :func:`~napari_finetune.io.pyramid.fill_pyramid` on its group
+    (``zarr.open_group(<labels image>)``) so the smaller levels follow.
 
     Without ``staging`` this replaces an existing ``labels/<name>`` in place
     and lists it at once. With ``staging`` (a folder yielded by
@@ -252,51 +239,28 @@ def create_labels_array(
     zarr.Array
         Level 0, opened for writing, filled with 0.
     """
-    from ome_zarr.writer import write_label_metadata, write_multiscales_metadata
-
     _check_name(name)
     volume = open_volume(path)
     store = volume.path  # the image group (series 0 of a bioformats2raw store)
     _check_array(volume, _Shape(shape, dtype), f"labels {name!r}")
     check_writable(store, name)
     recover(store)
-    fmt = _format(volume)
     if staging is not None:
-        import zarr
-        from zarr.storage import LocalStore
-
-        root = zarr.open_group(store=LocalStore(staging), mode="a", zarr_format=fmt.zarr_format)
-        group = root.require_group("labels")
+        parent = _staging_labels(staging, volume)
     else:
-        group = labels_group(store)
+        parent = labels_group(store)
         if _zarr_kind(store / "labels" / name) is not None:
             shutil.rmtree(store / "labels" / name)
-    sub = group.create_group(name)
-    kwargs: dict[str, Any] = {}
-    if fmt.zarr_format == 2:
-        kwargs["chunk_key_encoding"] = {"name": "v2", "separator": "/"}  # NGFF 0.4 wants "/"
-    else:
-        kwargs["dimension_names"] = list(volume.axes)
-    array = sub.create_array(
-        "s0",
-        shape=tuple(int(s) for s in shape),
-        dtype=dtype,
-        chunks=tuple(chunks) if chunks else volume.data.chunksize,
-        fill_value=0,
-        **kwargs,
+    level0_chunks = pyramid.bounded_chunks(
+        tuple(chunks) if chunks else tuple(int(c) for c in volume.data.chunksize)
     )
-    write_multiscales_metadata(
-        sub,
-        datasets=[{"path": "s0", "coordinateTransformations": _transforms(volume)}],
-        fmt=fmt,
-        axes=_axes_meta(volume),
-        name=name,
+    group = pyramid.create_pyramid(
+        parent, name, volume, dtype, level0_chunks, _image_label(colors, properties)
     )
-    write_label_metadata(group, name, fmt=fmt, **_image_label(colors, properties))
     if staging is None:  # a staged image is listed by staged_replace when swapped in
-        list_name(group, name)
+        list_name(parent, name)
         refresh_consolidated(store)
-    return array
+    return group["s0"]
 
 
 class _Shape:

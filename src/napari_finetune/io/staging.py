@@ -72,17 +72,19 @@ def labels_group(store: Path) -> Any:
 
 
 def list_name(group: Any, name: str) -> None:
-    """Make ``name`` appear exactly once in the labels group's NGFF ``labels`` list."""
+    """Make ``name`` appear exactly once in the labels group's NGFF ``labels`` list.
+
+    The group's NGFF ``version`` is written with it.
+    """
     from ome_zarr.format import FormatV04, FormatV05
     from ome_zarr.writer import add_metadata, get_metadata
 
     fmt = FormatV04() if group.metadata.zarr_format == 2 else FormatV05()
     with _LOCK:  # read-modify-write of one attribute
         names = [n for n in get_metadata(group).get("labels", []) if n != name] + [name]
-        meta: dict[str, Any] = {"labels": names}
-        if fmt.version != "0.4":
-            meta = {"version": fmt.version, **meta}
-        add_metadata(group, meta, fmt=fmt)
+        # ome-zarr-models requires the version on a 0.5 labels group (inside "ome"); 0.4
+        # readers ignore it there, and it names the group's version for them too.
+        add_metadata(group, {"version": fmt.version, "labels": names}, fmt=fmt)
 
 
 def refresh_consolidated(store: Path) -> None:

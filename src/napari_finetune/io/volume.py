@@ -146,7 +146,7 @@ def _open_location(p: Path) -> Any:
     return loc
 
 
-def _transforms(
+def compose_transforms(
     transforms: list[dict[str, Any]] | None, ndim: int
 ) -> tuple[list[float], list[float]]:
     """Compose a list of NGFF scale/translation transforms into (scale, translation)."""
@@ -251,7 +251,7 @@ def open_volume(path: str | os.PathLike, ndim: int | None = None) -> Volume:
     per_level = node.metadata.get("coordinateTransformations") or [None] * len(node.data)
     levels, scales, translations = [], [], []
     for data, transforms in zip(node.data, per_level, strict=False):
-        scale, trans = _transforms((transforms or []) + (outer or []), len(shape0))
+        scale, trans = compose_transforms((transforms or []) + (outer or []), len(shape0))
         levels.append(data[index] if len(keep) < len(shape0) else data)
         scales.append([scale[i] for i in keep])
         translations.append([trans[i] for i in keep])

@@ -20,6 +20,9 @@ import numpy as np
 from napari_finetune.samples import synthetic_em as gen
 
 COMPLETE_KEY = "napari_finetune_sample"
+# Part of the completion record: a cached store of an older layout (layout 1: a labels
+# group without its NGFF version) no longer matches and is written again.
+STORE_LAYOUT = 2
 CHUNKS = (32, 128, 128)
 
 
@@ -32,6 +35,7 @@ def store_name(domain: str, shape: tuple[int, int, int], seed: int) -> str:
 def _record(domain: str, shape: tuple[int, int, int], seed: int) -> dict[str, Any]:
     return {
         "generator_version": gen.GENERATOR_VERSION,
+        "store_layout": STORE_LAYOUT,
         "domain": domain,
         "seed": int(seed),
         "shape": [int(s) for s in shape],
@@ -68,7 +72,9 @@ def write_store(
     """Write ``image`` (multiscale) and ``labels/ground_truth`` as OME-Zarr at ``path``."""
     import zarr
     from ome_zarr.io import parse_url
-    from ome_zarr.writer import write_image, write_labels
+    from ome_zarr.writer import write_image
+
+    from napari_finetune.io.labels import write_labels
 
     path = Path(path)
     root = zarr.group(store=parse_url(str(path), mode="w").store)
@@ -85,11 +91,9 @@ def write_store(
     properties = [
         {"label-value": k + 1, "class": name} for k, name in enumerate(gen.CHANNEL_NAMES)
     ]
-    write_labels(
-        truth, root, name="ground_truth", scaler=None, scale_factors=factors, axes="zyx",
-        storage_options={"chunks": chunks},
-        label_metadata={"colors": colors, "properties": properties},
-    )
+    # Our own writer, not ome-zarr-py's: its labels group has no NGFF version, which
+    # ome-zarr-models rejects; ours copies the image's levels and transforms exactly.
+    write_labels(path, "ground_truth", truth, colors=colors, properties=properties)
     # Written last: its presence is what "complete" means.
     root.attrs[COMPLETE_KEY] = record
     return path
