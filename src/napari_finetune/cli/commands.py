@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from napari_finetune.cli.options import (
     config_from_args,
     given_options,
 )
-from napari_finetune.cli.run import STOP_SIGNALS, describe_outcome, run_finetune
+from napari_finetune.cli.run import describe_outcome, run_finetune
 from napari_finetune.config import FinetuneConfig, PredictConfig
 
 DEFAULT_2D_PATCH = (128, 128)
@@ -146,10 +145,6 @@ def train(args: argparse.Namespace) -> int:
     line = describe_outcome(outcome, config.steps, args.out)
     if outcome.stopped or outcome.exit_code == 0:
         print(line)
-    if outcome.stopped:
-        # The process is about to end: a further Ctrl-C must not interrupt the exit.
-        for signum in STOP_SIGNALS:
-            signal.signal(signum, signal.SIG_IGN)
     if outcome.error is not None:
         from napari_finetune.cli import CLIError
 

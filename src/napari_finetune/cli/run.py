@@ -86,11 +86,13 @@ class _SignalGuard:
         self.trainer = trainer
         self.printer = printer
         self.received: int | None = None
+        self.interrupted = False  # the run was interrupted once: later signals only wait
         self.exporting = False
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         name = signal_name(signum)
-        if self.exporting:
+        if self.exporting or self.interrupted:
+            # A third Ctrl-C must not interrupt the handling of the second one.
             self.printer.bar.write(f"{name}: still writing the checkpoint, one moment...")
             return
         if self.received is None:
@@ -100,6 +102,7 @@ class _SignalGuard:
             )
             self.trainer.stop()
             return
+        self.interrupted = True
         raise InterruptedRun(name)
 
     @contextmanager
@@ -110,8 +113,12 @@ class _SignalGuard:
         try:
             yield
         finally:
+            # After a stop signal the process only exports and exits: the signals
+            # stay ignored, or a storm of Ctrl-C would raise KeyboardInterrupt in
+            # whatever runs next (a progress bar's __del__, the final print).
+            stopping = self.received is not None
             for signum, handler in previous.items():
-                signal.signal(signum, handler)
+                signal.signal(signum, signal.SIG_IGN if stopping else handler)
 
 
 def run_finetune(
