@@ -124,7 +124,7 @@ def oom_recovery(image, corrections, device: str, batch: int, patch, dry_run: bo
     before = _memory(device)
     hook = None
     if dry_run:
-        from napari_finetune.trainer.faults import oom_above_batch
+        from napari_finetune.testing import oom_above_batch
 
         def hook(trainer):  # noqa: ANN001 - the CPU has no allocator cap: inject instead
             oom_above_batch(trainer.model, max(1, batch // 4))

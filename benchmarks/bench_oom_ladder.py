@@ -32,7 +32,7 @@ from napari_finetune.config import FinetuneConfig
 from napari_finetune.data.normalization import intensity_range
 from napari_finetune.data.sampling import PatchSampler
 from napari_finetune.model.unet import UNet
-from napari_finetune.trainer.faults import MemoryBudget
+from napari_finetune.testing import MemoryBudget
 from napari_finetune.trainer.loop import Finetuner
 
 

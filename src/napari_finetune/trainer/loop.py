@@ -34,9 +34,12 @@ from napari_finetune.trainer.batchnorm_floor import (
     refuse_batch,
     split_respects,
 )
+from napari_finetune.trainer.ladder import Climb
 from napari_finetune.trainer.losses import corrected_channels, needs_teacher
+from napari_finetune.trainer.memory_info import MemoryInfo
 from napari_finetune.trainer.recovery import Precision, iter_probe
 from napari_finetune.trainer.retry import optimizer_step
+from napari_finetune.trainer.snapshot import MemoryHistory
 from napari_finetune.trainer.state import batchnorm_modules
 from napari_finetune.trainer.status import Status
 
@@ -98,6 +101,13 @@ class Finetuner:
         self.scaler_skips = 0
         self.batchnorm_floor: BatchNormFloor | None = None  # measured by build()
         self.after_build: list[Callable[[Finetuner], None]] = []
+        # The memory-aware start: the provider autobatch reads (None: the
+        # device's own; tests and benchmarks put a MemoryBudget here), what it
+        # chose, the allocator history, and the ladder's way back up.
+        self.memory_info: MemoryInfo | None = None
+        self.autobatch_decision: Any = None
+        self.memory_history = MemoryHistory(config.memory_snapshot, self.device)
+        self.climb = Climb()
         self._painted_seen = 0
         self._stop = threading.Event()
         self._lock = threading.RLock()
@@ -212,35 +222,68 @@ class Finetuner:
         if self._released:
             raise RuntimeError("this Finetuner was released; build a new one to train again.")
         self._start_time = time.perf_counter()
-        self.build()
-        floor = self.batchnorm_floor
-        if floor is not None and floor.min_batch > 1:
-            yield self.status("recovery", describe_floor(floor, self.config.patch_shape))
-        if self._resumed:
-            yield self.status("recovery", self._resumed)
-        for kind, message in iter_probe(self):
-            yield self.status(kind, message)
-        total = self.config.steps
-        # The feed draws the next steps' samples in a background thread (same
-        # sequence as drawing here); it is closed before the run's last event
-        # and on any error, so no thread outlives run().
-        from napari_finetune.data.prefetch import SampleFeed, stage_for
-
-        self.feed = SampleFeed(self.sampler, self.config.prefetch_steps, stage_for(self.device))
+        recording = self.memory_history.start()  # the history starts before the build
         try:
+            self.build()
+            floor = self.batchnorm_floor
+            if floor is not None and floor.min_batch > 1:
+                yield self.status("recovery", describe_floor(floor, self.config.patch_shape))
+            if self._resumed:
+                yield self.status("recovery", self._resumed)
+            if recording:
+                yield self.status("probe", recording)
+            yield from self._memory_aware_start()
+            total = self.config.steps
+            # The feed draws the next steps' samples in a background thread (same
+            # sequence as drawing here); it is closed before the run's last event
+            # and on any error, so no thread outlives run().
+            from napari_finetune.data.prefetch import SampleFeed, stage_for
+
+            self.feed = SampleFeed(
+                self.sampler, self.config.prefetch_steps, stage_for(self.device)
+            )
             while self.steps_done < total:
                 if self._stop.is_set():
                     self.feed.close()
                     yield self.status(
-                        "stopped", f"stopped after step {self.steps_done} of {total}"
+                        "stopped", self._with_snapshot(f"stopped after step {self.steps_done} "
+                                                       f"of {total}")
                     )
                     return
                 images, labels = self.feed.next(self.samples_per_step)
                 yield from optimizer_step(self, images, labels)
             self.feed.close()
+            yield self.status("finished", self._with_snapshot(f"finished {total} steps"))
         finally:
-            self.feed.close()
-        yield self.status("finished", f"finished {total} steps")
+            if self.feed is not None:
+                self.feed.close()
+            self.memory_history.finish()  # a failed run's history is written all the same
+
+    def _memory_aware_start(self) -> Iterator[Status]:
+        """Autobatch (when on), then the precision probe; re-profiled after a fall-back to fp32."""
+        from napari_finetune.trainer.autobatch import autobatch
+
+        use = self.config.autobatch_on(self.device.type)
+        if use:
+            yield self._autobatch(autobatch)
+        mixed = self.precision.enabled
+        for kind, message in iter_probe(self):
+            yield self.status(kind, message)
+        if use and mixed and not self.precision.enabled:
+            # fp32 activations are larger than those just measured.
+            yield self._autobatch(autobatch)
+
+    def _autobatch(self, autobatch: Callable[..., Any]) -> Status:
+        self.autobatch_decision = decision = autobatch(self, self.memory_info)
+        if decision.applied:
+            # The measured choice is the top rung: the ladder climbs back to it,
+            # never above it to a batch the profile said does not fit.
+            self.climb.rungs.clear()
+        return self.status("probe", decision.message)
+
+    def _with_snapshot(self, message: str) -> str:
+        line = self.memory_history.finish()
+        return f"{message}; {line}" if line else message
 
     # --- reporting -------------------------------------------------------------------
 

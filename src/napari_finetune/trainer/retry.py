@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from napari_finetune.trainer.ladder import after_applied_step, retry_at_bottom
 from napari_finetune.trainer.recovery import (
     RecoveryError,
     is_oom_error,
@@ -49,9 +50,20 @@ def optimizer_step(trainer: Any, images: np.ndarray, labels: np.ndarray) -> Iter
         if failure is not None:
             restore_batchnorm(saved)
             del saved
-            if not survive_oom(trainer, trainer.epoch):
+            snapshot = trainer.memory_history.dump_first_oom()
+            trainer.climb.out_of_memory()
+            # At the bottom rung a transient OOM gets a few retries (cache
+            # emptied) before the teacher is freed or the run gives up.
+            retry = retry_at_bottom(trainer, step)
+            if retry:
+                trainer.recovery_log.append(retry)
+            elif not survive_oom(trainer, trainer.epoch):
                 raise RecoveryError(nothing_left_message(trainer, failure, f"step {step}"))
+            else:
+                trainer.climb.retries = 0
             yield trainer.status("recovery", trainer.recovery_log[-1])
+            if snapshot:
+                yield trainer.status("recovery", snapshot)
             continue
         if outcome.kind == "nonfinite":
             restore_batchnorm(saved)
@@ -88,6 +100,10 @@ def optimizer_step(trainer: Any, images: np.ndarray, labels: np.ndarray) -> Iter
         trainer.last_loss = outcome.loss
         trainer._painted_seen += int(np.count_nonzero(labels))
         yield trainer.status("step", f"step {step}/{trainer.config.steps}: loss {outcome.loss:.4f}")
+        climbed = after_applied_step(trainer)
+        if climbed:
+            trainer.recovery_log.append(climbed)
+            yield trainer.status("recovery", climbed)
         return
 
 
