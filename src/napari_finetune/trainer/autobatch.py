@@ -26,7 +26,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
 from napari_finetune.devices import empty_device_cache
 from napari_finetune.trainer import step as _step
@@ -113,16 +112,17 @@ def fit_line(points: list[tuple[int, int]]) -> tuple[float, float] | str:
 
 
 def choose_batch(
-    a: float, b: float, budget: float, samples: int, smallest: int = 1
+    a: float, b: float, budget: float, samples: int, smallest: int = 1, ceiling: int | None = None
 ) -> tuple[int, int]:
     """(micro-batch, accumulation): the largest balanced cut of ``samples`` that fits.
 
-    The fit allows ``floor((budget - a) / b)`` samples; the accumulation is
-    the fewest micro-batches of at most that many, and the micro-batch the
-    largest part of the balanced cut (64 samples, 9 fit -> 8 x 8).
+    The fit allows ``floor((budget - a) / b)`` samples (at most ``ceiling``, at
+    least ``smallest``); the accumulation is the fewest micro-batches of at
+    most that many, and the micro-batch the largest part of the balanced cut
+    (64 samples, 9 fit -> 8 x 8).
     """
     fits = int(math.floor((budget - a) / b)) if budget > a else 0
-    fits = max(smallest, min(samples, fits))
+    fits = max(smallest, min(samples, ceiling or samples, fits))
     accumulation = math.ceil(samples / fits)
     return math.ceil(samples / accumulation), accumulation
 
@@ -159,8 +159,9 @@ def autobatch(trainer: Any, memory: MemoryInfo | None = None) -> AutobatchDecisi
     if samples <= smallest:
         return keep("one micro-batch is the whole step, nothing to choose")
     reserved = pending_optimizer_bytes(trainer)
-    points = measure(trainer, memory, samples, smallest, lambda: fraction * memory.free_bytes()
-                     - reserved)
+    points, failed_at = measure(
+        trainer, memory, samples, smallest, lambda: fraction * memory.free_bytes() - reserved
+    )
     free = int(memory.free_bytes())
     fit = fit_line(points)
     if isinstance(fit, str):
@@ -168,7 +169,9 @@ def autobatch(trainer: Any, memory: MemoryInfo | None = None) -> AutobatchDecisi
                     free=free)
     a, b = fit
     budget = fraction * free - reserved
-    batch, accumulation = choose_batch(a, b, budget, samples, smallest)
+    # A size that ran out of memory is a hard ceiling, whatever the fit says.
+    ceiling = None if failed_at is None else max(smallest, failed_at - 1)
+    batch, accumulation = choose_batch(a, b, budget, samples, smallest, ceiling)
     if not split_respects(floor, samples, batch):
         return keep("the fitted micro-batch would split below the BatchNorm floor",
                     points=points, free=free)
@@ -181,6 +184,8 @@ def autobatch(trainer: Any, memory: MemoryInfo | None = None) -> AutobatchDecisi
         + (f" less {format_bytes(reserved)} optimizer state" if reserved else "")
         + f" ({memory.name})"
     )
+    if failed_at is not None:
+        line += f"; batch {failed_at} ran out of memory in the profile"
     if a + b * batch > budget:
         line += "; even that is predicted not to fit, the ladder stays armed"
     return AutobatchDecision(
@@ -194,11 +199,18 @@ def measure(
     samples: int,
     smallest: int,
     budget: Callable[[], float],
-) -> list[tuple[int, int]]:
+) -> tuple[list[tuple[int, int]], int | None]:
     """Peak bytes of the real micro-step at each profile size, state restored after.
 
     ``budget()`` is the planned limit: a size the points so far predict above
     it is not tried, the first size that runs out of memory ends the profile.
+
+    Returns
+    -------
+    points : list of (int, int)
+        (micro-batch, peak bytes) measured.
+    failed_at : int or None
+        The size that ran out of memory, if one did.
     """
     model = trainer.model
     rng = rng_state(trainer)
@@ -206,6 +218,7 @@ def measure(
     grads = grad_state(model)
     handle = model.register_forward_hook(lambda *_: memory.observe())
     points: list[tuple[int, int]] = []
+    failed_at = None
     try:
         images, labels = trainer.sampler.sample(samples)
         sizes = profile_sizes(samples, smallest)
@@ -217,6 +230,7 @@ def measure(
             peak = _measure_one(trainer, memory, images[:size], labels[:size])
             restore_batchnorm(bn)
             if peak is None:  # out of memory: the profile ends here
+                failed_at = size
                 break
             points.append((size, peak))
     finally:
@@ -226,7 +240,7 @@ def measure(
         restore_grads(grads)
         gc.collect()
         empty_device_cache(trainer.device)
-    return points
+    return points, failed_at
 
 
 def _measure_one(

@@ -1,4 +1,4 @@
-"""The fault-injection helpers under their older path; they live in :mod:`napari_finetune.testing`."""
+"""Fault injection under its older path; it lives in :mod:`napari_finetune.testing`."""
 
 from napari_finetune.testing import (
     Fault,
