@@ -5,10 +5,10 @@ from __future__ import annotations
 import platform
 
 import torch
-from test_cli import TRAIN_FAST, assert_one_line_error, run_cli
 
 from napari_finetune import __version__
 from napari_finetune.model.checkpoint import load_checkpoint
+from test_cli import TRAIN_FAST, assert_one_line_error, run_cli
 
 
 def test_train_prints_the_environment_and_the_memory_lines(
