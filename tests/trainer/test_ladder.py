@@ -34,16 +34,17 @@ def test_a_transient_oom_does_not_use_up_the_ladder():
 
 
 def test_a_failed_climb_steps_down_again_and_loses_no_step():
-    trainer = make_trainer(steps=6, batch_size=4)
+    trainer = make_trainer(steps=7, batch_size=4)
     trainer.build()
     trainer.climb.climb_after = 2
     testing.oom_above_batch(trainer.model, 2)  # batch 4 never fits
     calls = count_calls(trainer.optimizer)
     events = run_all(trainer)
-    assert calls[0] == 6 and events[-1].kind == "finished"
+    assert calls[0] == 7 and events[-1].kind == "finished"
+    # Each failed climb doubles the wait before that rung is tried again: 2, then 4.
     climbs = [e.step for e in events if "climbing back" in e.message]
-    assert climbs == [2, 4, 6]
-    assert sum("batch 4 → 2" in e.message for e in events) == 3  # probe + steps 3 and 5
+    assert climbs == [2, 6]
+    assert sum("batch 4 → 2" in e.message for e in events) == 3  # the probe, steps 3 and 7
     assert events[-1].distillation == "on"  # a failed climb never frees the teacher
 
 

@@ -5,7 +5,8 @@ GPU for a while) halves the micro-batch, and the lower rung then stays for the
 rest of the run. Here, after ``climb_after`` optimizer steps in a row without
 an out-of-memory on a lower rung, the run tries the rung it came from again
 (the effective batch is the same, so this only buys speed back); if that
-fails the ladder steps down as usual and counts again. At the bottom rung,
+fails the ladder steps down as usual and waits twice as long before trying
+that rung again. At the bottom rung,
 before the teacher is freed or the run gives up, the same step is retried
 ``bottom_retries`` times after emptying the cache. Every change is a log line.
 """
@@ -49,12 +50,24 @@ class Climb:
     retries: int = 0
     climb_after: int = CLIMB_AFTER
     bottom_retries: int = BOTTOM_RETRIES
+    climbed_to: int | None = None
+    failed_climbs: dict[int, int] = field(default_factory=dict)
 
     def stepped_down(self, from_batch: int, to_batch: int) -> None:
         """Remember the rung left (a halving, or a smaller start than configured)."""
+        if from_batch == self.climbed_to:
+            # A climb that failed: wait twice as long before trying that rung again.
+            self.failed_climbs[from_batch] = self.failed_climbs.get(from_batch, 0) + 1
+        self.climbed_to = None
         if to_batch < from_batch:
             self.rungs.append(from_batch)
         self.clean_steps = 0
+
+    def steps_before_climbing(self) -> int:
+        """Clean steps needed before the next rung up is tried (doubled per failure there)."""
+        if not self.rungs:
+            return 0
+        return self.climb_after * 2 ** self.failed_climbs.get(self.rungs[-1], 0)
 
     def out_of_memory(self) -> None:
         """An out-of-memory happened: the count of clean steps starts again."""
@@ -89,10 +102,10 @@ def after_applied_step(trainer: Any) -> str:
     climb: Climb = trainer.climb
     climb.retries = 0
     climb.clean_steps += 1
-    if not climb.rungs or climb.clean_steps < climb.climb_after:
+    if not climb.rungs or climb.clean_steps < climb.steps_before_climbing():
         return ""
     old = (trainer.batch_size, trainer.accumulation)
-    trainer.batch_size = climb.rungs.pop()
+    trainer.batch_size = climb.climbed_to = climb.rungs.pop()
     trainer.accumulation = math.ceil(trainer.samples_per_step / trainer.batch_size)
     clean, climb.clean_steps = climb.clean_steps, 0
     return (
