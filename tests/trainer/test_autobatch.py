@@ -219,3 +219,25 @@ def test_the_record_keeps_the_decision(tmp_path):
     assert run["memory"]["autobatch"]["applied"] is True
     assert run["memory"]["autobatch"]["batch_size"] == trainer.batch_size
     assert run["samples_per_step"] == 8
+
+
+def test_cuda_free_memory_respects_a_per_process_cap(monkeypatch):
+    """CUDA's figures faked (no GPU here): free + cached, capped by the process fraction."""
+    from napari_finetune.trainer.memory_info import CudaMemory, format_bytes
+
+    gib = 2**30
+    cuda = torch.cuda
+    monkeypatch.setattr(cuda, "synchronize", lambda *_: None)
+    monkeypatch.setattr(cuda, "mem_get_info", lambda *_: (10 * gib, 80 * gib))
+    monkeypatch.setattr(cuda, "memory_allocated", lambda *_: 2 * gib)
+    monkeypatch.setattr(cuda, "memory_reserved", lambda *_: 3 * gib)
+    monkeypatch.setattr(cuda, "get_per_process_memory_fraction", lambda *_: 1.0)
+    memory = CudaMemory(torch.device("cuda"))
+    assert memory.free_bytes() == 11 * gib  # 10 free on the device + 1 cached
+    monkeypatch.setattr(cuda, "get_per_process_memory_fraction", lambda *_: 0.1)
+    assert memory.free_bytes() == 6 * gib  # a cap of 8 GiB, 2 of them allocated
+    monkeypatch.setattr(cuda, "reset_peak_memory_stats", lambda *_: None)
+    monkeypatch.setattr(cuda, "max_memory_allocated", lambda *_: 5 * gib)
+    memory.start_measure()
+    assert memory.measured_peak() == 3 * gib
+    assert format_bytes(11.2 * gib) == "11.20 GiB" and format_bytes(0.41 * gib, gib) == "0.41 GiB"

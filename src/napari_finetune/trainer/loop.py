@@ -27,6 +27,7 @@ import torch
 
 from napari_finetune.config import FinetuneConfig
 from napari_finetune.trainer import record
+from napari_finetune.trainer.autobatch import AutobatchDecision
 from napari_finetune.trainer.batchnorm_floor import (
     BatchNormFloor,
     batchnorm_floor,
@@ -37,9 +38,10 @@ from napari_finetune.trainer.batchnorm_floor import (
 from napari_finetune.trainer.ladder import Climb
 from napari_finetune.trainer.losses import corrected_channels, needs_teacher
 from napari_finetune.trainer.memory_info import MemoryInfo
-from napari_finetune.trainer.recovery import Precision, iter_probe
+from napari_finetune.trainer.recovery import Precision
 from napari_finetune.trainer.retry import optimizer_step
 from napari_finetune.trainer.snapshot import MemoryHistory
+from napari_finetune.trainer.start import memory_aware_start
 from napari_finetune.trainer.state import batchnorm_modules
 from napari_finetune.trainer.status import Status
 
@@ -105,7 +107,7 @@ class Finetuner:
         # device's own; tests and benchmarks put a MemoryBudget here), what it
         # chose, the allocator history, and the ladder's way back up.
         self.memory_info: MemoryInfo | None = None
-        self.autobatch_decision: Any = None
+        self.autobatch_decision: AutobatchDecision | None = None
         self.memory_history = MemoryHistory(config.memory_snapshot, self.device)
         self.climb = Climb()
         self._painted_seen = 0
@@ -232,7 +234,7 @@ class Finetuner:
                 yield self.status("recovery", self._resumed)
             if recording:
                 yield self.status("probe", recording)
-            yield from self._memory_aware_start()
+            yield from memory_aware_start(self)
             total = self.config.steps
             # The feed draws the next steps' samples in a background thread (same
             # sequence as drawing here); it is closed before the run's last event
@@ -258,28 +260,6 @@ class Finetuner:
             if self.feed is not None:
                 self.feed.close()
             self.memory_history.finish()  # a failed run's history is written all the same
-
-    def _memory_aware_start(self) -> Iterator[Status]:
-        """Autobatch (when on), then the precision probe; re-profiled after a fall-back to fp32."""
-        from napari_finetune.trainer.autobatch import autobatch
-
-        use = self.config.autobatch_on(self.device.type)
-        if use:
-            yield self._autobatch(autobatch)
-        mixed = self.precision.enabled
-        for kind, message in iter_probe(self):
-            yield self.status(kind, message)
-        if use and mixed and not self.precision.enabled:
-            # fp32 activations are larger than those just measured.
-            yield self._autobatch(autobatch)
-
-    def _autobatch(self, autobatch: Callable[..., Any]) -> Status:
-        self.autobatch_decision = decision = autobatch(self, self.memory_info)
-        if decision.applied:
-            # The measured choice is the top rung: the ladder climbs back to it,
-            # never above it to a batch the profile said does not fit.
-            self.climb.rungs.clear()
-        return self.status("probe", decision.message)
 
     def _with_snapshot(self, message: str) -> str:
         line = self.memory_history.finish()

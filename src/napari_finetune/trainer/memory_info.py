@@ -43,11 +43,17 @@ class CudaMemory:
         self._base = 0
 
     def free_bytes(self) -> int:
-        # Free on the device plus what the allocator caches but does not use.
+        # Free on the device plus what the allocator caches but does not use,
+        # and no more than a per-process cap leaves (set_per_process_memory_fraction;
+        # mem_get_info knows nothing of it).
         torch.cuda.synchronize(self.device)
-        free, _total = torch.cuda.mem_get_info(self.device)
-        cached = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
-        return int(free + cached)
+        free, total = torch.cuda.mem_get_info(self.device)
+        allocated = torch.cuda.memory_allocated(self.device)
+        usable = free + torch.cuda.memory_reserved(self.device) - allocated
+        get_fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+        if get_fraction is not None:  # torch >= 2.7
+            usable = min(usable, int(get_fraction(self.device) * total) - allocated)
+        return max(0, int(usable))
 
     def start_measure(self) -> None:
         torch.cuda.synchronize(self.device)
