@@ -241,3 +241,29 @@ def test_cuda_free_memory_respects_a_per_process_cap(monkeypatch):
     memory.start_measure()
     assert memory.measured_peak() == 3 * gib
     assert format_bytes(11.2 * gib) == "11.20 GiB" and format_bytes(0.41 * gib, gib) == "0.41 GiB"
+
+
+@pytest.mark.parametrize("when", ["probe", "step"])
+def test_freeing_the_teacher_grows_the_micro_batch_into_the_memory_it_gave_back(when):
+    trainer = make_trainer(steps=3, batch_size=8, autobatch=True)
+    trainer.build()
+    calls = []
+    original = trainer.optimizer.step
+    trainer.optimizer.step = lambda *a, **k: (calls.append(1), original(*a, **k))[1]
+    events = []
+    with testing.MemoryBudget(10**9) as budget:
+        trainer.memory_info = budget
+        if when == "probe":  # the teacher never fits, from the profile on
+            testing.oom_in_teacher(trainer)
+        for event in trainer.run():
+            events.append(event)
+            if when == "step" and event.message.startswith("precision probe passed"):
+                testing.oom_in_teacher(trainer)  # from step 1 on
+    decisions = [e for e in events if e.message.startswith("autobatch:")]
+    dropped = next(i for i, e in enumerate(events) if "freed the teacher" in e.message)
+    grown = decisions[-1]
+    assert events[dropped].batch_size == 1 and events.index(grown) > dropped
+    assert grown.distillation == "dropped" and grown.batch_size == 8
+    assert trainer.batch_size == 8  # the whole step in one micro-batch again
+    assert len(calls) == 3 and events[-1].kind == "finished"
+    assert all(e.effective_batch == 8 for e in events)

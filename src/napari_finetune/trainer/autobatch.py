@@ -41,6 +41,8 @@ from napari_finetune.trainer.state import (
     rng_state,
 )
 
+Samples = tuple[np.ndarray, np.ndarray]
+
 __all__ = ["AutobatchDecision", "MemoryInfo", "autobatch", "choose_batch", "profile_sizes"]
 
 
@@ -127,13 +129,18 @@ def choose_batch(
     return math.ceil(samples / accumulation), accumulation
 
 
-def autobatch(trainer: Any, memory: MemoryInfo | None = None) -> AutobatchDecision:
+def autobatch(
+    trainer: Any, memory: MemoryInfo | None = None, step_samples: Samples | None = None
+) -> AutobatchDecision:
     """Measure, fit and choose; sets ``trainer.batch_size`` and ``trainer.accumulation``.
 
     Parameters
     ----------
     trainer : Finetuner
         Built; its micro-step is the one measured.
+    step_samples : (images, labels), optional
+        Measure on these (a step's samples, mid-run) instead of drawing from the
+        sampler, which a running sample feed owns.
     memory : MemoryInfo, optional
         Where free memory and peaks are read; default the device's own.
     """
@@ -160,7 +167,8 @@ def autobatch(trainer: Any, memory: MemoryInfo | None = None) -> AutobatchDecisi
         return keep("one micro-batch is the whole step, nothing to choose")
     reserved = pending_optimizer_bytes(trainer)
     points, failed_at = measure(
-        trainer, memory, samples, smallest, lambda: fraction * memory.free_bytes() - reserved
+        trainer, memory, samples, smallest, lambda: fraction * memory.free_bytes() - reserved,
+        step_samples,
     )
     free = int(memory.free_bytes())
     fit = fit_line(points)
@@ -199,6 +207,7 @@ def measure(
     samples: int,
     smallest: int,
     budget: Callable[[], float],
+    step_samples: Samples | None = None,
 ) -> tuple[list[tuple[int, int]], int | None]:
     """Peak bytes of the real micro-step at each profile size, state restored after.
 
@@ -213,14 +222,15 @@ def measure(
         The size that ran out of memory, if one did.
     """
     model = trainer.model
-    rng = rng_state(trainer)
+    # Mid-run the sample feed owns the sampler: its state is neither read nor restored.
+    rng = rng_state(trainer if step_samples is None else None)
     bn = batchnorm_state(model)
     grads = grad_state(model)
     handle = model.register_forward_hook(lambda *_: memory.observe())
     points: list[tuple[int, int]] = []
     failed_at = None
     try:
-        images, labels = trainer.sampler.sample(samples)
+        images, labels = step_samples or trainer.sampler.sample(samples)
         sizes = profile_sizes(samples, smallest)
         for size in sizes:
             fit = fit_line(points)

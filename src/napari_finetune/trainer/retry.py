@@ -24,6 +24,7 @@ from napari_finetune.trainer.recovery import (
     nothing_left_message,
     survive_oom,
 )
+from napari_finetune.trainer.start import choose_micro_batch
 from napari_finetune.trainer.state import batchnorm_state, restore_batchnorm
 from napari_finetune.trainer.status import Status
 from napari_finetune.trainer.step import run_step
@@ -55,6 +56,7 @@ def optimizer_step(trainer: Any, images: np.ndarray, labels: np.ndarray) -> Iter
             # At the bottom rung a transient OOM gets a few retries (cache
             # emptied) before the teacher is freed or the run gives up.
             retry = retry_at_bottom(trainer, step)
+            had_teacher = trainer.teacher is not None
             if retry:
                 trainer.recovery_log.append(retry)
             elif not survive_oom(trainer, trainer.epoch):
@@ -64,6 +66,13 @@ def optimizer_step(trainer: Any, images: np.ndarray, labels: np.ndarray) -> Iter
             yield trainer.status("recovery", trainer.recovery_log[-1])
             if snapshot:
                 yield trainer.status("recovery", snapshot)
+            if had_teacher and trainer.teacher is None and trainer.config.autobatch_on(
+                trainer.device.type
+            ):
+                # The teacher's memory is free: measure again and grow into it.
+                status = choose_micro_batch(trainer, (images, labels))
+                trainer.recovery_log.append(status.message)
+                yield trainer.status("recovery", status.message)
             continue
         if outcome.kind == "nonfinite":
             restore_batchnorm(saved)
