@@ -20,7 +20,8 @@ Run it when a CUDA GPU is lent (about 3 minutes on an H100/H200)::
    the micro-batch autobatch picks from its measured profile, the OOM events of
    that run, and the largest micro-batch that really trains a step under the
    same cap (bisection, one short run per size). Goal: the choice at or below the
-   limit, above ``memory_fraction`` (0.8) of it, no OOM event.
+   limit and no OOM event; near ``memory_fraction`` (0.8) of the limit, less the
+   rounding of a balanced cut of the step (64 at most 17 -> 4 x 16).
 
 Exits with code 2 and one line when no CUDA device is present.
 """
