@@ -59,9 +59,9 @@ class FinetuneConfig:
         training step (0: drawn on the training thread). The samples are the
         same either way; on CUDA they are staged in pinned memory.
     autobatch : bool or None
-        Choose the micro-batch from a measured memory profile before step 1 (the
-        samples per step stay ``batch_size * accumulation``); None: on for CUDA and
-        MPS, off on the CPU, which has no device memory limit to measure against.
+        Choose the micro-batch from a memory profile measured before step 1, keeping
+        the samples per step; None: on for CUDA and MPS, off on the CPU, which has
+        no device memory limit to measure against.
     memory_fraction : float
         Share of the free device memory autobatch may plan to use, in (0, 1]; the
         rest is headroom for fragmentation and other programs.
