@@ -15,6 +15,13 @@ Run it when a CUDA GPU is lent (about 3 minutes on an H100/H200)::
    finish every step. Prints the recovery lines and the final state.
 3. **Memory back to baseline**: allocated/reserved CUDA memory before the
    trainer is built and after it is deleted (gc + empty_cache).
+4. **Autobatch against the real limit**: the allocator capped at about 12
+   one-sample steps (``set_per_process_memory_fraction``), 64 samples per step:
+   the micro-batch autobatch picks from its measured profile, the OOM events of
+   that run, and the largest micro-batch that really trains a step under the
+   same cap (bisection, one short run per size). Goal: the choice at or below the
+   limit and no OOM event; near ``memory_fraction`` (0.8) of the limit, less the
+   rounding of a balanced cut of the step (64 at most 17 -> 4 x 16).
 
 Exits with code 2 and one line when no CUDA device is present.
 """
@@ -124,7 +131,7 @@ def oom_recovery(image, corrections, device: str, batch: int, patch, dry_run: bo
     before = _memory(device)
     hook = None
     if dry_run:
-        from napari_finetune.trainer.faults import oom_above_batch
+        from napari_finetune.testing import oom_above_batch
 
         def hook(trainer):  # noqa: ANN001 - the CPU has no allocator cap: inject instead
             oom_above_batch(trainer.model, max(1, batch // 4))
@@ -189,6 +196,105 @@ def _memory(device: str) -> tuple[float, float]:
 
 
 
+def autobatch_vs_limit(image, corrections, device: str, patch, dry_run: bool) -> None:
+    """Part 4: autobatch's choice and the largest micro-batch that fits, one cap."""
+    import contextlib
+
+    import torch
+
+    from napari_finetune.config import FinetuneConfig
+    from napari_finetune.trainer.loop import Finetuner
+    from napari_finetune.trainer.recovery import RecoveryError
+
+    samples = 64
+
+    def cfg(batch, steps, autobatch):
+        return FinetuneConfig(
+            steps=steps, batch_size=batch, patch_shape=patch, device=device, seed=0,
+            autobatch=autobatch, prefetch_steps=0,
+        )
+
+    def one_sample_peak() -> int:
+        """Peak bytes of a 2-step run at batch 1, above what was resident before."""
+        model, metadata = load_model()
+        trainer = Finetuner(model, image, corrections, cfg(1, 2, False), metadata=metadata)
+        trainer.build()
+        if dry_run:
+            from napari_finetune.testing import MemoryBudget
+
+            with MemoryBudget(10**12) as budget:
+                list(trainer.run())
+            return budget.peak_bytes
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        list(trainer.run())
+        return torch.cuda.max_memory_allocated() - base
+
+    cap = 12 * one_sample_peak()
+
+    @contextlib.contextmanager
+    def capped():
+        if dry_run:  # the CPU has no allocator cap: a MemoryBudget plays the GPU
+            from napari_finetune.testing import MemoryBudget
+
+            with MemoryBudget(cap) as budget:
+                yield budget
+            return
+        gc.collect()
+        torch.cuda.empty_cache()
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(
+            min(1.0, (torch.cuda.memory_allocated() + cap) / total)
+        )
+        try:
+            yield None
+        finally:
+            torch.cuda.set_per_process_memory_fraction(1.0)
+
+    def run(batch, steps, autobatch):
+        model, metadata = load_model()
+        trainer = Finetuner(model, image, corrections, cfg(batch, steps, autobatch),
+                            metadata=metadata)
+        trainer.build()  # the weights are resident before the cap, as in a real session
+        with capped() as memory:
+            trainer.memory_info = memory
+            try:
+                events = list(trainer.run())
+            except RecoveryError:
+                return trainer, None
+        return trainer, events
+
+    def ooms(events) -> int:
+        return sum("out of memory" in e.message for e in events or [])
+
+    trainer, events = run(samples, 3, True)
+    decision = trainer.autobatch_decision
+    chosen, chose_ooms = trainer.batch_size if decision else None, ooms(events)
+    first = events[0].batch_size if events else None
+
+    def fits(batch) -> bool:
+        _, ev = run(batch, 1, False)
+        return ev is not None and ooms(ev) == 0
+
+    lo, hi = 1, samples + 1  # fits(lo); not known for hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    print(
+        f"4. autobatch against the real limit: cap {cap / 2**20:.1f} MiB (12 one-sample steps), "
+        f"{samples} samples per step, memory_fraction 0.8"
+    )
+    print(f"   {decision.message if decision else 'no decision'}")
+    print_table(
+        ["autobatch micro-batch", "largest micro-batch that trains", "choice / limit",
+         "OOM events (autobatch run)", "steps done"],
+        [[str(chosen), str(lo), f"{chosen / lo:.2f}" if chosen else "-", str(chose_ooms),
+          f"{trainer.steps_done}/3"]],
+    )
+    ok = chosen is not None and chosen <= lo and chose_ooms == 0 and first == chosen
+    print(f"   => {'PASS' if ok else 'FAIL'}: choice within the limit and no OOM event")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -220,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     image, corrections = make_data(shape)
     speed(image, corrections, device, steps, batch, patch)
     oom_recovery(image, corrections, device, 2 * batch, patch, args.cpu_dry_run)
+    autobatch_vs_limit(image, corrections, device, patch, args.cpu_dry_run)
     return 0
 
 

@@ -68,7 +68,7 @@ def test_every_command_has_help(capsys, command):
 
 
 def test_bad_usage_exits_2(capsys):
-    code, _, err = run_cli(capsys, "info")
+    code, _, err = run_cli(capsys, "predict")
     assert code == 2 and "required" in err
     code, _, err = run_cli(
         capsys, "train", "x.zarr", "--checkpoint", "m.pt", "--out", "o.pt", "--mode", "bogus"

@@ -24,6 +24,12 @@ def test_defaults_are_valid_and_plain():
         ("device", "tpu", "device must be"),
         ("patch_shape", (0, 64, 64), "patch_shape must be positive"),
         ("prefetch_steps", -1, "prefetch_steps must be an integer >= 0"),
+        ("memory_fraction", 0, r"memory_fraction must be a number in \(0, 1\]"),
+        ("memory_fraction", 1.01, "memory_fraction must be a number in"),
+        ("memory_fraction", float("nan"), "memory_fraction must be a number in"),
+        ("memory_fraction", "0.5", "memory_fraction must be a number in"),
+        ("autobatch", "yes", "autobatch must be True, False or None"),
+        ("memory_snapshot", " ", "memory_snapshot must be a file path or None"),
     ],
 )
 def test_bad_values_name_the_field(field, value, match):
@@ -34,3 +40,20 @@ def test_bad_values_name_the_field(field, value, match):
 def test_predict_config_axes_must_agree():
     with pytest.raises(ValueError, match="same number of axes"):
         PredictConfig(block_shape=(64, 64), halo=(4, 4, 4))
+
+
+def test_memory_fields_defaults_and_autobatch_by_device():
+    config = FinetuneConfig()
+    assert config.autobatch is None and config.memory_fraction == 0.8
+    assert config.memory_snapshot is None
+    assert config.autobatch_on("cuda") and config.autobatch_on("mps")
+    assert not config.autobatch_on("cpu")
+    assert FinetuneConfig(autobatch=True).autobatch_on("cpu")
+    assert not FinetuneConfig(autobatch=False).autobatch_on("cuda")
+    assert FinetuneConfig(memory_fraction=1).memory_fraction == 1.0
+    assert FinetuneConfig(memory_snapshot="m.pickle").to_dict()["memory_snapshot"] == "m.pickle"
+
+
+def test_unknown_fields_stay_an_error():
+    with pytest.raises(TypeError, match="memory_budget"):
+        FinetuneConfig(memory_budget=1)

@@ -80,6 +80,16 @@ class FinetuneConfig:
         Fields the user set explicitly; a resumed degraded state never overrides
         them (the CLI fills it from the options given, the widget from the
         inputs changed).
+    autobatch : bool or None
+        Choose the micro-batch from a memory profile measured before step 1, keeping
+        the samples per step; None: on for CUDA and MPS, off on the CPU, which has
+        no device memory limit to measure against.
+    memory_fraction : float
+        Share of the free device memory autobatch may plan to use, in (0, 1]; the
+        rest is headroom for fragmentation and other programs.
+    memory_snapshot : str or None
+        File to dump the CUDA allocator's history to at the first out-of-memory and
+        at the end of the run (open it at https://pytorch.org/memory_viz); None: off.
     """
 
     steps: int = 200
@@ -111,6 +121,9 @@ class FinetuneConfig:
     early_stop_checks: int = 0
     resume_degraded: bool = True
     explicit_settings: tuple[str, ...] = ()
+    autobatch: bool | None = None
+    memory_fraction: float = 0.8
+    memory_snapshot: str | None = None
 
     def __post_init__(self) -> None:
         self.patch_shape = tuple(int(s) for s in self.patch_shape)
@@ -175,12 +188,40 @@ class FinetuneConfig:
                 f"max_grad_norm must be a positive number or None (no clipping), got "
                 f"{self.max_grad_norm}; 1.0 is a common choice."
             )
+        if self.autobatch is not None and not isinstance(self.autobatch, bool):
+            raise ValueError(
+                f"autobatch must be True, False or None (on for CUDA/MPS, off on the CPU), "
+                f"got {self.autobatch!r}."
+            )
+        if not (
+            isinstance(self.memory_fraction, (int, float))
+            and not isinstance(self.memory_fraction, bool)
+            and 0 < float(self.memory_fraction) <= 1
+        ):
+            raise ValueError(
+                f"memory_fraction must be a number in (0, 1], got {self.memory_fraction!r}; "
+                "0.8 leaves a fifth of the free memory as headroom."
+            )
+        self.memory_fraction = float(self.memory_fraction)
+        if self.memory_snapshot is not None:
+            if not str(self.memory_snapshot).strip():
+                raise ValueError(
+                    "memory_snapshot must be a file path or None, got an empty string; "
+                    "use e.g. memory.pickle."
+                )
+            self.memory_snapshot = str(self.memory_snapshot)
         if self.device not in ("auto", "cpu", "cuda", "mps") and not str(
             self.device
         ).startswith("cuda:"):
             raise ValueError(
                 f"device must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps', got {self.device!r}."
             )
+
+    def autobatch_on(self, device_type: str) -> bool:
+        """Whether autobatch runs on a device of this type ("cuda", "mps", "cpu")."""
+        if self.autobatch is None:
+            return device_type in ("cuda", "mps")
+        return self.autobatch
 
     @property
     def samples_per_step(self) -> int:

@@ -7,8 +7,8 @@ import torch
 from engine_setup import make_trainer
 
 from napari_finetune.model.unet import UNet
+from napari_finetune.testing import oom_above_batch
 from napari_finetune.trainer.batchnorm_floor import batchnorm_floor, split_respects
-from napari_finetune.trainer.faults import oom_above_batch
 
 PATCH = (8, 8, 8)  # a depth-3 UNet pools it down to 1x1x1
 

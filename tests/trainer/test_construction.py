@@ -49,7 +49,7 @@ def test_previous_run_is_resumed_only_on_the_same_device_type():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_run_with_mixed_precision_and_an_injected_oom():
-    from napari_finetune.trainer import faults
+    from napari_finetune import testing as faults
 
     trainer = make_trainer(steps=3, batch_size=4, device="cuda", mixed_precision=True,
                            mode="lora")

@@ -7,11 +7,11 @@ import pytest
 import torch
 from engine_setup import make_trainer
 
+from napari_finetune import testing as faults
 from napari_finetune.model.checkpoint import load_checkpoint, save_checkpoint
 from napari_finetune.model.lora import is_lora
 from napari_finetune.model.unet import UNet
 from napari_finetune.predict import predict_block
-from napari_finetune.trainer import faults
 
 
 def _outputs(model, x):

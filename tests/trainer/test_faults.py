@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from napari_finetune.trainer import faults
+from napari_finetune import testing as faults
 
 
 def test_memory_budget_counts_live_storages_and_frees_them():

@@ -10,7 +10,7 @@ import pytest
 import torch
 from engine_setup import count_calls, make_trainer
 
-from napari_finetune.trainer import faults
+from napari_finetune import testing as faults
 from napari_finetune.trainer import precision as precision_module
 from napari_finetune.trainer.recovery import RecoveryError
 

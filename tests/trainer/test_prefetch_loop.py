@@ -6,7 +6,7 @@ import pytest
 import torch
 from engine_setup import make_trainer
 
-from napari_finetune.trainer import faults
+from napari_finetune import testing as faults
 
 
 def _prefetch_threads():

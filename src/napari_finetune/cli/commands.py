@@ -98,11 +98,15 @@ def register(sub: Any) -> None:
 
     p = sub.add_parser(
         "info",
-        help="describe a checkpoint",
+        help="describe a checkpoint, or this machine",
         description="Architecture, channels, normalisation and the record of "
-        "the fine-tuning run of a checkpoint.",
+        "the fine-tuning run of a checkpoint, with the environment it ran in. "
+        "Without a checkpoint: this machine's versions, device and host.",
     )
-    p.add_argument("checkpoint", type=Path)
+    p.add_argument("checkpoint", type=Path, nargs="?", help="checkpoint to describe")
+    p.add_argument(
+        "--device", default="auto", help="device to describe (default: %(default)s)"
+    )
     add_trust_option(p)
     p.set_defaults(func=info)
 
@@ -135,6 +139,9 @@ def train(args: argparse.Namespace) -> int:
         raise ValueError(f"--out {args.out} is a folder; give a file name such as finetuned.pt")
     if not args.out.parent.is_dir():
         raise FileNotFoundError(2, "output folder does not exist", str(args.out.parent))
+    snapshot_dir = Path(config.memory_snapshot or ".").parent
+    if not snapshot_dir.is_dir():
+        raise FileNotFoundError(2, "folder of --memory-snapshot does not exist", str(snapshot_dir))
     ckpt = load_checkpoint(args.checkpoint, trust=args.trust_factory)
     volume = open_volume(args.volume)
     if args.patch_shape is None and volume.data.ndim == 2:
@@ -259,10 +266,22 @@ def write_torchscript(ckpt: Any) -> Path:
 
 
 def info(args: argparse.Namespace) -> int:
-    """Print :func:`describe_checkpoint`."""
+    """Print :func:`describe_checkpoint` and the environment its run recorded, or this
+    machine's environment without a checkpoint."""
+    from napari_finetune.trainer.environment import describe_environment, run_environment
+
+    if args.checkpoint is None:
+        from napari_finetune.devices import resolve_device
+
+        print(f"this machine: {describe_environment(run_environment(resolve_device(args.device)))}")
+        return 0
     from napari_finetune.model.checkpoint import describe_checkpoint, load_checkpoint
 
-    print(describe_checkpoint(load_checkpoint(args.checkpoint, trust=args.trust_factory)))
+    ckpt = load_checkpoint(args.checkpoint, trust=args.trust_factory)
+    print(describe_checkpoint(ckpt))
+    env = (ckpt.metadata.get("run") or {}).get("environment")
+    if env:
+        print(f"trained with:  {describe_environment(env)}")
     return 0
 
 

@@ -18,6 +18,8 @@ from napari_finetune.config import PredictConfig
 _CHOICES = {"mode": ["lora", "full"]}
 # Fields whose default is None: the type their option parses.
 _OPTIONAL_TYPES: dict[str, type] = {"max_grad_norm": float, "memory_snapshot": str}
+# Switches whose default None means "decided by the device": --x / --no-x.
+_OPTIONAL_SWITCHES = {"autobatch": "on for cuda/mps, off on the cpu"}
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -48,8 +50,9 @@ def add_config_options(parser: argparse.ArgumentParser, cls: type, skip: tuple =
             continue
         flag = "--" + f.name.replace("_", "-")
         default = f.default
-        helptext = f"{docs.get(f.name, '')} (default: {_show(default)})"
-        if isinstance(default, bool):
+        shown = _OPTIONAL_SWITCHES.get(f.name, _show(default))
+        helptext = f"{docs.get(f.name, '')} (default: {shown})"
+        if isinstance(default, bool) or f.name in _OPTIONAL_SWITCHES:
             group.add_argument(
                 flag, action=argparse.BooleanOptionalAction, default=None, help=helptext
             )

@@ -145,6 +145,9 @@ def run_finetune(
     )
     printer = printer or StatusPrinter(config.steps, quiet=quiet)
     guard = _SignalGuard(trainer, printer)
+    from napari_finetune.trainer.environment import describe_environment, run_environment
+
+    printer.bar.write(describe_environment(run_environment(trainer.device)))
     printer.bar.write(
         f"fine-tuning {config.steps} steps ({config.mode}, device {trainer.device}); "
         f"building the trainer ({'PEFT adapters, ' if config.mode == 'lora' else ''}"
@@ -167,6 +170,7 @@ def run_finetune(
             )
         finally:
             guard.exporting = True  # from here on a signal only waits for the file
+            _say_snapshots(trainer, printer)
             printer.close()
         if code == 0 and guard.received is not None and trainer.steps_done < config.steps:
             ended = f"stopped by {signal_name(guard.received)} after step {trainer.steps_done}"
@@ -175,6 +179,14 @@ def run_finetune(
         if trainer.steps_done > 0:
             exported = Path(trainer.export(out, ended=ended))
     return RunOutcome(trainer.steps_done, ended, code, exported, error)
+
+
+def _say_snapshots(trainer: Finetuner, printer: StatusPrinter) -> None:
+    """Print the memory-snapshot lines no status carried (a run that failed or was cut)."""
+    trainer.memory_history.finish()
+    for line in trainer.memory_history.lines:
+        if not any(line in shown for shown in printer.lines):
+            printer.bar.write(line)
 
 
 def _failure(trainer: Finetuner, what: str, exc: BaseException) -> tuple[str, int, str]:

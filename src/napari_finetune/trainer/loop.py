@@ -27,6 +27,7 @@ import torch
 
 from napari_finetune.config import FinetuneConfig
 from napari_finetune.trainer import record
+from napari_finetune.trainer.autobatch import AutobatchDecision
 from napari_finetune.trainer.batchnorm_floor import (
     BatchNormFloor,
     batchnorm_floor,
@@ -34,9 +35,13 @@ from napari_finetune.trainer.batchnorm_floor import (
     refuse_batch,
     split_respects,
 )
+from napari_finetune.trainer.ladder import Climb
 from napari_finetune.trainer.losses import corrected_channels, needs_teacher
-from napari_finetune.trainer.recovery import Precision, iter_probe
+from napari_finetune.trainer.memory_info import MemoryInfo
+from napari_finetune.trainer.recovery import Precision
 from napari_finetune.trainer.retry import optimizer_step
+from napari_finetune.trainer.snapshot import MemoryHistory
+from napari_finetune.trainer.start import memory_aware_start
 from napari_finetune.trainer.state import batchnorm_modules
 from napari_finetune.trainer.status import Status, switch_state
 from napari_finetune.trainer.validation import Validator
@@ -103,6 +108,13 @@ class Finetuner:
             config.validation_every, config.early_stop_checks, config.keep_best
         )
         self.after_build: list[Callable[[Finetuner], None]] = []
+        # The memory-aware start: the provider autobatch reads (None: the
+        # device's own; tests and benchmarks put a MemoryBudget here), what it
+        # chose, the allocator history, and the ladder's way back up.
+        self.memory_info: MemoryInfo | None = None
+        self.autobatch_decision: AutobatchDecision | None = None
+        self.memory_history = MemoryHistory(config.memory_snapshot, self.device)
+        self.climb = Climb()
         self._painted_seen = 0
         self._stop = threading.Event()
         self._lock = threading.RLock()
@@ -221,27 +233,32 @@ class Finetuner:
         if self._released:
             raise RuntimeError("this Finetuner was released; build a new one to train again.")
         self._start_time = time.perf_counter()
-        self.build()
-        floor = self.batchnorm_floor
-        if floor is not None and floor.min_batch > 1:
-            yield self.status("recovery", describe_floor(floor, self.config.patch_shape))
-        if self._resumed:
-            yield self.status("recovery", self._resumed)
-        for kind, message in iter_probe(self):
-            yield self.status(kind, message)
-        total = self.config.steps
-        # The feed draws the next steps' samples in a background thread (same
-        # sequence as drawing here); it is closed before the run's last event
-        # and on any error, so no thread outlives run().
-        from napari_finetune.data.prefetch import SampleFeed, stage_for
-
-        self.feed = SampleFeed(self.sampler, self.config.prefetch_steps, stage_for(self.device))
+        recording = self.memory_history.start()  # the history starts before the build
         try:
+            self.build()
+            floor = self.batchnorm_floor
+            if floor is not None and floor.min_batch > 1:
+                yield self.status("recovery", describe_floor(floor, self.config.patch_shape))
+            if self._resumed:
+                yield self.status("recovery", self._resumed)
+            if recording:
+                yield self.status("probe", recording)
+            yield from memory_aware_start(self)
+            total = self.config.steps
+            # The feed draws the next steps' samples in a background thread (same
+            # sequence as drawing here); it is closed before the run's last event
+            # and on any error, so no thread outlives run().
+            from napari_finetune.data.prefetch import SampleFeed, stage_for
+
+            self.feed = SampleFeed(
+                self.sampler, self.config.prefetch_steps, stage_for(self.device)
+            )
             while self.steps_done < total:
                 if self._stop.is_set():
                     self.feed.close()
                     yield self.status(
-                        "stopped", f"stopped after step {self.steps_done} of {total}"
+                        "stopped", self._with_snapshot(f"stopped after step {self.steps_done} "
+                                                       f"of {total}")
                     )
                     return
                 images, labels = self.feed.next(self.samples_per_step)
@@ -249,16 +266,24 @@ class Finetuner:
                 if self.validator.early_stop():
                     break
             self.feed.close()
+            early = self.validator.early_stop()
+            if early:
+                self.ended = f"{early} after step {self.steps_done}"
+            restored = self.validator.restore_best(self.model, self.steps_done)
+            if restored:
+                self.recovery_log.append(restored)
+            done = early or f"finished {total} steps"
+            yield self.status("finished", self._with_snapshot(
+                f"{done}; {restored}" if restored else done
+            ))
         finally:
-            self.feed.close()
-        early = self.validator.early_stop()
-        if early:
-            self.ended = f"{early} after step {self.steps_done}"
-        restored = self.validator.restore_best(self.model, self.steps_done)
-        if restored:
-            self.recovery_log.append(restored)
-        done = early or f"finished {total} steps"
-        yield self.status("finished", f"{done}; {restored}" if restored else done)
+            if self.feed is not None:
+                self.feed.close()
+            self.memory_history.finish()  # a failed run's history is written all the same
+
+    def _with_snapshot(self, message: str) -> str:
+        line = self.memory_history.finish()
+        return f"{message}; {line}" if line else message
 
     # --- reporting -------------------------------------------------------------------
 

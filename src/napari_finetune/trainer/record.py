@@ -45,6 +45,8 @@ def run_record(trainer: Any) -> dict[str, Any]:
         "final_loss": None if trainer.last_loss is None else float(trainer.last_loss),
         "recovery_log": list(trainer.recovery_log),
         "device": str(trainer.device),
+        "environment": environment_record(trainer),
+        "memory": memory_record(trainer),
         "config": trainer.config.to_dict(),
         **trainer.validator.record(),
         "degraded": {
@@ -53,6 +55,22 @@ def run_record(trainer: Any) -> dict[str, Any]:
             "batch_size": int(trainer.batch_size),
             "distillation_dropped": dropped,
         },
+    }
+
+
+def environment_record(trainer: Any) -> dict[str, Any]:
+    """Python, torch and napari-finetune versions, the device and the host of the run."""
+    from napari_finetune.trainer.environment import run_environment
+
+    return run_environment(trainer.device)
+
+
+def memory_record(trainer: Any) -> dict[str, Any]:
+    """What the memory-aware start chose and why, and where the snapshots went."""
+    decision = trainer.autobatch_decision
+    return {
+        "autobatch": None if decision is None else decision.to_dict(),
+        "memory_snapshots": list(trainer.memory_history.written),
     }
 
 

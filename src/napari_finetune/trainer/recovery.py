@@ -151,6 +151,9 @@ def survive_oom(trainer: Any, epoch: int, where: str | None = None) -> bool:
     where = where or f"at step {step}"
     old = (trainer.batch_size, trainer.accumulation)
     if halve_batch(trainer):
+        climb = getattr(trainer, "climb", None)
+        if climb is not None:  # the rung left, for the climb back (trainer.ladder)
+            climb.stepped_down(old[0], trainer.batch_size)
         message = (
             f"out of memory {where}: batch {old[0]} → {trainer.batch_size}, accumulation "
             f"{old[1]} → {trainer.accumulation} (effective "
@@ -233,9 +236,13 @@ def iter_probe(trainer: Any) -> Iterator[tuple[str, str]]:
             if failure is None:
                 break
             restore_batchnorm(bn)
+            history = getattr(trainer, "memory_history", None)
+            snapshot = history.dump_first_oom() if history is not None else ""
             if not survive_oom(trainer, 0, where="in the precision probe"):
                 raise RecoveryError(nothing_left_message(trainer, failure, "the precision probe"))
             yield "recovery", (trainer.recovery_log[-1] if hasattr(trainer, "recovery_log") else "")
+            if snapshot:
+                yield "recovery", snapshot
         if precision.enabled and not finite:
             tried = precision.describe()
             precision.fall_back_to_fp32()

@@ -17,12 +17,14 @@ from typing import Any
 
 import numpy as np
 
+from napari_finetune.trainer.ladder import after_applied_step, retry_at_bottom
 from napari_finetune.trainer.recovery import (
     RecoveryError,
     is_oom_error,
     nothing_left_message,
     survive_oom,
 )
+from napari_finetune.trainer.start import choose_micro_batch
 from napari_finetune.trainer.state import batchnorm_state, restore_batchnorm
 from napari_finetune.trainer.status import Status
 from napari_finetune.trainer.step import run_step
@@ -49,9 +51,28 @@ def optimizer_step(trainer: Any, images: np.ndarray, labels: np.ndarray) -> Iter
         if failure is not None:
             restore_batchnorm(saved)
             del saved
-            if not survive_oom(trainer, trainer.epoch):
+            snapshot = trainer.memory_history.dump_first_oom()
+            trainer.climb.out_of_memory()
+            # At the bottom rung a transient OOM gets a few retries (cache
+            # emptied) before the teacher is freed or the run gives up.
+            retry = retry_at_bottom(trainer, step)
+            had_teacher = trainer.teacher is not None
+            if retry:
+                trainer.recovery_log.append(retry)
+            elif not survive_oom(trainer, trainer.epoch):
                 raise RecoveryError(nothing_left_message(trainer, failure, f"step {step}"))
+            else:
+                trainer.climb.retries = 0
             yield trainer.status("recovery", trainer.recovery_log[-1])
+            if snapshot:
+                yield trainer.status("recovery", snapshot)
+            if had_teacher and trainer.teacher is None and trainer.config.autobatch_on(
+                trainer.device.type
+            ):
+                # The teacher's memory is free: measure again and grow into it.
+                status = choose_micro_batch(trainer, (images, labels))
+                trainer.recovery_log.append(status.message)
+                yield trainer.status("recovery", status.message)
             continue
         if outcome.kind == "nonfinite":
             restore_batchnorm(saved)
@@ -90,6 +111,10 @@ def optimizer_step(trainer: Any, images: np.ndarray, labels: np.ndarray) -> Iter
         message = f"step {step}/{trainer.config.steps}: loss {outcome.loss:.4f}"
         checked = trainer.validate_if_due()
         yield trainer.status("step", f"{message}; {checked}" if checked else message)
+        climbed = after_applied_step(trainer)
+        if climbed:
+            trainer.recovery_log.append(climbed)
+            yield trainer.status("recovery", climbed)
         return
 
 

@@ -1,0 +1,52 @@
+"""Before step 1: autobatch (when on), then the precision probe.
+
+Autobatch measures at the run's precision; if the probe then falls back to
+fp32, whose activations are larger than those just measured, or frees the
+teacher, the profile is taken again. When the ladder frees the teacher
+mid-run, the micro-batch grows into the memory it gave back the same way
+(:func:`choose_micro_batch`, called from the retry loop). Each decision is a
+Status with autobatch's line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from napari_finetune.trainer.recovery import iter_probe
+from napari_finetune.trainer.status import Status
+
+if TYPE_CHECKING:
+    from napari_finetune.trainer.autobatch import Samples
+    from napari_finetune.trainer.loop import Finetuner
+
+
+def memory_aware_start(trainer: Finetuner) -> Iterator[Status]:
+    """Autobatch when the config (or the device) asks for it, then the precision probe."""
+    use = trainer.config.autobatch_on(trainer.device.type)
+    if use:
+        yield choose_micro_batch(trainer)
+    mixed, had_teacher = trainer.precision.enabled, trainer.teacher is not None
+    for kind, message in iter_probe(trainer):
+        yield trainer.status(kind, message)
+    fell_back = mixed and not trainer.precision.enabled
+    freed = had_teacher and trainer.teacher is None
+    if use and (fell_back or freed):
+        yield choose_micro_batch(trainer)
+
+
+def choose_micro_batch(trainer: Finetuner, step_samples: Samples | None = None) -> Status:
+    """Run autobatch against ``trainer.memory_info`` (None: the device's own).
+
+    ``step_samples``: the current step's samples, when called mid-run (after
+    the teacher was freed, to grow into the memory it gave back).
+    """
+    from napari_finetune.trainer.autobatch import autobatch
+
+    decision = autobatch(trainer, trainer.memory_info, step_samples)
+    trainer.autobatch_decision = decision
+    if decision.applied:
+        # The measured choice is the top rung: the ladder climbs back to it,
+        # never above it to a batch the profile said does not fit.
+        trainer.climb.rungs.clear()
+    return trainer.status("probe", decision.message)
