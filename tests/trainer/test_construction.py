@@ -61,3 +61,11 @@ def test_cuda_run_with_mixed_precision_and_an_injected_oom():
     assert events[-1].kind == "finished" and trainer.steps_done == 3
     assert (trainer.batch_size, trainer.accumulation) == (2, 2)
     assert events[-1].dtype in (expected, "float32")
+
+
+def test_with_autobatch_a_previous_batch_is_not_resumed():
+    run = {"degraded": {"device_type": "cpu", "batch_size": 1, "fell_back_to_fp32": False,
+                        "distillation_dropped": False}}
+    trainer = make_trainer(batch_size=4, autobatch=True)
+    assert apply_previous_run(trainer, run) == ""
+    assert (trainer.batch_size, trainer.accumulation) == (4, 1)

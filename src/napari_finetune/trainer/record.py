@@ -95,7 +95,9 @@ def apply_previous_run(trainer: Any, run: dict[str, Any] | None) -> str:
     explicit = set(config.explicit_settings)
     batch = int(degraded.get("batch_size") or trainer.batch_size)
     offered = {
-        "batch": batch < trainer.batch_size,
+        # With autobatch the micro-batch is measured anew at the start: a previous
+        # run's batch (possibly autobatch's own choice) is no degradation to resume.
+        "batch": batch < trainer.batch_size and not config.autobatch_on(trainer.device.type),
         "fp32": bool(degraded.get("fell_back_to_fp32")) and trainer.precision.enabled,
         "distillation": bool(degraded.get("distillation_dropped")) and trainer.distillation > 0,
         "hold": bool(degraded.get("distillation_dropped")) and trainer.hold_other_channels,
