@@ -175,7 +175,9 @@ def adapter_for(model: nn.Module) -> ArchitectureAdapter | None:
     return next((a for a in all_adapters() if names & set(a.factories)), None)
 
 
-def constructor_kwargs(model: nn.Module, adapter: ArchitectureAdapter | None = None) -> Kwargs | None:
+def constructor_kwargs(
+    model: nn.Module, adapter: ArchitectureAdapter | None = None
+) -> Kwargs | None:
     """``init_kwargs`` of ``model``, or the arguments its adapter recovers (None if neither).
 
     Recovered arguments count only when rebuilding the model from them gives
