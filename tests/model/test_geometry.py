@@ -108,3 +108,16 @@ def test_a_model_that_never_fits_is_one_clear_line():
     message = str(info.value)
     assert len(message.splitlines()) == 1
     assert "9x17x17" in message and "8x16x16" in message and "(N, C, *spatial)" in message
+
+
+def test_recovering_monai_arguments_leaves_the_rng_alone():
+    from napari_finetune.model.adapters import constructor_kwargs
+
+    nets = monai_nets()
+    model = nets.BasicUNet(spatial_dims=2, out_channels=3, features=(2, 2, 2, 2, 2, 2))
+    state = torch.get_rng_state()
+    kwargs = constructor_kwargs(model)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert kwargs is not None and kwargs["out_channels"] == 3 and kwargs["spatial_dims"] == 2
+    other = nets.BasicUNet(spatial_dims=2, features=(2, 2, 2, 2, 2, 2), upsample="nontrainable")
+    assert constructor_kwargs(other) is None  # not the defaults: the rebuild check says so

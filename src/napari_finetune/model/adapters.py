@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 
+import torch
 from torch import nn
 
 ADAPTER_GROUP = "napari_finetune.adapters"
@@ -191,7 +192,8 @@ def constructor_kwargs(
         return None
     try:
         kwargs = adapter.kwargs_of(model)
-        rebuilt = type(model)(**kwargs)
+        with torch.random.fork_rng(devices=[]):  # the rebuild's weight init draws numbers
+            rebuilt = type(model)(**kwargs)
     except (AttributeError, TypeError, ValueError, IndexError):
         return None
     if repr(rebuilt) != repr(model) or _shapes(rebuilt) != _shapes(model):
