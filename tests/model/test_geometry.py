@@ -121,3 +121,38 @@ def test_recovering_monai_arguments_leaves_the_rng_alone():
     assert kwargs is not None and kwargs["out_channels"] == 3 and kwargs["spatial_dims"] == 2
     other = nets.BasicUNet(spatial_dims=2, features=(2, 2, 2, 2, 2, 2), upsample="nontrainable")
     assert constructor_kwargs(other) is None  # not the defaults: the rebuild check says so
+
+
+def test_an_adapter_registered_by_a_package_is_used_and_allowed(tmp_path, monkeypatch):
+    # A real installed distribution (a .dist-info on sys.path) registering an adapter.
+    from napari_finetune.model import adapters
+    from napari_finetune.model.architectures import is_allowed
+
+    site = tmp_path / "site"
+    (site / "tiny_nets").mkdir(parents=True)
+    (site / "tiny_nets" / "__init__.py").write_text(
+        "from torch import nn\n"
+        "from napari_finetune.model.adapters import ArchitectureAdapter\n\n"
+        "class Net(nn.Conv3d):\n"
+        "    def __init__(self, width=2):\n"
+        "        super().__init__(1, width, 3, padding=1)\n"
+        "        self.init_kwargs = {'width': width}\n\n"
+        "ADAPTER = ArchitectureAdapter(\n"
+        "    name='tiny', factories=('tiny_nets:Net',),\n"
+        "    spatial_multiple=lambda kw, ndim: (1, 4, 4)[-ndim:],\n"
+        "    out_channels=lambda kw: kw['width'])\n"
+    )
+    info = site / "tiny_nets-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tiny-nets\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[napari_finetune.adapters]\ntiny = tiny_nets:ADAPTER\n")
+    monkeypatch.syspath_prepend(str(site))
+    adapters.registered_adapters.cache_clear()
+    try:
+        import tiny_nets
+
+        geometry = model_geometry(tiny_nets.Net(width=3), 3)
+        assert geometry == geometry.__class__(3, (1, 4, 4), "adapter tiny")
+        assert is_allowed("tiny_nets:Net") and not is_allowed("tiny_nets:nn")
+    finally:
+        adapters.registered_adapters.cache_clear()
