@@ -16,7 +16,12 @@ import enum
 import inspect
 from collections.abc import Mapping
 
-from napari_finetune.model.architectures import Trust, factory_name, resolve_factory
+from napari_finetune.model.architectures import (
+    FactoryNotAllowed,
+    Trust,
+    factory_name,
+    resolve_factory,
+)
 
 Plain = str | int | float | bool | None | list["Plain"] | tuple["Plain", ...] | dict[str, "Plain"]
 
@@ -84,6 +89,17 @@ def from_plain(
     """
     resolved = dict(kwargs)
     for key in callables:
-        if key in resolved:
-            resolved[key] = resolve_factory(str(resolved[key]), trust)
+        if key not in resolved:
+            continue
+        name = str(resolved[key])
+        try:
+            resolved[key] = resolve_factory(name, trust)
+        except FactoryNotAllowed:
+            raise FactoryNotAllowed(
+                f"the checkpoint passes {name!r} as the model's argument {key!r}, which is "
+                "not a class napari-finetune knows (its own, those of MONAI/torch-em models, "
+                "or one an installed package registered); importing it could run any code. If "
+                f"you trust the file and that package, load it with --trust-factory {name} "
+                f"(Python: load_checkpoint(path, trust=[..., {name!r}]))."
+            ) from None
     return resolved
