@@ -100,3 +100,20 @@ def test_torch_em_export_names_its_block_class(tmp_path):
     x = torch.rand(1, 1, 8, 16, 16)
     with torch.no_grad():
         torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=0)
+
+
+def test_torch_em_unet2d_rebuilds_with_its_pooler_and_sampler_classes(tmp_path):
+    from napari_finetune.model.checkpoint import save_checkpoint
+    from napari_finetune.model.geometry import model_geometry
+
+    model = torch_em_model().UNet2d(in_channels=1, out_channels=3, depth=3, initial_features=2)
+    assert model_geometry(model, 2).multiple == (8, 8)
+    path = save_checkpoint(tmp_path / "m.pt", model.eval())
+    architecture = torch.load(path, weights_only=True)["architecture"]
+    callables = {"conv_block_impl", "pooler_impl", "sampler_impl"}
+    assert set(architecture["callable_kwargs"]) == callables
+    loaded = load_checkpoint(path)
+    image = np.random.default_rng(1).random((36, 50), dtype=np.float32)
+    probs = predict_volume(loaded.model, image, (0.0, 1.0), PredictConfig(device="cpu"))
+    assert probs.shape == (3, 36, 50)
+    np.testing.assert_allclose(probs, predict_block(model, image), atol=1e-6)
