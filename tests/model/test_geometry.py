@@ -156,3 +156,17 @@ def test_an_adapter_registered_by_a_package_is_used_and_allowed(tmp_path, monkey
         assert is_allowed("tiny_nets:Net") and not is_allowed("tiny_nets:nn")
     finally:
         adapters.registered_adapters.cache_clear()
+
+
+def test_a_patch_that_leaves_instance_norm_one_voxel_is_refused_before_training():
+    # BasicUNet pools four times: at 16x16x16 its bottleneck InstanceNorm sees 1x1x1,
+    # which torch refuses only in the middle of the first training step.
+    nets = monai_nets()
+    model = nets.BasicUNet(spatial_dims=3, out_channels=2, features=(2, 2, 2, 2, 2, 2)).train()
+    with pytest.raises(ModelShapeError) as info:
+        fit_patch(model, (16, 16, 16))
+    message = str(info.value)
+    assert len(message.splitlines()) == 1
+    assert "16x16x16" in message and "down_4" in message and "32 32 32" in message
+    assert model.training
+    assert fit_patch(model, (16, 32, 32)).out_channels == 2

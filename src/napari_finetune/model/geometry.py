@@ -127,7 +127,46 @@ def fit_patch(model: nn.Module, patch_shape: Sequence[int]) -> ModelGeometry:
             f"input sizes must be multiples of {fmt(geometry.multiple)} (found by "
             f"{geometry.source}); use --patch-shape {' '.join(map(str, fitting))}."
         )
+    _check_instance_norms(model, patch)
     return geometry
+
+
+_INSTANCE_NORMS = (nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d)
+
+
+def _check_instance_norms(model: nn.Module, patch: tuple[int, ...]) -> None:
+    """Refuse a patch at which an InstanceNorm layer would see one voxel per channel.
+
+    In training mode torch refuses that ("Expected more than 1 spatial element
+    when training") at the first step; one eval, no-grad pass at the patch with
+    hooks on those layers finds it before (MONAI BasicUNet at 16x16x16).
+    """
+    names = {m: n for n, m in model.named_modules() if isinstance(m, _INSTANCE_NORMS)}
+    if not names:
+        return
+    single: list[str] = []
+
+    def record(module: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+        if args[0][0, 0].numel() <= 1:
+            single.append(names[module])
+
+    handles = [m.register_forward_pre_hook(record) for m in names]
+    modes = [(m, m.training) for m in model.modules()]
+    try:
+        model.eval()
+        _run(model, patch)
+    finally:
+        for handle in handles:
+            handle.remove()
+        for module, training in modes:
+            module.training = training
+    if single:
+        larger = " ".join(str(2 * s) for s in patch)
+        raise ModelShapeError(
+            f"{type(_unwrapped(model)).__name__} cannot train on patches of {fmt(patch)}: its "
+            f"InstanceNorm layer {single[0]} sees one voxel per channel there, which torch "
+            f"refuses in training; use a larger patch such as --patch-shape {larger}."
+        )
 
 
 def _declared(model: nn.Module, ndim: int) -> ModelGeometry | None:
