@@ -180,3 +180,14 @@ def test_block_grid_aligns_each_axis_to_its_own_multiple():
         cover[core] += 1
         assert read[0].start % 2 == 0 and read[1].start % 8 == 0 and read[2].start % 4 == 0
     assert (cover == 1).all()
+
+
+def test_shape_multiple_is_one_divisor_for_every_axis():
+    from napari_finetune.predict import shape_multiple, spatial_multiple
+
+    nets = pytest.importorskip("monai.networks.nets")
+    model = nets.UNet(spatial_dims=3, in_channels=1, out_channels=2, channels=(2, 4, 4),
+                      strides=((1, 2, 2), 2))
+    assert spatial_multiple(model, 3) == (2, 4, 4)
+    assert shape_multiple(model) == 4
+    assert shape_multiple(UNet(dims=2, depth=3, features=2)) == 8

@@ -20,6 +20,7 @@ also depends on its content: blockwise results differ slightly from one call
 from __future__ import annotations
 
 import itertools
+import math
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -33,12 +34,20 @@ from napari_finetune.devices import check_model_fits_image, model_device, resolv
 Progress = Callable[[int, int], None]
 
 
-def shape_multiple(model: Any, ndim: int = 3) -> tuple[int, ...]:
+def spatial_multiple(model: Any, ndim: int) -> tuple[int, ...]:
     """Per-axis divisor the model's input sizes need (:mod:`~napari_finetune.model.geometry`:
     ``2**depth`` for the UNet, an adapter's or a probed value for other models)."""
-    from napari_finetune.model.geometry import spatial_multiple
+    from napari_finetune.model.geometry import spatial_multiple as per_axis
 
-    return spatial_multiple(model, ndim)
+    return per_axis(model, ndim)
+
+
+def shape_multiple(model: Any, ndim: int | None = None) -> int:
+    """One divisor that suits every axis (the least common multiple of the per-axis ones).
+
+    ``ndim`` defaults to the model's ``dims`` (3 when it does not say).
+    """
+    return math.lcm(*spatial_multiple(model, ndim or int(getattr(model, "dims", 0) or 3)))
 
 
 def predict_block(model: Any, block: np.ndarray, device: str = "cpu") -> np.ndarray:
@@ -65,7 +74,7 @@ def _predict_batch(model: Any, blocks: np.ndarray, device: str) -> np.ndarray:
     import torch
 
     spatial = blocks.shape[1:]
-    multiple = shape_multiple(model, len(spatial))
+    multiple = spatial_multiple(model, len(spatial))
     # Pad the far side up to the pooling multiple; reflection (not zeros) keeps
     # intensities plausible, and the pad is cropped off below.
     pad = [(0, 0)] + [(0, (-s) % m) for s, m in zip(spatial, multiple, strict=True)]
@@ -207,7 +216,7 @@ def predict_volume(
     block_shape, halo = _spatial_config(config, len(shape))
     device = resolve_device(config.device)
     low, high = normalization_range
-    grid = block_grid(shape, block_shape, halo, shape_multiple(model, len(shape)))
+    grid = block_grid(shape, block_shape, halo, spatial_multiple(model, len(shape)))
     if out is None:
         out = np.zeros((out_channels(model, len(shape)), *shape), dtype=np.float32)
 

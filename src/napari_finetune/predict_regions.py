@@ -20,7 +20,7 @@ import numpy as np
 
 from napari_finetune.data.normalization import normalize
 from napari_finetune.devices import empty_device_cache
-from napari_finetune.predict import _predict_batch, shape_multiple
+from napari_finetune.predict import _predict_batch, spatial_multiple
 
 Log = Callable[[str], None]
 
@@ -99,7 +99,7 @@ class RegionPredictor:
         self.device = device
         self.log = log or (lambda _line: None)
         self.shape = tuple(int(s) for s in image.shape)
-        self.multiple = shape_multiple(model, len(self.shape))
+        self.multiple = spatial_multiple(model, len(self.shape))
         self.block: tuple[int, ...] | None = None  # None: a whole region per call
 
     def _tiles(self, core: tuple[slice, ...], block: Sequence[int]) -> np.ndarray:
