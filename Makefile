@@ -16,6 +16,14 @@ $(VENV)/.installed: pyproject.toml
 	# The CPU build of torch first, so the project's torch range is already met.
 	$(PY) -m pip install -q torch==2.13.0 || echo "torch 2.13.0 not available here; pip will choose one"
 	$(PY) -m pip install -q -e ".[dev]"
+	# torch-em for the tests of its models. Its declared requirements would replace the
+	# CPU torch and bring a torchvision that cannot load beside it, so torch-em comes
+	# without dependencies, plus what `import torch_em.model` needs; torchvision goes to
+	# a side folder that only tests/third_party.py puts on sys.path (transformers, which
+	# PEFT imports, imports any torchvision it finds).
+	$(PY) -m pip install -q scikit-learn kornia bioimage-cpp
+	$(PY) -m pip install -q --no-deps torch-em python-elf
+	$(PY) -m pip install -q --no-deps --target $(VENV)/torch-em-deps torchvision==0.28.0
 	touch $@
 
 install: $(VENV)/.installed

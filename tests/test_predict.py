@@ -158,3 +158,36 @@ def test_predict_block_keeps_per_module_modes():
     model.encoders[0][1].eval()  # e.g. a frozen BatchNorm inside a training model
     predict_block(model, np.zeros((8, 8), np.float32))
     assert model.training and not model.encoders[0][1].training
+
+
+def test_monai_unet_predicts_sizes_its_strides_do_not_divide():
+    # Before: foreign models got a multiple of 1, no padding, and MONAI UNet failed
+    # on 30x100x100 (its strides need multiples of 8 here).
+    nets = pytest.importorskip("monai.networks.nets")
+    model = nets.UNet(spatial_dims=3, in_channels=1, out_channels=2, channels=(2, 4, 4, 4),
+                      strides=(2, 2, 2), norm="batch").eval()
+    volume = np.random.default_rng(7).random((30, 100, 100), dtype=np.float32)
+    config = PredictConfig(block_shape=(16, 64, 64), halo=(4, 8, 8), device="cpu")
+    probs = predict_volume(model, volume, (0.0, 1.0), config)
+    assert probs.shape == (2, 30, 100, 100) and np.isfinite(probs).all()
+    assert predict_block(model, volume[:13, :21, :9]).shape == (2, 13, 21, 9)
+
+
+def test_block_grid_aligns_each_axis_to_its_own_multiple():
+    shape = (23, 50, 37)
+    cover = np.zeros(shape, int)
+    for core, read, _ in block_grid(shape, (8, 16, 16), (3, 5, 5), multiple=(2, 8, 4)):
+        cover[core] += 1
+        assert read[0].start % 2 == 0 and read[1].start % 8 == 0 and read[2].start % 4 == 0
+    assert (cover == 1).all()
+
+
+def test_shape_multiple_is_one_divisor_for_every_axis():
+    from napari_finetune.predict import shape_multiple, spatial_multiple
+
+    nets = pytest.importorskip("monai.networks.nets")
+    model = nets.UNet(spatial_dims=3, in_channels=1, out_channels=2, channels=(2, 4, 4),
+                      strides=((1, 2, 2), 2))
+    assert spatial_multiple(model, 3) == (2, 4, 4)
+    assert shape_multiple(model) == 4
+    assert shape_multiple(UNet(dims=2, depth=3, features=2)) == 8

@@ -2,7 +2,9 @@
 
 A volume is cut into core blocks (``PredictConfig.block_shape``). Each block is
 read with a halo of context on every side (``PredictConfig.halo``), widened so
-the read starts and ends on the model's pooling grid (``model.shape_multiple``),
+the read starts and ends on the model's pooling grid (per axis: the model's
+``shape_multiple``, an architecture adapter's, or one found by forward passes;
+:mod:`napari_finetune.model.geometry`),
 normalised, passed through the model, and only the core is written out. The
 image is read block by block with slicing (numpy, zarr or dask), never whole.
 
@@ -18,6 +20,7 @@ also depends on its content: blockwise results differ slightly from one call
 from __future__ import annotations
 
 import itertools
+import math
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,9 +34,20 @@ from napari_finetune.devices import check_model_fits_image, model_device, resolv
 Progress = Callable[[int, int], None]
 
 
-def shape_multiple(model: Any) -> int:
-    """Spatial divisor the model needs (``2**depth`` for the UNet; 1 when unknown)."""
-    return int(getattr(model, "shape_multiple", 1) or 1)
+def spatial_multiple(model: Any, ndim: int) -> tuple[int, ...]:
+    """Per-axis divisor the model's input sizes need (:mod:`~napari_finetune.model.geometry`:
+    ``2**depth`` for the UNet, an adapter's or a probed value for other models)."""
+    from napari_finetune.model.geometry import spatial_multiple as per_axis
+
+    return per_axis(model, ndim)
+
+
+def shape_multiple(model: Any, ndim: int | None = None) -> int:
+    """One divisor that suits every axis (the least common multiple of the per-axis ones).
+
+    ``ndim`` defaults to the model's ``dims`` (3 when it does not say).
+    """
+    return math.lcm(*spatial_multiple(model, ndim or int(getattr(model, "dims", 0) or 3)))
 
 
 def predict_block(model: Any, block: np.ndarray, device: str = "cpu") -> np.ndarray:
@@ -60,10 +74,10 @@ def _predict_batch(model: Any, blocks: np.ndarray, device: str) -> np.ndarray:
     import torch
 
     spatial = blocks.shape[1:]
-    multiple = shape_multiple(model)
-    # Reflect-pad the far side up to the pooling multiple; reflection (not
-    # zeros) keeps intensities plausible, and the pad is cropped off below.
-    pad = [(0, 0)] + [(0, (-s) % multiple) for s in spatial]
+    multiple = spatial_multiple(model, len(spatial))
+    # Pad the far side up to the pooling multiple; reflection (not zeros) keeps
+    # intensities plausible, and the pad is cropped off below.
+    pad = [(0, 0)] + [(0, (-s) % m) for s, m in zip(spatial, multiple, strict=True)]
     if any(p[1] for p in pad):
         blocks = np.pad(blocks, pad, mode="reflect")
     home = model_device(model)
@@ -103,7 +117,10 @@ def axis_cores(size: int, block: int, halo: int, multiple: int = 1) -> list[tupl
 
 
 def block_grid(
-    shape: Sequence[int], block_shape: Sequence[int], halo: Sequence[int], multiple: int = 1
+    shape: Sequence[int],
+    block_shape: Sequence[int],
+    halo: Sequence[int],
+    multiple: int | Sequence[int] = 1,
 ) -> list[tuple[tuple[slice, ...], tuple[slice, ...], tuple[slice, ...]]]:
     """Cut ``shape`` into blocks (see :func:`axis_cores`).
 
@@ -112,15 +129,17 @@ def block_grid(
     list of (core, read, inner)
         ``core``: the slices of the volume this block writes; ``read``: the
         slices read (core + halo, clipped at the borders, widened to the
-        ``multiple`` grid so pooling windows match a one-shot call);
+        ``multiple`` grid, one int or one per axis, so pooling windows match a
+        one-shot call);
         ``inner``: where the core lies inside the read block.
     """
+    multiples = (multiple,) * len(shape) if isinstance(multiple, int) else tuple(multiple)
     axes = []
-    for size, b, h in zip(shape, block_shape, halo, strict=True):
+    for size, b, h, m in zip(shape, block_shape, halo, multiples, strict=True):
         spans = []
-        for start, stop in axis_cores(size, b, h, multiple):
-            lo = max(0, start - h) // multiple * multiple
-            hi = min(size, lo + -(-(stop + h - lo) // multiple) * multiple)
+        for start, stop in axis_cores(size, b, h, m):
+            lo = max(0, start - h) // m * m
+            hi = min(size, lo + -(-(stop + h - lo) // m) * m)
             spans.append((slice(start, stop), slice(lo, hi), slice(start - lo, stop - lo)))
         axes.append(spans)
     grid = []
@@ -140,12 +159,10 @@ def _spatial_config(config: PredictConfig, ndim: int) -> tuple[tuple[int, ...], 
 
 
 def out_channels(model: Any, ndim: int) -> int:
-    """Number of output channels (recorded, or found with one tiny forward pass)."""
-    recorded = getattr(model, "init_kwargs", {}).get("out_channels")
-    if recorded is not None:
-        return int(recorded)
-    probe = np.zeros((1,) + (shape_multiple(model),) * ndim, np.float32)
-    return int(_predict_batch(model, probe, str(model_device(model))).shape[1])
+    """Number of output channels (recorded, from an adapter, or found by a forward pass)."""
+    from napari_finetune.model.geometry import model_geometry
+
+    return model_geometry(model, ndim).out_channels
 
 
 def _as_target(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -199,7 +216,7 @@ def predict_volume(
     block_shape, halo = _spatial_config(config, len(shape))
     device = resolve_device(config.device)
     low, high = normalization_range
-    grid = block_grid(shape, block_shape, halo, shape_multiple(model))
+    grid = block_grid(shape, block_shape, halo, spatial_multiple(model, len(shape)))
     if out is None:
         out = np.zeros((out_channels(model, len(shape)), *shape), dtype=np.float32)
 

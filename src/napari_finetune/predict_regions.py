@@ -20,7 +20,7 @@ import numpy as np
 
 from napari_finetune.data.normalization import normalize
 from napari_finetune.devices import empty_device_cache
-from napari_finetune.predict import _predict_batch, shape_multiple
+from napari_finetune.predict import _predict_batch, spatial_multiple
 
 Log = Callable[[str], None]
 
@@ -54,10 +54,14 @@ def _fmt(shape: Sequence[int]) -> str:
     return "x".join(str(int(s)) for s in shape)
 
 
-def smaller_block(block: Sequence[int], multiple: int) -> tuple[int, ...] | None:
-    """Halve the largest axes (not below ``multiple``); None when nothing shrinks."""
+def smaller_block(block: Sequence[int], multiple: int | Sequence[int]) -> tuple[int, ...] | None:
+    """Halve the largest axes (not below ``multiple``, one int or one per axis); None when
+    nothing shrinks."""
+    multiples = (multiple,) * len(block) if isinstance(multiple, int) else tuple(multiple)
     top = max(block)
-    new = tuple(max(multiple, -(-b // 2)) if b == top else b for b in block)
+    new = tuple(
+        max(m, -(-b // 2)) if b == top else b for b, m in zip(block, multiples, strict=True)
+    )
     return None if new == tuple(block) else new
 
 
@@ -94,8 +98,8 @@ class RegionPredictor:
         self.halo = tuple(int(h) for h in halo)
         self.device = device
         self.log = log or (lambda _line: None)
-        self.multiple = shape_multiple(model)
         self.shape = tuple(int(s) for s in image.shape)
+        self.multiple = spatial_multiple(model, len(self.shape))
         self.block: tuple[int, ...] | None = None  # None: a whole region per call
 
     def _tiles(self, core: tuple[slice, ...], block: Sequence[int]) -> np.ndarray:
@@ -105,8 +109,8 @@ class RegionPredictor:
         stops = [c.stop for c in core]
         for tile in region_grid(self.shape, block, starts, stops):
             spans = [
-                _span(t.start, t.stop, s, h, self.multiple)
-                for t, s, h in zip(tile, self.shape, self.halo, strict=True)
+                _span(t.start, t.stop, s, h, m)
+                for t, s, h, m in zip(tile, self.shape, self.halo, self.multiple, strict=True)
             ]
             read = tuple(r for r, _ in spans)
             inner = tuple(i for _, i in spans)

@@ -119,3 +119,55 @@ def test_entry_point_registrations_are_allowed(tmp_path, monkeypatch):
     architecture = {"factory": "fancy_nets:tiny", "kwargs": {"width": 3}}
     path = save_checkpoint(tmp_path / "m.pt", model, architecture=architecture)
     assert load_checkpoint(path).model.out_channels == 3
+
+
+def test_a_class_argument_is_resolved_through_the_allow_list(tmp_path):
+    # Constructor arguments that name a class are plain strings in the file; they pass
+    # the same check as the factory, before anything is imported.
+    victim = tmp_path / "pwned"
+    payload = {
+        "format": "napari-finetune-checkpoint",
+        "format_version": 1,
+        "architecture": {
+            "factory": "napari_finetune.model.unet:UNet",
+            "kwargs": {"dims": "antigravity:fly"},
+            "callable_kwargs": ["dims"],
+        },
+        "state_dict": {},
+        "metadata": {},
+    }
+    path = tmp_path / "evil.pt"
+    torch.save(payload, path)
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(path)
+    message = str(info.value)
+    assert len(message.splitlines()) == 1 and "argument 'dims'" in message
+    assert "--trust-factory antigravity:fly" in message
+    assert "antigravity" not in sys.modules and not victim.exists()
+
+
+class Block(torch.nn.Conv2d):
+    """A class passed as a constructor argument (like torch-em's conv_block_impl)."""
+
+
+class WithBlock(torch.nn.Module):
+    def __init__(self, block: type = Block, width: int = 2) -> None:
+        super().__init__()
+        self.init_kwargs = {"block": block, "width": width}
+        self.conv = block(1, width, 3, padding=1)
+
+    def forward(self, x):
+        return self.conv(x)
+
+
+def test_class_arguments_export_as_names_and_rebuild_when_trusted(tmp_path):
+    model = WithBlock()
+    path = save_checkpoint(tmp_path / "m.pt", model)
+    architecture = torch.load(path, weights_only=True)["architecture"]
+    assert architecture["kwargs"] == {"block": f"{__name__}:Block", "width": 2}
+    assert architecture["callable_kwargs"] == ["block"]
+    factory = f"{__name__}:WithBlock"
+    with pytest.raises(CheckpointError, match=f"{__name__}:Block"):
+        load_checkpoint(path, trust=[factory])  # the argument's class is not trusted yet
+    loaded = load_checkpoint(path, trust=[factory, f"{__name__}:Block"])
+    assert loaded.model.init_kwargs["block"] is Block

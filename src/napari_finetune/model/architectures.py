@@ -11,6 +11,10 @@ and calling it would let a file run code (``subprocess:run`` with
 3. registered by an installed package in the entry-point group
    ``napari_finetune.architectures`` (``name = "package.module:callable"``);
    the user installed that package, and it declared the callable a model;
+   or named by an architecture adapter (:mod:`~napari_finetune.model.adapters`:
+   its factories and the classes its constructor arguments may name, such as
+   torch-em's ``conv_block_impl``), built in or registered in the group
+   ``napari_finetune.adapters``;
 4. trusted explicitly by the user: ``load_checkpoint(path, trust=[...])`` or
    ``--trust-factory package.module:callable`` on the command line.
 
@@ -85,7 +89,16 @@ def is_allowed(factory: str, trust: Trust = None) -> bool:
         factory in BUILTIN_FACTORIES
         or factory in trusted_names(trust)
         or factory in registered_factories()
+        or factory in _adapter_names()
     )
+
+
+def _adapter_names() -> frozenset[str]:
+    # Factories and argument callables (torch-em's ConvBlock3d) that adapters name;
+    # lazily, because registered adapters are loaded from their entry points.
+    from napari_finetune.model.adapters import allowed_names as adapter_names
+
+    return adapter_names()
 
 
 def not_allowed_message(factory: str) -> str:
@@ -131,4 +144,6 @@ def factory_name(obj: object) -> str:
 
 def allowed_names(trust: Trust = None) -> Iterable[str]:
     """Every factory name allowed now, sorted (for messages and ``info``)."""
-    return sorted(BUILTIN_FACTORIES | trusted_names(trust) | set(registered_factories()))
+    return sorted(
+        BUILTIN_FACTORIES | trusted_names(trust) | set(registered_factories()) | _adapter_names()
+    )

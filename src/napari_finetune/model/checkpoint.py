@@ -29,6 +29,7 @@ from torch import nn
 
 from napari_finetune.model.architectures import FactoryNotAllowed, Trust, resolve_factory
 from napari_finetune.model.atomic_write import write_atomically
+from napari_finetune.model.plain_kwargs import from_plain
 
 FORMAT = "napari-finetune-checkpoint"
 FORMAT_VERSION = 1
@@ -76,23 +77,37 @@ class Checkpoint:
 
 
 def architecture_of(model: nn.Module) -> dict[str, Any]:
-    """Factory path and constructor arguments of ``model``.
+    """Factory path and constructor arguments of ``model``, as plain data.
+
+    The arguments are the model's ``init_kwargs``, or what an architecture
+    adapter recovers from it (MONAI models); a class or function among them
+    becomes ``"module:qualname"`` and its key is listed under ``callable_kwargs``
+    (:mod:`~napari_finetune.model.plain_kwargs`).
 
     Raises
     ------
     CheckpointError
-        If the model does not record its constructor arguments.
+        If the arguments are unknown or cannot be written as plain data.
     """
-    kwargs = getattr(model, "init_kwargs", None)
+    from napari_finetune.model.adapters import constructor_kwargs, factory_of
+    from napari_finetune.model.plain_kwargs import NotPlainError, to_plain
+
+    kwargs = constructor_kwargs(model)
     if kwargs is None:
         raise CheckpointError(
             f"{type(model).__name__} does not record its constructor arguments "
-            "(an `init_kwargs` dict), so a checkpoint could not rebuild it; use "
-            "napari_finetune.model.unet.UNet or checkpoint_from_factory()."
+            "(an `init_kwargs` dict) and no architecture adapter knows it, so a checkpoint "
+            "could not rebuild it; use napari_finetune.model.unet.UNet, build it with "
+            "napari_finetune.model.checkpoint.build_model(), or register an adapter."
         )
-    cls = type(model)
-    factory = getattr(model, "factory", f"{cls.__module__}:{cls.__qualname__}")
-    return {"factory": factory, "kwargs": copy.deepcopy(dict(kwargs))}
+    try:
+        plain, callables = to_plain(copy.deepcopy(kwargs))
+    except NotPlainError as exc:
+        raise CheckpointError(f"cannot export {type(model).__name__}: {exc}") from None
+    architecture: dict[str, Any] = {"factory": factory_of(model), "kwargs": plain}
+    if callables:
+        architecture["callable_kwargs"] = callables
+    return architecture
 
 
 def save_checkpoint(
@@ -231,7 +246,8 @@ def load_checkpoint(
 def build_model(architecture: dict[str, Any], trust: Trust = None) -> nn.Module:
     """Call ``architecture["factory"]`` (``"module:callable"``) with its kwargs.
 
-    Only factories on the allow-list (or in ``trust``) are imported and called.
+    Only factories on the allow-list (or in ``trust``) are imported and called;
+    the classes or functions named under ``callable_kwargs`` pass the same check.
     """
     factory = str(architecture.get("factory", ""))
     kwargs = architecture.get("kwargs", {})
@@ -241,6 +257,7 @@ def build_model(architecture: dict[str, Any], trust: Trust = None) -> nn.Module:
         )
     try:
         fn = resolve_factory(factory, trust)
+        kwargs = from_plain(kwargs, list(architecture.get("callable_kwargs") or ()), trust)
     except FactoryNotAllowed as exc:
         raise CheckpointError(str(exc)) from None
     except (ImportError, AttributeError, ValueError) as exc:

@@ -1,27 +1,36 @@
 """LoRA adapters through PEFT: which layers, wrapping, merging for export.
 
+Every convolution of the network is adapted (groups = 1): 2D and 3D, with any
+kernel, the transposed convolutions of a decoder (MONAI UNet's) and the
+pointwise output heads. PEFT adapts the layers it merges correctly; the others
+(transposed convolutions, which PEFT 0.21 has no LoRA for, and pointwise Conv3d,
+which it merges wrongly: huggingface/peft #3768) get
+:class:`~napari_finetune.model.lora_layers.ConvLora`, which PEFT's
+``disable_adapter()`` and ``merge_and_unload()`` handle like its own layers.
+
 PEFT is imported only inside :func:`wrap_lora` (``import peft`` takes seconds
-and pulls in transformers). Targets are the Conv2d/Conv3d layers whose kernel
-is larger than 1 on some axis: PEFT 0.21.2 cannot merge LoRA into a pointwise
-Conv3d (huggingface/peft #3768, fixed upstream after 0.21.2), and in the UNet the only
-pointwise convolution is the 1x1 ``head``, which stays frozen.
+and pulls in transformers).
 """
 
 from __future__ import annotations
 
 import copy
+import re
+from collections import Counter
 
 import torch
 from torch import nn
 
+_ADAPTABLE = (nn.Conv2d, nn.Conv3d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+
 
 def lora_targets(model: nn.Module) -> list[str]:
-    """Qualified names of the convolutions LoRA adapts (kernel > 1 on some axis)."""
-    names = []
-    for name, module in model.named_modules():
-        if isinstance(module, (nn.Conv2d, nn.Conv3d)) and any(k > 1 for k in module.kernel_size):
-            names.append(name)
-    return names
+    """Qualified names of the convolutions LoRA adapts (every one with groups = 1)."""
+    return [
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, _ADAPTABLE) and module.groups == 1
+    ]
 
 
 def is_lora(model: nn.Module) -> bool:
@@ -44,24 +53,61 @@ def wrap_lora(model: nn.Module, rank: int, alpha: float, seed: int = 0) -> nn.Mo
     Raises
     ------
     ValueError
-        When the model has no convolution with a kernel larger than 1.
+        When the model has no convolution PEFT adapts (a Conv2d, or a Conv3d whose
+        kernel is larger than 1 on its first two axes).
     """
     from peft import LoraConfig, get_peft_model  # slow import: only here
 
+    from napari_finetune.model.lora_layers import needs_own_lora, replace_with_own_lora
+
+    modules = dict(model.named_modules())
     targets = lora_targets(model)
-    if not targets:
+    own = [name for name in targets if needs_own_lora(modules[name])]
+    by_peft = [name for name in targets if name not in own]
+    if not by_peft:
         raise ValueError(
-            f"{type(model).__name__} has no Conv2d/Conv3d with a kernel larger than 1 for "
-            "LoRA to adapt; use mode='full'."
+            f"{type(model).__name__} has no Conv2d, or Conv3d with a kernel larger than 1, "
+            "for LoRA to adapt; use mode='full'."
         )
+    # A full-match pattern: a list would also match names that merely end the same.
+    pattern = "|".join(re.escape(name) for name in by_peft)
     config = LoraConfig(
-        r=int(rank), lora_alpha=float(alpha), lora_dropout=0.0, target_modules=targets
+        r=int(rank), lora_alpha=float(alpha), lora_dropout=0.0, target_modules=f"^(?:{pattern})$"
     )
     devices = [model_device(model)] if model_device(model).type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         wrapped = get_peft_model(model, config)
+        replace_with_own_lora(wrapped.get_base_model(), own, int(rank), float(alpha))
     return wrapped
+
+
+def adapted_layers(model: nn.Module) -> list[str]:
+    """Names (in the user's model) of the layers that carry LoRA adapters; [] without LoRA."""
+    if not is_lora(model):
+        return []
+    return [
+        name
+        for name, module in base_model(model).named_modules()
+        if hasattr(module, "base_layer") and hasattr(module, "lora_A")
+    ]
+
+
+def describe_adapters(model: nn.Module) -> str:
+    """One log line: how many layers of which kind carry adapters ("" without LoRA)."""
+    modules = dict(base_model(model).named_modules())
+    names = adapted_layers(model)
+    if not names:
+        return ""
+    kinds = Counter(_kind(modules[name].base_layer) for name in names)
+    listed = ", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items()))
+    return f"LoRA adapters on {len(names)} layers ({listed})"
+
+
+def _kind(layer: nn.Module) -> str:
+    kernel = getattr(layer, "kernel_size", ())
+    pointwise = bool(kernel) and all(k == 1 for k in kernel)
+    return ("pointwise " if pointwise else "") + type(layer).__name__
 
 
 def model_device(model: nn.Module) -> torch.device:

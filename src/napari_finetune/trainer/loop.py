@@ -141,13 +141,14 @@ class Finetuner:
 
     @property
     def out_channels(self) -> int:
-        """Output channels of the model."""
-        from napari_finetune.predict import out_channels
+        """Output channels of the model, once the patch is checked to fit it.
 
-        kwargs = getattr(self.model, "init_kwargs", None) or {}
-        if "out_channels" in kwargs:
-            return int(kwargs["out_channels"])
-        return out_channels(self.model, np.ndim(self.image))
+        Raises ``ModelShapeError`` (one line naming the sizes) when the model
+        cannot run on ``config.patch_shape``.
+        """
+        from napari_finetune.model.geometry import fit_patch
+
+        return fit_patch(self.model, self.config.patch_shape).out_channels
 
     @property
     def painted_voxels(self) -> int:

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from napari_finetune.model.lora import adapted_layers
 from napari_finetune.trainer.status import switch_state
 
 RECORD_VERSION = 1
@@ -44,6 +45,7 @@ def run_record(trainer: Any) -> dict[str, Any]:
         "source_sha256": trainer.source_sha256,
         "final_loss": None if trainer.last_loss is None else float(trainer.last_loss),
         "recovery_log": list(trainer.recovery_log),
+        "lora_layers": adapted_layers(trainer.model),
         "device": str(trainer.device),
         "environment": environment_record(trainer),
         "memory": memory_record(trainer),

@@ -1,0 +1,159 @@
+"""LoRA for the convolutions PEFT cannot merge: transposed and pointwise 3D ones.
+
+PEFT 0.21.2 adapts ``Conv2d``/``Conv3d`` but merges a pointwise ``Conv3d``
+wrongly (kernel 1x1x1 or (1, 1, k): "The size of tensor a (2) must match the
+size of tensor b (4)", huggingface/peft #3768), and it has no LoRA for
+``ConvTranspose2d``/``ConvTranspose3d``, so MONAI UNet's whole decoder and every
+1x1x1 output head stayed frozen. :class:`ConvLora` adapts those layers itself:
+
+    y = base(x) + scale * B(A(x))
+
+``A`` is a convolution of the base layer's kind with ``rank`` output channels
+and the base layer's kernel, stride, padding, dilation (and output padding);
+``B`` a pointwise ``rank -> out`` convolution, zero at the start, so training
+starts from the base model's output. Both are linear, so the merged weight is
+the base weight plus ``scale * B @ A`` contracted over the rank.
+
+The layer takes part in PEFT's machinery: it is a PEFT ``BaseTunerLayer``, so
+``disable_adapter()`` (the LoRA teacher) switches it off, and
+``merge_and_unload()`` replaces it with its merged base layer
+(``unload_and_optionally_merge_module``). This module imports PEFT (slow): it is
+imported only when a model is wrapped.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from peft.tuners.tuners_utils import BaseTunerLayer
+from torch import nn
+
+ADAPTER = "default"  # PEFT's name of the one adapter a run trains
+_CONV = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
+TRANSPOSED = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+
+
+def needs_own_lora(module: nn.Module) -> bool:
+    """Whether ``module`` is a convolution PEFT 0.21 cannot adapt and merge correctly.
+
+    Transposed convolutions (no PEFT layer) and 3D convolutions whose first two
+    kernel axes are 1 (PEFT treats them as a 2D 1x1 kernel when merging).
+    """
+    if isinstance(module, TRANSPOSED):
+        return module.groups == 1
+    return (
+        isinstance(module, nn.Conv3d) and module.groups == 1 and module.kernel_size[:2] == (1, 1)
+    )
+
+
+class ConvLora(nn.Module, BaseTunerLayer):
+    """LoRA around one convolution or transposed convolution (groups = 1).
+
+    Parameters
+    ----------
+    base_layer : nn.Conv1d/2d/3d or nn.ConvTranspose1d/2d/3d
+        Frozen here; its weight receives the update when merged.
+    rank : int
+    alpha : float
+        The update is scaled by ``alpha / rank``, as PEFT does.
+    """
+
+    adapter_layer_names = ("lora_A", "lora_B")
+    other_param_names = ("rank", "scaling")
+
+    def __init__(self, base_layer: nn.Module, rank: int, alpha: float) -> None:
+        super().__init__()
+        if not needs_own_lora(base_layer) and not isinstance(base_layer, (nn.Conv2d, nn.Conv3d)):
+            raise TypeError(f"ConvLora does not adapt {type(base_layer).__name__}")
+        self.base_layer = base_layer
+        self.rank = int(rank)
+        self.scaling = {ADAPTER: float(alpha) / self.rank}
+        self._active_adapter = ADAPTER
+        self._disable_adapters = False
+        self.merged_adapters: list[str] = []
+        self.transposed = isinstance(base_layer, TRANSPOSED)
+        dims = base_layer.weight.ndim - 2
+        geometry = {
+            "kernel_size": base_layer.kernel_size,
+            "stride": base_layer.stride,
+            "padding": base_layer.padding,
+            "dilation": base_layer.dilation,
+            "bias": False,
+        }
+        if self.transposed:
+            geometry["output_padding"] = base_layer.output_padding
+        down = type(base_layer)(base_layer.in_channels, self.rank, **geometry)
+        up = _CONV[dims](self.rank, base_layer.out_channels, 1, bias=False)
+        # A as PEFT initialises it (Kaiming uniform), B zero: no change at the start.
+        nn.init.kaiming_uniform_(down.weight, a=math.sqrt(5))
+        nn.init.zeros_(up.weight)
+        weight = base_layer.weight
+        self.lora_A = nn.ModuleDict({ADAPTER: down.to(weight.device, weight.dtype)})
+        self.lora_B = nn.ModuleDict({ADAPTER: up.to(weight.device, weight.dtype)})
+        for param in base_layer.parameters():
+            param.requires_grad_(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Base output plus the scaled low-rank update (unless disabled or merged)."""
+        out = self.base_layer(x)
+        if self.disable_adapters or self.merged:
+            return out
+        update = self.lora_B[ADAPTER](self.lora_A[ADAPTER](x.to(self.lora_A[ADAPTER].weight.dtype)))
+        return out + (update * self.scaling[ADAPTER]).to(out.dtype)
+
+    def enable_adapters(self, enabled: bool) -> None:
+        """Switch the update on or off (PEFT's ``disable_adapter()`` calls this)."""
+        self._disable_adapters = not enabled
+        for name in self.adapter_layer_names:
+            getattr(self, name).requires_grad_(enabled)
+
+    def get_delta_weight(self, adapter: str = ADAPTER) -> torch.Tensor:
+        """The change of the base weight that equals the adapter's contribution."""
+        a = self.lora_A[adapter].weight.float()  # conv (r, in, *k); transposed (in, r, *k)
+        b = self.lora_B[adapter].weight.float().flatten(1)  # (out, r)
+        if self.transposed:
+            delta = torch.einsum("ir...,or->io...", a, b)
+        else:
+            delta = torch.einsum("or,ri...->oi...", b, a)
+        return delta * self.scaling[adapter]
+
+    def merge(self, safe_merge: bool = False, adapter_names: list[str] | None = None) -> None:
+        """Add the update to the base weight (once)."""
+        if self.merged:
+            return
+        weight = self.base_layer.weight
+        merged = weight.data + self.get_delta_weight().to(weight.device, weight.dtype)
+        if safe_merge and not torch.isfinite(merged).all():
+            raise ValueError("NaNs detected in the merged weights of a LoRA layer")
+        weight.data = merged
+        self.merged_adapters.append(ADAPTER)
+
+    def unmerge(self) -> None:
+        """Take the update back out of the base weight."""
+        if not self.merged:
+            return
+        weight = self.base_layer.weight
+        weight.data = weight.data - self.get_delta_weight().to(weight.device, weight.dtype)
+        self.merged_adapters.clear()
+
+    def unload_and_optionally_merge_module(
+        self, merge: bool, safe_merge: bool, adapter_names: list[str] | None
+    ) -> nn.Module:
+        """The base layer, merged first when ``merge`` (PEFT's ``merge_and_unload``)."""
+        if merge:
+            self.merge(safe_merge=safe_merge, adapter_names=adapter_names)
+        for param in self.base_layer.parameters():
+            param.requires_grad_(False)
+        return self.base_layer
+
+
+def replace_with_own_lora(
+    model: nn.Module, names: list[str], rank: int, alpha: float
+) -> None:
+    """Wrap the named submodules of ``model`` in :class:`ConvLora`, in place."""
+    modules = dict(model.named_modules())
+    for name in names:
+        parent_name, _, child = name.rpartition(".")
+        parent = modules[parent_name] if parent_name else model
+        setattr(parent, child, ConvLora(modules[name], rank, alpha))
