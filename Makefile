@@ -16,6 +16,10 @@ $(VENV)/.installed: pyproject.toml
 	# The CPU build of torch first, so the project's torch range is already met.
 	$(PY) -m pip install -q torch==2.13.0 || echo "torch 2.13.0 not available here; pip will choose one"
 	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+# Test peers that cannot come through pyproject (only `make test` needs them).
+$(VENV)/.test-peers: $(VENV)/.installed
 	# torch-em for the tests of its models. Its declared requirements would replace the
 	# CPU torch and bring a torchvision that cannot load beside it, so torch-em comes
 	# without dependencies, plus what `import torch_em.model` needs; torchvision goes to
@@ -42,13 +46,13 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/napari-finetune demo
 
 # The whole suite on Qt 5 (qtpy's first choice), then the widget tests again on Qt 6.
-test: system-deps $(VENV)/.installed
+test: system-deps $(VENV)/.installed $(VENV)/.test-peers
 	$(VENV)/bin/ruff check src tests benchmarks sample_data
 	$(VENV)/bin/lint-imports
 	$(XVFB) $(PY) -m pytest
 	QT_API=pyqt6 PYTEST_QT_API=pyqt6 $(XVFB) $(PY) -m pytest tests/_qt
 
-test-all: system-deps $(VENV)/.installed
+test-all: system-deps $(VENV)/.installed $(VENV)/.test-peers
 	$(XVFB) $(PY) -m pytest -m ""
 
 clean:

@@ -312,3 +312,9 @@ def test_status_and_record_show_the_true_samples_per_step_after_an_odd_split(tmp
     assert all(e.effective_batch == 5 for e in events)
     run = load_checkpoint(trainer.export(tmp_path / "odd.pt")).metadata["run"]
     assert (run["batch_size"], run["accumulation"], run["samples_per_step"]) == (3, 2, 5)
+
+
+def test_a_lora_run_says_which_layers_carry_adapters():
+    trainer = make_trainer(mode="lora", steps=1, batch_size=2)
+    events = list(trainer.run())
+    assert events[0].kind == "probe" and events[0].message.startswith("LoRA adapters on 13 layers")

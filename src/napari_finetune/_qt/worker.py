@@ -205,12 +205,13 @@ def train_job(
         save_corrections_locked(store_path, corrections, channel_names)  # before anything can fail
         yield ("saved", store_path)
     from napari_finetune.model.checkpoint import load_checkpoint
+    from napari_finetune.predict import shape_multiple
     from napari_finetune.trainer.loop import Finetuner
 
     ckpt = load_checkpoint(checkpoint_path)
     if model_hook is not None:
         model_hook(ckpt.model)  # fault injection for the tests and the benchmark
-    multiple = int(getattr(ckpt.model, "shape_multiple", 1) or 1)
+    multiple = shape_multiple(ckpt.model, image.ndim)
     config = dataclasses.replace(
         config, patch_shape=fit_patch_shape(config.patch_shape, image.shape, multiple)
     )

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import typing
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from napari_finetune import __version__
 from napari_finetune.bioimageio.normalization import preprocessing_from_normalization
 from napari_finetune.bioimageio.readme import readme_text
 from napari_finetune.model.checkpoint import Checkpoint
+from napari_finetune.model.torchscript import to_torchscript
 
 INPUT_ID = "raw"
 OUTPUT_ID = "probabilities"
@@ -191,7 +191,7 @@ def _write_weights(ckpt: Checkpoint, folder: Path) -> v0_5.WeightsDescr:
     torch.save(state, folder / "weights.pt")
     (folder / "environment.yaml").write_text(ENVIRONMENT.format(version=__version__))
     torchscript = folder / "model.torchscript"
-    _script(model).save(str(torchscript))
+    to_torchscript(model).save(str(torchscript))
     version = v0_5.Version(torch.__version__.split("+")[0])
     return v0_5.WeightsDescr(
         pytorch_state_dict=v0_5.PytorchStateDictWeightsDescr(
@@ -228,22 +228,6 @@ def _architecture(
     return v0_5.ArchitectureFromLibraryDescr(
         import_from=module, callable=v0_5.Identifier(qualname), kwargs=kwargs
     )
-
-
-def _script(model: torch.nn.Module) -> torch.jit.ScriptModule:
-    """TorchScript of ``model``: scripted (any input size), else traced on a small input."""
-    try:
-        with warnings.catch_warnings():
-            # The UNet's annotated ``init_kwargs`` dict: TorchScript warns and ignores it;
-            # torch 2.13 also calls torch.jit deprecated (it still works, and consumers need it).
-            warnings.simplefilter("ignore", UserWarning)
-            warnings.simplefilter("ignore", DeprecationWarning)
-            return torch.jit.script(model)
-    except Exception:  # noqa: BLE001 - scripting fails on many Python constructs; tracing remains
-        dims = int(getattr(model, "dims", 3))
-        side = 2 * int(getattr(model, "shape_multiple", 8) or 8)
-        with torch.no_grad():
-            return torch.jit.trace(model, torch.zeros((1, 1) + (side,) * dims))
 
 
 def _npy_dtype(path: Path) -> np.dtype:

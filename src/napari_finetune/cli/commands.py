@@ -250,18 +250,10 @@ def export(args: argparse.Namespace) -> int:
 
 def write_torchscript(ckpt: Any) -> Path:
     """Script the checkpoint's model (trace as a fallback) next to its file."""
-    import torch
+    from napari_finetune.model.torchscript import to_torchscript
 
     path = ckpt.path.with_suffix(".torchscript.pt")
-    model = ckpt.model.eval()
-    try:
-        scripted = torch.jit.script(model)
-    except Exception:  # noqa: BLE001 - any scripting failure: tracing still works for a UNet
-        dims = getattr(model, "dims", 3)
-        side = 2 * getattr(model, "shape_multiple", 8)
-        example = torch.zeros((1, 1) + (side,) * dims)
-        scripted = torch.jit.trace(model, example)
-    scripted.save(str(path))
+    to_torchscript(ckpt.model).save(str(path))
     return path
 
 

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from napari_finetune.config import FinetuneConfig
+from napari_finetune.model.lora import describe_adapters
 from napari_finetune.trainer import record
 from napari_finetune.trainer.autobatch import AutobatchDecision
 from napari_finetune.trainer.batchnorm_floor import (
@@ -237,6 +238,9 @@ class Finetuner:
         recording = self.memory_history.start()  # the history starts before the build
         try:
             self.build()
+            adapters = describe_adapters(self.model)
+            if adapters:  # which layers LoRA reaches (the record lists them by name)
+                yield self.status("probe", adapters)
             floor = self.batchnorm_floor
             if floor is not None and floor.min_batch > 1:
                 yield self.status("recovery", describe_floor(floor, self.config.patch_shape))
