@@ -31,19 +31,14 @@ from napari_finetune.trainer import record
 from napari_finetune.trainer.autobatch import AutobatchDecision
 from napari_finetune.trainer.batchnorm_floor import (
     BatchNormFloor,
-    batchnorm_floor,
     describe_floor,
-    refuse_batch,
-    split_respects,
 )
 from napari_finetune.trainer.ladder import Climb
-from napari_finetune.trainer.losses import corrected_channels, needs_teacher
 from napari_finetune.trainer.memory_info import MemoryInfo
 from napari_finetune.trainer.recovery import Precision
 from napari_finetune.trainer.retry import optimizer_step
 from napari_finetune.trainer.snapshot import MemoryHistory
 from napari_finetune.trainer.start import memory_aware_start
-from napari_finetune.trainer.state import batchnorm_modules
 from napari_finetune.trainer.status import Status, switch_state
 from napari_finetune.trainer.validation import Validator
 
@@ -158,17 +153,14 @@ class Finetuner:
 
     def _get_sampler(self) -> Any:
         if self.sampler is None:
-            from napari_finetune.data.sampling import PatchSampler
+            from napari_finetune.trainer.build import make_sampler
 
-            self.sampler = PatchSampler(
+            self.sampler = make_sampler(
                 self.image,
                 self.corrections,
-                self.config.patch_shape,
+                self.config,
                 self.normalization_range,
-                seed=self.config.seed,
-                max_label=self.out_channels + 1,
-                cache_bytes=int(self.config.sample_cache_gib * 2**30),
-                holdout_fraction=self.config.validation_fraction,
+                self.out_channels,
             )
         return self.sampler
 
@@ -180,41 +172,28 @@ class Finetuner:
         """
         if self._built:
             return
+        from napari_finetune.trainer.build import build_parts, measure_floor
+
         sampler = self._get_sampler()
-        self.corrected = corrected_channels(sampler.classes_present, self.out_channels)
         self.model.to(self.device)
-        self._measure_batchnorm_floor()
-        want_teacher = needs_teacher(self.corrected, self.distillation, self.hold_other_channels)
-        from napari_finetune.trainer.teacher import AdapterOffTeacher, FrozenCopyTeacher
-
-        if self.config.mode == "lora":
-            from napari_finetune.model.lora import wrap_lora
-
-            self.model = wrap_lora(
-                self.model, self.config.lora_rank, self.config.lora_alpha, self.config.seed
-            )
-            self.teacher = AdapterOffTeacher(self.model) if want_teacher else None
-        else:
-            self.teacher = FrozenCopyTeacher(self.model) if want_teacher else None
-        self.model.train()
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            params, lr=self.config.learning_rate, weight_decay=self.config.weight_decay
+        self.batchnorm_floor, floor_line = measure_floor(
+            self.model, self.config, self.device, self.samples_per_step, self.batch_size
         )
-        self._bn_modules = batchnorm_modules(self.model)
+        if floor_line:
+            self.recovery_log.append(floor_line)
+        parts = build_parts(
+            self.model,
+            self.config,
+            sampler.classes_present,
+            self.out_channels,
+            self.distillation,
+            self.hold_other_channels,
+        )
+        self.model, self.teacher, self.optimizer = parts.model, parts.teacher, parts.optimizer
+        self.corrected, self._bn_modules = parts.corrected, parts.batchnorm
         self._built = True
         for hook in self.after_build:
             hook(self)
-
-    def _measure_batchnorm_floor(self) -> None:
-        """Keep the ladder above the micro-batch BatchNorm needs; refuse what cannot train."""
-        patch = tuple(self.config.patch_shape)
-        self.batchnorm_floor = floor = batchnorm_floor(self.model, patch, self.device)
-        if floor is None or floor.min_batch <= 1:
-            return
-        if not split_respects(floor, self.samples_per_step, self.batch_size):
-            raise ValueError(refuse_batch(floor, patch, self.samples_per_step))
-        self.recovery_log.append(describe_floor(floor, patch))
 
     # --- the run -------------------------------------------------------------------
 

@@ -1,0 +1,109 @@
+"""What a run needs before step 1, built in the worker thread.
+
+Construction of a :class:`~napari_finetune.trainer.loop.Finetuner` stays cheap
+(the widget does it on the Qt main thread); the patch sampler, the BatchNorm
+floor, PEFT's adapters, the teacher and the optimizer (the first AdamW costs
+~1.6 s of lazy imports) are built here, when the run starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from napari_finetune.config import FinetuneConfig
+from napari_finetune.data.sampling import PatchSampler
+from napari_finetune.trainer.batchnorm_floor import (
+    BatchNormFloor,
+    batchnorm_floor,
+    describe_floor,
+    refuse_batch,
+    split_respects,
+)
+from napari_finetune.trainer.losses import corrected_channels, needs_teacher
+from napari_finetune.trainer.state import batchnorm_modules
+
+
+def make_sampler(
+    image: Any,
+    corrections: Any,
+    config: FinetuneConfig,
+    normalization_range: tuple[float, float],
+    out_channels: int,
+) -> PatchSampler:
+    """The run's patch sampler: anchors, held-out strokes, the in-memory region."""
+    return PatchSampler(
+        image,
+        corrections,
+        config.patch_shape,
+        normalization_range,
+        seed=config.seed,
+        max_label=out_channels + 1,
+        cache_bytes=int(config.sample_cache_gib * 2**30),
+        holdout_fraction=config.validation_fraction,
+    )
+
+
+def measure_floor(
+    model: torch.nn.Module,
+    config: FinetuneConfig,
+    device: torch.device,
+    samples_per_step: int,
+    batch_size: int,
+) -> tuple[BatchNormFloor | None, str]:
+    """The BatchNorm floor and its log line ("" when batch 1 trains).
+
+    Raises
+    ------
+    ValueError
+        The run's micro-batches cannot all stay above the floor (one line with a
+        batch and a patch size that work).
+    """
+    patch = tuple(config.patch_shape)
+    floor = batchnorm_floor(model, patch, device)
+    if floor is None or floor.min_batch <= 1:
+        return floor, ""
+    if not split_respects(floor, samples_per_step, batch_size):
+        raise ValueError(refuse_batch(floor, patch, samples_per_step))
+    return floor, describe_floor(floor, patch)
+
+
+@dataclass
+class TrainingParts:
+    """The model as trained (PEFT-wrapped for LoRA), its teacher and optimizer."""
+
+    model: torch.nn.Module
+    teacher: Any
+    optimizer: torch.optim.Optimizer
+    corrected: torch.Tensor
+    batchnorm: list[torch.nn.Module]
+
+
+def build_parts(
+    model: torch.nn.Module,
+    config: FinetuneConfig,
+    classes_present: list[int],
+    out_channels: int,
+    distillation: float,
+    hold_other_channels: bool,
+) -> TrainingParts:
+    """Wrap LoRA adapters (or keep a frozen copy), make the teacher and the optimizer."""
+    from napari_finetune.trainer.teacher import AdapterOffTeacher, FrozenCopyTeacher
+
+    corrected = corrected_channels(classes_present, out_channels)
+    want_teacher = needs_teacher(corrected, distillation, hold_other_channels)
+    if config.mode == "lora":
+        from napari_finetune.model.lora import wrap_lora
+
+        model = wrap_lora(model, config.lora_rank, config.lora_alpha, config.seed)
+        teacher = AdapterOffTeacher(model) if want_teacher else None
+    else:
+        teacher = FrozenCopyTeacher(model) if want_teacher else None
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(
+        params, lr=config.learning_rate, weight_decay=config.weight_decay
+    )
+    return TrainingParts(model, teacher, optimizer, corrected, batchnorm_modules(model))
