@@ -78,8 +78,34 @@ class SettingsForm(QWidget):
         self.preview_interval.setToolTip(
             "Refresh the prediction in view every so many seconds while training (0 = never)"
         )
+        self.validation = QDoubleSpinBox()
+        self.validation.setRange(0.0, 50.0)
+        self.validation.setSuffix(" %")
+        self.validation.setDecimals(0)
+        self.validation.setValue(100 * d.validation_fraction)
+        self.validation.setToolTip(
+            "Share of your painting held out of training and scored every "
+            f"{d.validation_every} steps (IoU per channel); 0 trains on all of it"
+        )
+        self.resume_degraded = QCheckBox("start from the checkpoint's degraded state")
+        self.resume_degraded.setChecked(d.resume_degraded)
+        self.resume_degraded.setToolTip(
+            "A checkpoint from a run that stepped down (smaller batch, fp32, distillation "
+            "dropped) starts there again, so it does not run out of memory the same way. "
+            "Settings you change here always win; unticked, nothing is resumed."
+        )
         self.hold_other_channels.setText("hold other channels")
         self.mixed_precision.setText("mixed precision")
+        # What the user sets explicitly wins over a resumed degraded state; changing
+        # one of these also unticks the box (tick it again to resume the rest).
+        self._explicit: set[str] = set()
+        for name, signal in (
+            ("batch_size", self.batch_size.valueChanged),
+            ("distillation", self.distillation.valueChanged),
+            ("hold_other_channels", self.hold_other_channels.toggled),
+            ("mixed_precision", self.mixed_precision.toggled),
+        ):
+            signal.connect(lambda *_, field=name: self._set_explicitly(field))
         # Two label/input pairs per row: the dock stays short enough to see the status.
         grid = QGridLayout(self)
         grid.setContentsMargins(0, 0, 0, 0)
@@ -88,16 +114,18 @@ class SettingsForm(QWidget):
             ("Batch", self.batch_size), ("Mode", self.mode),
             ("LoRA rank", self.lora_rank), ("Distillation", self.distillation),
             ("Device", self.device), ("Preview", self.preview_interval),
+            ("Held out", self.validation),
         ]
         for i, (name, widget) in enumerate(pairs):
             row, col = divmod(i, 2)
             grid.addWidget(QLabel(name), row, 2 * col)
             grid.addWidget(widget, row, 2 * col + 1)
-        grid.addWidget(self.hold_other_channels, 4, 0, 1, 2)
-        grid.addWidget(self.mixed_precision, 4, 2, 1, 2)
+        grid.addWidget(self.hold_other_channels, 5, 0, 1, 2)
+        grid.addWidget(self.mixed_precision, 5, 2, 1, 2)
+        grid.addWidget(self.resume_degraded, 6, 0, 1, 4)
         # No +/- buttons (arrow keys and the wheel still step): half the width.
         for box in (self.steps, self.learning_rate, self.batch_size, self.lora_rank,
-                    self.distillation, self.preview_interval):
+                    self.distillation, self.preview_interval, self.validation):
             box.setButtonSymbols(QAbstractSpinBox.NoButtons)
         for box in (self.learning_rate, self.mode, self.preview_interval):
             box.setMinimumWidth(box.sizeHint().width())
@@ -117,9 +145,16 @@ class SettingsForm(QWidget):
             hold_other_channels=self.hold_other_channels.isChecked(),
             mixed_precision=self.mixed_precision.isChecked(),
             device=self.device.currentText(),
+            validation_fraction=self.validation.value() / 100,
+            resume_degraded=self.resume_degraded.isChecked(),
+            explicit_settings=tuple(sorted(self._explicit)),
         )
         values.update(overrides)
         return FinetuneConfig(**values)
+
+    def _set_explicitly(self, field: str) -> None:
+        self._explicit.add(field)
+        self.resume_degraded.setChecked(False)
 
     @property
     def preview_interval_s(self) -> float:
