@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from napari.utils.notifications import show_error, show_info
+from napari.utils.notifications import show_error, show_info, show_warning
 
 from napari_finetune._qt import corrections as corr
 from napari_finetune._qt import worker as jobs
@@ -24,6 +24,7 @@ from napari_finetune._qt.layers import (
     show_predictions,
 )
 from napari_finetune._qt.state import CheckpointInfo, release_trainer, stop
+from napari_finetune._qt.trust import ask_to_trust, describe_factory, untrusted_factory
 
 
 def say(label: Any, template: str, path: str) -> None:
@@ -83,6 +84,8 @@ def handle_event(w: Any, event: tuple, what: str) -> None:
             f"{Path(i.path).name}: {i.dims}D, channels {', '.join(i.channel_names)}"
         )
         follow_corrections(w, w.corrections_combo.layer())
+    elif kind == "untrusted":
+        answer_untrusted(w, event[1], event[2])
     elif kind == "prediction":
         show_predictions(w.viewer, w.image_combo.layer(), s.info.channel_names, s.info.colors,
                          event[1], corr.store_path_of(w.image_combo.layer()))
@@ -128,25 +131,50 @@ def _empty_predictions(w: Any) -> None:
                      corr.store_path_of(image))
 
 
-def _info_job(path: str) -> jobs.Job:
-    from napari_finetune.model.checkpoint import load_checkpoint
+def _info_job(path: str, trust: tuple[str, ...] = ()) -> jobs.Job:
+    from napari_finetune.model.checkpoint import CheckpointError, load_checkpoint
 
-    ckpt = load_checkpoint(path)
+    try:
+        # The allow-list is checked on the factory's name before anything is imported.
+        ckpt = load_checkpoint(path, trust=trust)
+    except CheckpointError:
+        factory = untrusted_factory(path, trust)
+        if factory is None:
+            raise
+        yield ("untrusted", path, factory)  # the widget asks the user; nothing was imported
+        return
     names = ckpt.channel_names
     yield ("info", CheckpointInfo(
         path=path, channel_names=names, colors=corr.channel_colors(names, ckpt.metadata),
         normalization=ckpt.normalization, dims=int(getattr(ckpt.model, "dims", 3)),
+        trust=tuple(trust),
     ))
 
 
-def load_info(w: Any, path: str) -> None:
+def load_info(w: Any, path: str, trust: tuple[str, ...] = ()) -> None:
     """Read the checkpoint's channels in a worker (a bad file -> notification)."""
     if not path or (w.state.info is not None and w.state.info.path == path):
         return
     release_trainer(w.state)  # a new model: the old run's weights no longer apply
     w.state.info = None
     w.checkpoint_label.setText("reading checkpoint…")
-    _job(w, None, _info_job, path, what="Cannot use this checkpoint")
+    _job(w, None, _info_job, path, trust, what="Cannot use this checkpoint")
+
+
+def answer_untrusted(w: Any, path: str, factory: str) -> None:
+    """Ask whether to trust ``factory``; Yes reads the file again with it trusted."""
+    if path != w.checkpoint_edit.text().strip():
+        return  # another file was chosen meanwhile
+    if ask_to_trust(w, path, factory):
+        load_info(w, path, trust=(factory,))
+        return
+    package, _ = describe_factory(factory)
+    message = (f"{Path(path).name} was not loaded: its model is built by {factory} "
+               f"(package '{package}'), which you did not trust. Nothing from it was "
+               "imported or run; choose another checkpoint.")
+    w.status_panel.append_log(message)
+    show_warning(message)
+    w.checkpoint_label.setText("not loaded: its model code was not trusted")
 
 
 def predict(w: Any) -> None:
@@ -157,7 +185,7 @@ def predict(w: Any) -> None:
     model = s.trainer.model if s.trainer is not None else None
     _job(w, "predict", jobs.predict_job, s.info.path, corr.image_level0(layer),
          len(s.info.channel_names), w.settings.device.currentText(), model=model,
-         normalization=s.info.normalization, what="Prediction failed")
+         normalization=s.info.normalization, trust=s.info.trust, what="Prediction failed")
 
 
 def new_corrections_layer(w: Any) -> Any:
@@ -220,7 +248,7 @@ def finetune(w: Any) -> None:
     w.status_panel.start_run(config.steps)
     _job(w, "train", jobs.train_job, s.info.path, data, labels, store, s.info.channel_names,
          config, w.settings.preview_interval_s, lambda: s.region, model_hook=w._model_hook,
-         trainer_hook=w._trainer_hook, what="Fine-tuning failed")
+         trainer_hook=w._trainer_hook, trust=s.info.trust, what="Fine-tuning failed")
 
 
 def after_training(w: Any) -> None:

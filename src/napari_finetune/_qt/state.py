@@ -18,6 +18,7 @@ class CheckpointInfo:
     colors: list[str]
     normalization: dict
     dims: int
+    trust: tuple[str, ...] = ()  # factories the user trusted for this file (the dialog's Yes)
 
 
 @dataclass

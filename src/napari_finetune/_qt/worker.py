@@ -6,6 +6,7 @@ napari's ``thread_worker`` machinery delivers to the main thread:
 ``("progress", done, total, what)``  a block of a prediction was computed
 ``("prediction", masks)``            one uint8 mask per channel, whole volume
 ``("saved", store_path)``            corrections written into the store
+``("untrusted", path, factory)``   the checkpoint's factory needs the user's trust
 ``("trainer", trainer)``             the Finetuner exists (the widget may stop it)
 ``("status", Status)``               one event of ``Finetuner.run()``
 ``("preview", region, probs)``       probabilities of ``region`` with the current weights
@@ -147,7 +148,7 @@ def warm_up_job() -> Job:
 
 def predict_job(
     checkpoint_path: str, image: Any, channel_count: int | None, device: str,
-    model: Any = None, normalization: dict | None = None,
+    model: Any = None, normalization: dict | None = None, trust: Sequence[str] = (),
 ) -> Job:
     """Whole-volume prediction, blockwise; ``model`` (a fine-tuned one) skips loading."""
     from napari_finetune.config import PredictConfig
@@ -157,7 +158,7 @@ def predict_job(
     if model is None:
         from napari_finetune.model.checkpoint import load_checkpoint
 
-        ckpt = load_checkpoint(checkpoint_path)
+        ckpt = load_checkpoint(checkpoint_path, trust=tuple(trust))
         model, normalization = ckpt.model, ckpt.normalization
         channel_count = len(ckpt.channel_names)
     low_high = intensity_range(image, normalization or {})
@@ -192,7 +193,7 @@ def train_job(
     channel_names: Sequence[str], config: Any, preview_interval_s: float,
     region: Callable[[], tuple[slice, ...] | None],
     model_hook: Callable[[Any], Any] | None = None,
-    trainer_hook: Callable[[Any], Any] | None = None,
+    trainer_hook: Callable[[Any], Any] | None = None, trust: Sequence[str] = (),
 ) -> Job:
     """Save the corrections, build model and trainer here, run, yield previews between steps.
 
@@ -207,7 +208,7 @@ def train_job(
     from napari_finetune.model.checkpoint import load_checkpoint
     from napari_finetune.trainer.loop import Finetuner
 
-    ckpt = load_checkpoint(checkpoint_path)
+    ckpt = load_checkpoint(checkpoint_path, trust=tuple(trust))  # as the user answered
     if model_hook is not None:
         model_hook(ckpt.model)  # fault injection for the tests and the benchmark
     multiple = int(getattr(ckpt.model, "shape_multiple", 1) or 1)
