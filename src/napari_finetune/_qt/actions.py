@@ -23,7 +23,7 @@ from napari_finetune._qt.layers import (
     prediction_layers,
     show_predictions,
 )
-from napari_finetune._qt.state import CheckpointInfo, release_trainer, stop
+from napari_finetune._qt.state import CheckpointInfo, release_trainer, shut_down
 from napari_finetune._qt.trust import ask_to_trust, describe_factory, untrusted_factory
 
 
@@ -42,32 +42,43 @@ def _fail(w: Any, exc: Exception, what: str) -> None:
 
 def _job(w: Any, busy: str | None, job: Any, *args: Any, what: str, **kwargs: Any) -> None:
     """Start ``job`` with the widget's event routing; ``busy`` marks the widget while it runs."""
+    s = w.state
+    if s.closed:
+        return  # closing: no new work (e.g. the prediction after a run)
 
     def on_event(event: tuple) -> None:
+        if s.closed:  # the widget may be deleted: keep the record, touch no widget
+            if event[0] == "trainer":
+                s.trainer = event[1]
+            elif event[0] == "status":
+                s.statuses.append(event[1])
+            return
         try:
             handle_event(w, event, what)
         except RuntimeError as exc:  # "wrapped C/C++ object ... has been deleted"
             if "deleted" not in str(exc):
                 raise
-            stop(w.state)  # the dock was closed: end the run at the next step
+            shut_down(s, 0.0)  # end the run at the next step
 
     def on_finished() -> None:
-        w.state.running -= 1
-        if busy is not None and w.state.busy == busy:
-            w.state.busy = None
-            w.state.worker = None
-        try:
-            w._refresh_buttons()
-        except RuntimeError:
-            return  # the dock was closed while the job ran
+        s.running -= 1
+        if worker in s.jobs:
+            s.jobs.remove(worker)
+        if busy is not None and s.busy == busy:
+            s.busy = None
+            s.worker = None
+        if s.closed:
+            return
+        w._refresh_buttons()
         if busy == "train":
             after_training(w)
 
     if busy is not None:
-        w.state.busy = busy
-    w.state.running += 1
-    w.state.worker = jobs.start_job(job, *args, on_event=on_event, on_finished=on_finished,
-                                    **kwargs)
+        s.busy = busy
+    s.running += 1
+    worker = jobs.start_job(job, *args, on_event=on_event, on_finished=on_finished, **kwargs)
+    s.worker = worker
+    s.jobs.append(worker)
     w._refresh_buttons()
 
 
@@ -203,7 +214,9 @@ def follow_corrections(w: Any, layer: Any) -> None:
     if s.autosaver is not None:
         if s.autosaver.layer is layer:
             return
-        s.autosaver.disconnect_layer()
+        s.autosaver.retire()  # a pending save is written, not dropped
+        s.retired_savers = [saver for saver in s.retired_savers if saver.jobs]
+        s.retired_savers.append(s.autosaver)
         s.autosaver = None
     if layer is None:
         return
@@ -237,9 +250,9 @@ def finetune(w: Any) -> None:
         _fail(w, exc, "Invalid settings")
         return
     if s.autosaver is not None and s.autosaver.layer is layer:
-        labels = s.autosaver.snapshot()
+        labels, snapshot = s.autosaver.snapshot(), s.autosaver.snapshot_id
     else:
-        labels = np.array(layer.data, copy=True)
+        labels, snapshot = np.array(layer.data, copy=True), corr.next_snapshot()
     store = corr.store_path_of(layer, image)
     if not prediction_layers(w.viewer, s.info.channel_names):
         _empty_predictions(w)  # now, at the click, rather than mid-run at the first preview
@@ -248,7 +261,8 @@ def finetune(w: Any) -> None:
     w.status_panel.start_run(config.steps)
     _job(w, "train", jobs.train_job, s.info.path, data, labels, store, s.info.channel_names,
          config, w.settings.preview_interval_s, lambda: s.region, model_hook=w._model_hook,
-         trainer_hook=w._trainer_hook, trust=s.info.trust, what="Fine-tuning failed")
+         trainer_hook=w._trainer_hook, trust=s.info.trust, snapshot=snapshot,
+         what="Fine-tuning failed")
 
 
 def after_training(w: Any) -> None:

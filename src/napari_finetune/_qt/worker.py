@@ -40,15 +40,27 @@ def start_job(
     job: Callable[..., Job], *args: Any, on_event: Callable[[Event], None],
     on_finished: Callable[[], None] | None = None, **kwargs: Any,
 ):
-    """Run ``job(*args, **kwargs)`` in a napari ``thread_worker``; events go to ``on_event``."""
+    """Run ``job(*args, **kwargs)`` in a napari ``thread_worker``; events go to ``on_event``.
+
+    Returns the :class:`~napari_finetune._qt.shutdown.JobWorker`, which a
+    closing widget can wait for.
+    """
     from napari.qt.threading import create_worker
 
-    worker = create_worker(_guarded, job, *args, _start_thread=False, **kwargs)
+    from napari_finetune._qt.shutdown import JobWorker
+
+    worker = create_worker(_guarded, job, *args, _start_thread=False, _worker_class=JobWorker,
+                           **kwargs)
     worker.yielded.connect(on_event)
     if on_finished is not None:
         worker.finished.connect(on_finished)
     worker.start()
     return worker
+
+
+def call_job(fn: Callable[..., Any], *args: Any) -> Job:
+    """``fn(*args)`` as a job: one ``("done", result)`` event."""
+    yield ("done", fn(*args))
 
 
 def start_call(
@@ -57,13 +69,10 @@ def start_call(
 ):
     """Run a plain function in a worker: ``on_done(result)`` or ``on_error(exc)``."""
 
-    def job() -> Job:
-        yield ("done", fn(*args))
-
     def relay(event: Event) -> None:
         (on_done if event[0] == "done" else on_error)(event[1])
 
-    return start_job(job, on_event=relay)
+    return start_job(call_job, fn, *args, on_event=relay)
 
 
 def _guarded(job: Callable[..., Job], *args: Any, **kwargs: Any) -> Job:
@@ -194,6 +203,7 @@ def train_job(
     region: Callable[[], tuple[slice, ...] | None],
     model_hook: Callable[[Any], Any] | None = None,
     trainer_hook: Callable[[Any], Any] | None = None, trust: Sequence[str] = (),
+    snapshot: int | None = None,
 ) -> Job:
     """Save the corrections, build model and trainer here, run, yield previews between steps.
 
@@ -203,7 +213,8 @@ def train_job(
     if store_path:
         from napari_finetune._qt.corrections import save_corrections_locked
 
-        save_corrections_locked(store_path, corrections, channel_names)  # before anything can fail
+        # Before anything can fail; ``snapshot`` keeps a later, newer save from being undone.
+        save_corrections_locked(store_path, corrections, channel_names, snapshot)
         yield ("saved", store_path)
     from napari_finetune.model.checkpoint import load_checkpoint
     from napari_finetune.trainer.loop import Finetuner
