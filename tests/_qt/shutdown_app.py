@@ -13,6 +13,9 @@ makes a corrections layer and paints, then ends as CASE says:
                         (well inside the autosave delay).
 ``remove-dock-mid-run`` Fine-tune, wait for the first step, remove the dock, wait for
                         the run to end, close the viewer.
+``close-then-exit``     as ``close-mid-run``, in a script that runs no event loop of its
+                        own (``processEvents`` until the first step), so the process
+                        exits right after the close, with the step still computing.
 
 Everything is driven from Qt timers inside ``napari.run()``, as a user's
 clicks would be. What the painting was when the session ended goes to
@@ -28,7 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-CASES = ("close-mid-run", "quit-mid-run", "stroke-then-close", "remove-dock-mid-run")
+CASES = ("close-mid-run", "quit-mid-run", "stroke-then-close", "remove-dock-mid-run",
+         "close-then-exit")
 
 
 T0 = time.monotonic()
@@ -107,7 +111,7 @@ def main(case: str, store: str, checkpoint: str, out: Path) -> None:
         plan.append((lambda: True, record_and(close)))
     else:
         plan.append((lambda: True, start_run))
-        finish = {"close-mid-run": close, "quit-mid-run": quit_app,
+        finish = {"close-mid-run": close, "close-then-exit": close, "quit-mid-run": quit_app,
                   "remove-dock-mid-run": remove_dock}[case]
         plan.append((stepped, record_and(finish)))
         if case == "remove-dock-mid-run":
@@ -127,12 +131,19 @@ def main(case: str, store: str, checkpoint: str, out: Path) -> None:
             if action is not second_stroke:
                 return  # one action per event-loop turn, except: close at once after a stroke
 
-    poll = QTimer()
-    poll.setInterval(20)
-    poll.timeout.connect(tick)
-    poll.start()
-    napari.run()
-    poll.stop()
+    if case == "close-then-exit":
+        app = QApplication.instance()
+        while plan:
+            app.processEvents()
+            tick()
+            time.sleep(0.01)
+    else:
+        poll = QTimer()
+        poll.setInterval(20)
+        poll.timeout.connect(tick)
+        poll.start()
+        napari.run()
+        poll.stop()
     kinds = [st.kind for st in state.statuses]
     say(f"event loop ended; jobs still counted {state.running}; statuses {kinds}")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tests._qt.conftest import make_volume
+from tests._qt.conftest import CHANNELS, make_volume
 
 APP = Path(__file__).with_name("shutdown_app.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,14 +42,29 @@ def _check_store(store: Path, out: Path) -> None:
     np.testing.assert_array_equal(np.asarray(open_volume(store).data), make_volume())
 
 
+@pytest.fixture
+def slower_checkpoint(tmp_path: Path) -> Path:
+    """The default 3D UNet (1.6 M parameters): a step takes long enough to be cut by an exit."""
+    import torch
+
+    from napari_finetune.model.checkpoint import save_checkpoint
+    from napari_finetune.model.unet import UNet
+
+    torch.manual_seed(0)
+    return save_checkpoint(tmp_path / "unet.pt", UNet(dims=3, out_channels=2),
+                           {"channel_names": CHANNELS})
+
+
 @pytest.mark.parametrize("case", [
     "close-mid-run", "quit-mid-run", "stroke-then-close", "remove-dock-mid-run",
+    "close-then-exit",
 ])
 def test_shutdown_case_exits_0_with_the_painting_saved(case, tiny_store, tiny_checkpoint,
-                                                      tmp_path):
+                                                      slower_checkpoint, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    result = _run(case, tiny_store, tiny_checkpoint, out)
+    checkpoint = slower_checkpoint if case == "close-then-exit" else tiny_checkpoint
+    result = _run(case, tiny_store, checkpoint, out)
     log = f"exit {result.returncode}\n{result.stdout}\n{result.stderr[-4000:]}"
     assert result.returncode == 0, log
     assert "event loop ended" in result.stdout, log
