@@ -28,6 +28,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -76,20 +77,34 @@ def start_call(
 
 
 def _guarded(job: Callable[..., Job], *args: Any, **kwargs: Any) -> Job:
-    import torch
-
-    threads = torch.get_num_threads()
-    # Leave one core to the UI: measured on 2 shared cores, torch on both
-    # starved Qt and Xvfb (1.1 s stalls) and was slower too (oversubscribed).
-    torch.set_num_threads(max(1, min(threads, (os.cpu_count() or 2) - 1)))
     try:
         return (yield from job(*args, **kwargs))
     except Exception as exc:  # every failure becomes one notification
         yield ("error", exc)
         return None
     finally:
-        torch.set_num_threads(threads)
         release_memory()
+
+
+@contextmanager
+def core_left_for_the_ui() -> Iterator[None]:
+    """Run torch on all cores but one for the duration of a computing job.
+
+    Measured on 2 shared cores: torch on both starved Qt and Xvfb (1.1 s
+    stalls) and was slower too (oversubscribed). ``torch.set_num_threads`` is
+    process-wide, so only the jobs that compute (a run, a prediction; the
+    widget runs one at a time) set and restore it: a save or a checkpoint
+    read that began or ended meanwhile would otherwise hand the run all
+    cores back, or keep one from it for good.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(1, min(before, (os.cpu_count() or 2) - 1)))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def release_memory() -> None:
@@ -174,11 +189,12 @@ def predict_job(
     shape = tuple(int(s) for s in image.shape)
     masks = [np.zeros(shape, dtype=np.uint8) for _ in range(channel_count or 1)]
     config = PredictConfig(device=device)
-    yield from with_progress(
-        lambda progress: predict_volume(model, image, low_high, config, out=masks,
-                                        progress=progress),
-        "predict",
-    )
+    with core_left_for_the_ui():
+        yield from with_progress(
+            lambda progress: predict_volume(model, image, low_high, config, out=masks,
+                                            progress=progress),
+            "predict",
+        )
     yield ("prediction", masks)
 
 
@@ -216,6 +232,17 @@ def train_job(
         # Before anything can fail; ``snapshot`` keeps a later, newer save from being undone.
         save_corrections_locked(store_path, corrections, channel_names, snapshot)
         yield ("saved", store_path)
+    with core_left_for_the_ui():  # from the build to the end of the run, whatever else runs
+        yield from _build_and_run(checkpoint_path, image, corrections, config,
+                                  preview_interval_s, region, model_hook, trainer_hook, trust)
+
+
+def _build_and_run(
+    checkpoint_path: str, image: Any, corrections: np.ndarray, config: Any,
+    preview_interval_s: float, region: Callable[[], tuple[slice, ...] | None],
+    model_hook: Callable[[Any], Any] | None, trainer_hook: Callable[[Any], Any] | None,
+    trust: Sequence[str],
+) -> Job:
     from napari_finetune.model.checkpoint import load_checkpoint
     from napari_finetune.trainer.loop import Finetuner
 
