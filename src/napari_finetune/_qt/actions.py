@@ -19,6 +19,7 @@ from napari_finetune._qt import corrections as corr
 from napari_finetune._qt import worker as jobs
 from napari_finetune._qt.layers import (
     PREDICTION_KEY,
+    add_empty_predictions_later,
     apply_preview,
     prediction_layers,
     show_predictions,
@@ -134,14 +135,6 @@ def warm_up(w: Any) -> None:
     _job(w, None, jobs.warm_up_job, what="Loading the fine-tuning engine failed")
 
 
-def _empty_predictions(w: Any) -> None:
-    image = w.image_combo.layer()
-    shape = tuple(int(n) for n in corr.image_level0(image).shape)
-    masks = [np.zeros(shape, np.uint8) for _ in w.state.info.channel_names]
-    show_predictions(w.viewer, image, w.state.info.channel_names, w.state.info.colors, masks,
-                     corr.store_path_of(image))
-
-
 def _info_job(path: str, trust: tuple[str, ...] = ()) -> jobs.Job:
     from napari_finetune.model.checkpoint import CheckpointError, load_checkpoint
 
@@ -254,8 +247,10 @@ def finetune(w: Any) -> None:
     else:
         labels, snapshot = np.array(layer.data, copy=True), corr.next_snapshot()
     store = corr.store_path_of(layer, image)
-    if not prediction_layers(w.viewer, s.info.channel_names):
-        _empty_predictions(w)  # now, at the click, rather than mid-run at the first preview
+    # Before the first preview, but not in this handler: one layer per event-loop turn.
+    add_empty_predictions_later(w.viewer, image, s.info.channel_names, s.info.colors,
+                                tuple(int(n) for n in data.shape), store,
+                                alive=lambda: not s.closed)
     release_trainer(s)
     s.statuses, s.previews, s.timings = [], 0, {}
     w.status_panel.start_run(config.steps)
