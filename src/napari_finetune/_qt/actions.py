@@ -247,17 +247,22 @@ def finetune(w: Any) -> None:
     else:
         labels, snapshot = np.array(layer.data, copy=True), corr.next_snapshot()
     store = corr.store_path_of(layer, image)
-    # Before the first preview, but not in this handler: one layer per event-loop turn.
-    add_empty_predictions_later(w.viewer, image, s.info.channel_names, s.info.colors,
-                                tuple(int(n) for n in data.shape), store,
-                                alive=lambda: not s.closed)
     release_trainer(s)
     s.statuses, s.previews, s.timings = [], 0, {}
     w.status_panel.start_run(config.steps)
-    _job(w, "train", jobs.train_job, s.info.path, data, labels, store, s.info.channel_names,
-         config, w.settings.preview_interval_s, lambda: s.region, model_hook=w._model_hook,
-         trainer_hook=w._trainer_hook, trust=s.info.trust, snapshot=snapshot,
-         what="Fine-tuning failed")
+    s.busy = "train"  # the buttons say so now; the job starts after the layers
+    w._refresh_buttons()
+
+    def start() -> None:
+        _job(w, "train", jobs.train_job, s.info.path, data, labels, store, s.info.channel_names,
+             config, w.settings.preview_interval_s, lambda: s.region,
+             model_hook=w._model_hook, trainer_hook=w._trainer_hook, trust=s.info.trust,
+             snapshot=snapshot, what="Fine-tuning failed")
+
+    # The previews need the layers, but not this handler: one layer per event-loop turn.
+    add_empty_predictions_later(w.viewer, image, s.info.channel_names, s.info.colors,
+                                tuple(int(n) for n in data.shape), store,
+                                alive=lambda: not s.closed, then=start)
 
 
 def after_training(w: Any) -> None:
