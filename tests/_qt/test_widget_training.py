@@ -243,3 +243,16 @@ def test_click_returns_at_once_and_the_prediction_layers_follow(docked, qtbot):
     assert not widget.state.errors
     print(f"Fine-tune click handler: {click_ms:.0f} ms")  # shown with -s
     assert click_ms < CLICK_BOUND_MS, f"the click handler took {click_ms:.0f} ms"
+
+
+def test_stop_before_the_run_began(docked, qtbot):
+    """Stop pressed while the prediction layers are still being added: no run starts."""
+    viewer, widget, image = docked
+    _setup_run(viewer, widget, qtbot, steps=50, batch=1)
+    qtbot.mouseClick(widget.finetune_button, Qt.LeftButton)
+    assert widget.stop_button.isEnabled()
+    qtbot.mouseClick(widget.stop_button, Qt.LeftButton)
+    wait_idle(qtbot, widget)
+    assert widget.state.statuses == [] and widget.state.trainer is None
+    assert widget.finetune_button.isEnabled() and not widget.state.errors
+    assert "stopped" in widget.status_panel.progress.format()

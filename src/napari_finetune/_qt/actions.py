@@ -250,10 +250,15 @@ def finetune(w: Any) -> None:
     release_trainer(s)
     s.statuses, s.previews, s.timings = [], 0, {}
     w.status_panel.start_run(config.steps)
-    s.busy = "train"  # the buttons say so now; the job starts after the layers
+    s.busy, s.stop_requested = "train", False  # the job starts after the layers
     w._refresh_buttons()
 
     def start() -> None:
+        if s.stop_requested:  # Stop was pressed while the layers were added
+            s.busy = None
+            w._refresh_buttons()
+            w.status_panel.set_idle("stopped before the first step")
+            return
         _job(w, "train", jobs.train_job, s.info.path, data, labels, store, s.info.channel_names,
              config, w.settings.preview_interval_s, lambda: s.region,
              model_hook=w._model_hook, trainer_hook=w._trainer_hook, trust=s.info.trust,

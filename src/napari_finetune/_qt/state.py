@@ -43,10 +43,12 @@ class RunState:
     run_summary: str = ""  # how the last run ended, kept on the bar after the final predict
     jobs: list[Any] = field(default_factory=list)  # the widget's workers not yet finished
     closed: bool = False  # the dock or the viewer closed: events only update this state
+    stop_requested: bool = False  # Stop pressed before the run's job started
 
 
 def stop(s: RunState) -> None:
     """Stop at the next step (the weights of the last completed step are kept)."""
+    s.stop_requested = True
     if s.trainer is not None:
         s.trainer.stop()
     elif s.worker is not None:
