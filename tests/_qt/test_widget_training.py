@@ -256,3 +256,22 @@ def test_stop_before_the_run_began(docked, qtbot):
     assert widget.state.statuses == [] and widget.state.trainer is None
     assert widget.finetune_button.isEnabled() and not widget.state.errors
     assert "stopped" in widget.status_panel.progress.format()
+
+
+def test_closing_the_viewer_saves_the_painting_and_waits_for_the_run(docked, qtbot):
+    """In-process view of what the subprocess cases check: the close itself ends the work."""
+    from napari_finetune.io.omezarr import load_corrections
+
+    viewer, widget, image = docked
+    layer = _setup_run(viewer, widget, qtbot, steps=500, batch=1)
+    state = widget.state
+    qtbot.mouseClick(widget.finetune_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: any(st.kind == "step" for st in state.statuses), timeout=60_000)
+    layer.paint((12, 56, 56), 2)  # a stroke the autosave timer has not saved yet
+    painted = np.array(layer.data, copy=True)
+    workers = list(state.jobs)
+    viewer.close()
+    # Returned from close: the run's worker let go of its thread, the stroke is on disk.
+    assert state.closed and all(w.ended.is_set() or not w.began.is_set() for w in workers)
+    np.testing.assert_array_equal(load_corrections(image.metadata["ome_zarr_path"]), painted)
+    assert state.trainer is not None and state.trainer.steps_done < 500

@@ -160,7 +160,9 @@ class FinetuneWidget(QWidget):
         self._quit_hook = lambda: shut_down(state, CLOSE_WAIT_S)  # the state, not the widget
         QApplication.instance().aboutToQuit.connect(self._quit_hook)
         self._window_watcher = WindowCloseWatcher(self, lambda: self.close_work(CLOSE_WAIT_S))
-        self.destroyed.connect(lambda *_: shut_down(state, 0.0))
+        # Deleted with its window (viewer.close() deletes it at once, shown or not): wait
+        # there too; the slot touches only the state, and the worker never the widget.
+        self.destroyed.connect(lambda *_: shut_down(state, CLOSE_WAIT_S))
         self._corrections_changed(self.corrections_combo.layer())
         self._update_region()
         self._refresh_buttons()
