@@ -156,13 +156,19 @@ class FinetuneWidget(QWidget):
         for emitter in self._viewer_hooks:
             emitter.connect(self._update_region)
         # Closing: the viewer's window, the app, the dock removed, or the widget deleted.
-        state = self.state
+        state, app = self.state, QApplication.instance()
         self._quit_hook = lambda: shut_down(state, CLOSE_WAIT_S)  # the state, not the widget
-        QApplication.instance().aboutToQuit.connect(self._quit_hook)
+        app.aboutToQuit.connect(self._quit_hook)
         self._window_watcher = WindowCloseWatcher(self, lambda: self.close_work(CLOSE_WAIT_S))
-        # Deleted with its window (viewer.close() deletes it at once, shown or not): wait
-        # there too; the slot touches only the state, and the worker never the widget.
-        self.destroyed.connect(lambda *_: shut_down(state, CLOSE_WAIT_S))
+        quit_hook = self._quit_hook
+
+        def destroyed(*_: object) -> None:
+            # Deleted with its window (viewer.close() deletes it at once, shown or not):
+            # wait there too; this touches only the state, and the worker never the widget.
+            shut_down(state, CLOSE_WAIT_S)
+            _disconnect(app.aboutToQuit, quit_hook)  # nothing keeps the state alive after
+
+        self.destroyed.connect(destroyed)
         self._corrections_changed(self.corrections_combo.layer())
         self._update_region()
         self._refresh_buttons()
@@ -201,10 +207,7 @@ class FinetuneWidget(QWidget):
             return True
         for emitter in self._viewer_hooks:
             emitter.disconnect(self._update_region)
-        try:
-            QApplication.instance().aboutToQuit.disconnect(self._quit_hook)
-        except (TypeError, RuntimeError):  # already disconnected
-            pass
+        _disconnect(QApplication.instance().aboutToQuit, self._quit_hook)
         return shut_down(self.state, wait_s)
 
     # -- state -------------------------------------------------------------------------------
@@ -285,6 +288,13 @@ class FinetuneWidget(QWidget):
 
         path = store_path_of(self.image_combo.layer())
         return Path(path) if path else None
+
+
+def _disconnect(signal: Any, slot: Any) -> None:
+    try:
+        signal.disconnect(slot)
+    except (TypeError, RuntimeError):  # already disconnected
+        pass
 
 
 def _row(*widgets: QWidget) -> QWidget:
