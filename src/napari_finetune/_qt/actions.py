@@ -13,17 +13,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from napari.utils.notifications import show_error, show_info
+from napari.utils.notifications import show_error, show_info, show_warning
 
 from napari_finetune._qt import corrections as corr
 from napari_finetune._qt import worker as jobs
 from napari_finetune._qt.layers import (
     PREDICTION_KEY,
+    add_empty_predictions_later,
     apply_preview,
     prediction_layers,
     show_predictions,
 )
-from napari_finetune._qt.state import CheckpointInfo, release_trainer, stop
+from napari_finetune._qt.state import CheckpointInfo, release_trainer, shut_down
+from napari_finetune._qt.trust import ask_to_trust, describe_factory, untrusted_factory
 
 
 def say(label: Any, template: str, path: str) -> None:
@@ -41,32 +43,43 @@ def _fail(w: Any, exc: Exception, what: str) -> None:
 
 def _job(w: Any, busy: str | None, job: Any, *args: Any, what: str, **kwargs: Any) -> None:
     """Start ``job`` with the widget's event routing; ``busy`` marks the widget while it runs."""
+    s = w.state
+    if s.closed:
+        return  # closing: no new work (e.g. the prediction after a run)
 
     def on_event(event: tuple) -> None:
+        if s.closed:  # the widget may be deleted: keep the record, touch no widget
+            if event[0] == "trainer":
+                s.trainer = event[1]
+            elif event[0] == "status":
+                s.statuses.append(event[1])
+            return
         try:
             handle_event(w, event, what)
         except RuntimeError as exc:  # "wrapped C/C++ object ... has been deleted"
             if "deleted" not in str(exc):
                 raise
-            stop(w.state)  # the dock was closed: end the run at the next step
+            shut_down(s, 0.0)  # end the run at the next step
 
     def on_finished() -> None:
-        w.state.running -= 1
-        if busy is not None and w.state.busy == busy:
-            w.state.busy = None
-            w.state.worker = None
-        try:
-            w._refresh_buttons()
-        except RuntimeError:
-            return  # the dock was closed while the job ran
+        s.running -= 1
+        if worker in s.jobs:
+            s.jobs.remove(worker)
+        if busy is not None and s.busy == busy:
+            s.busy = None
+            s.worker = None
+        if s.closed:
+            return
+        w._refresh_buttons()
         if busy == "train":
             after_training(w)
 
     if busy is not None:
-        w.state.busy = busy
-    w.state.running += 1
-    w.state.worker = jobs.start_job(job, *args, on_event=on_event, on_finished=on_finished,
-                                    **kwargs)
+        s.busy = busy
+    s.running += 1
+    worker = jobs.start_job(job, *args, on_event=on_event, on_finished=on_finished, **kwargs)
+    s.worker = worker
+    s.jobs.append(worker)
     w._refresh_buttons()
 
 
@@ -83,6 +96,8 @@ def handle_event(w: Any, event: tuple, what: str) -> None:
             f"{Path(i.path).name}: {i.dims}D, channels {', '.join(i.channel_names)}"
         )
         follow_corrections(w, w.corrections_combo.layer())
+    elif kind == "untrusted":
+        answer_untrusted(w, event[1], event[2])
     elif kind == "prediction":
         show_predictions(w.viewer, w.image_combo.layer(), s.info.channel_names, s.info.colors,
                          event[1], corr.store_path_of(w.image_combo.layer()))
@@ -120,33 +135,50 @@ def warm_up(w: Any) -> None:
     _job(w, None, jobs.warm_up_job, what="Loading the fine-tuning engine failed")
 
 
-def _empty_predictions(w: Any) -> None:
-    image = w.image_combo.layer()
-    shape = tuple(int(n) for n in corr.image_level0(image).shape)
-    masks = [np.zeros(shape, np.uint8) for _ in w.state.info.channel_names]
-    show_predictions(w.viewer, image, w.state.info.channel_names, w.state.info.colors, masks,
-                     corr.store_path_of(image))
+def _info_job(path: str, trust: tuple[str, ...] = ()) -> jobs.Job:
+    from napari_finetune.model.checkpoint import CheckpointError, load_checkpoint
 
-
-def _info_job(path: str) -> jobs.Job:
-    from napari_finetune.model.checkpoint import load_checkpoint
-
-    ckpt = load_checkpoint(path)
+    try:
+        # The allow-list is checked on the factory's name before anything is imported.
+        ckpt = load_checkpoint(path, trust=trust)
+    except CheckpointError:
+        factory = untrusted_factory(path, trust)
+        if factory is None:
+            raise
+        yield ("untrusted", path, factory)  # the widget asks the user; nothing was imported
+        return
     names = ckpt.channel_names
     yield ("info", CheckpointInfo(
         path=path, channel_names=names, colors=corr.channel_colors(names, ckpt.metadata),
         normalization=ckpt.normalization, dims=int(getattr(ckpt.model, "dims", 3)),
+        trust=tuple(trust),
     ))
 
 
-def load_info(w: Any, path: str) -> None:
+def load_info(w: Any, path: str, trust: tuple[str, ...] = ()) -> None:
     """Read the checkpoint's channels in a worker (a bad file -> notification)."""
     if not path or (w.state.info is not None and w.state.info.path == path):
         return
     release_trainer(w.state)  # a new model: the old run's weights no longer apply
     w.state.info = None
     w.checkpoint_label.setText("reading checkpoint…")
-    _job(w, None, _info_job, path, what="Cannot use this checkpoint")
+    _job(w, None, _info_job, path, trust, what="Cannot use this checkpoint")
+
+
+def answer_untrusted(w: Any, path: str, factory: str) -> None:
+    """Ask whether to trust ``factory``; Yes reads the file again with it trusted."""
+    if path != w.checkpoint_edit.text().strip():
+        return  # another file was chosen meanwhile
+    if ask_to_trust(w, path, factory):
+        load_info(w, path, trust=(factory,))
+        return
+    package, _ = describe_factory(factory)
+    message = (f"{Path(path).name} was not loaded: its model is built by {factory} "
+               f"(package '{package}'), which you did not trust. Nothing from it was "
+               "imported or run; choose another checkpoint.")
+    w.status_panel.append_log(message)
+    show_warning(message)
+    w.checkpoint_label.setText("not loaded: its model code was not trusted")
 
 
 def predict(w: Any) -> None:
@@ -157,7 +189,7 @@ def predict(w: Any) -> None:
     model = s.trainer.model if s.trainer is not None else None
     _job(w, "predict", jobs.predict_job, s.info.path, corr.image_level0(layer),
          len(s.info.channel_names), w.settings.device.currentText(), model=model,
-         normalization=s.info.normalization, what="Prediction failed")
+         normalization=s.info.normalization, trust=s.info.trust, what="Prediction failed")
 
 
 def new_corrections_layer(w: Any) -> Any:
@@ -175,7 +207,9 @@ def follow_corrections(w: Any, layer: Any) -> None:
     if s.autosaver is not None:
         if s.autosaver.layer is layer:
             return
-        s.autosaver.disconnect_layer()
+        s.autosaver.retire()  # a pending save is written, not dropped
+        s.retired_savers = [saver for saver in s.retired_savers if saver.jobs]
+        s.retired_savers.append(s.autosaver)
         s.autosaver = None
     if layer is None:
         return
@@ -209,18 +243,31 @@ def finetune(w: Any) -> None:
         _fail(w, exc, "Invalid settings")
         return
     if s.autosaver is not None and s.autosaver.layer is layer:
-        labels = s.autosaver.snapshot()
+        labels, snapshot = s.autosaver.snapshot(), s.autosaver.snapshot_id
     else:
-        labels = np.array(layer.data, copy=True)
+        labels, snapshot = np.array(layer.data, copy=True), corr.next_snapshot()
     store = corr.store_path_of(layer, image)
-    if not prediction_layers(w.viewer, s.info.channel_names):
-        _empty_predictions(w)  # now, at the click, rather than mid-run at the first preview
     release_trainer(s)
     s.statuses, s.previews, s.timings = [], 0, {}
     w.status_panel.start_run(config.steps)
-    _job(w, "train", jobs.train_job, s.info.path, data, labels, store, s.info.channel_names,
-         config, w.settings.preview_interval_s, lambda: s.region, model_hook=w._model_hook,
-         trainer_hook=w._trainer_hook, what="Fine-tuning failed")
+    s.busy, s.stop_requested = "train", False  # the job starts after the layers
+    w._refresh_buttons()
+
+    def start() -> None:
+        if s.stop_requested:  # Stop was pressed while the layers were added
+            s.busy = None
+            w._refresh_buttons()
+            w.status_panel.set_idle("stopped before the first step")
+            return
+        _job(w, "train", jobs.train_job, s.info.path, data, labels, store, s.info.channel_names,
+             config, w.settings.preview_interval_s, lambda: s.region,
+             model_hook=w._model_hook, trainer_hook=w._trainer_hook, trust=s.info.trust,
+             snapshot=snapshot, what="Fine-tuning failed")
+
+    # The previews need the layers, but not this handler: one layer per event-loop turn.
+    add_empty_predictions_later(w.viewer, image, s.info.channel_names, s.info.colors,
+                                tuple(int(n) for n in data.shape), store,
+                                alive=lambda: not s.closed, then=start)
 
 
 def after_training(w: Any) -> None:

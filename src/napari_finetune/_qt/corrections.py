@@ -15,6 +15,8 @@ and the save the training worker does before it starts).
 
 from __future__ import annotations
 
+import itertools
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -28,6 +30,10 @@ BACKGROUND = 1
 # Membrane yellow, mitochondria magenta, then distinct colours for more channels.
 CHANNEL_PALETTE = ["#ffd21f", "#ff3fd2", "#2fe07a", "#ff7f0e", "#17becf", "#e02f2f", "#bcbd22"]
 _SAVE_LOCK = threading.Lock()
+# Each copy of a painting gets the next number; a store keeps the newest one written, so a
+# save that started late (a worker that waited for the lock) cannot overwrite newer strokes.
+_SNAPSHOTS = itertools.count(1)
+_WRITTEN: dict[str, int] = {}
 METADATA_KEY = "napari_finetune_corrections"
 
 
@@ -106,15 +112,29 @@ def store_path_of(*layers: Any) -> str | None:
     return None
 
 
+def next_snapshot() -> int:
+    """The number of a new copy of a painting (increasing across the process)."""
+    return next(_SNAPSHOTS)
+
+
 def save_corrections_locked(
-    path: str, labels: np.ndarray, channel_names: Sequence[str] | None = None
+    path: str, labels: np.ndarray, channel_names: Sequence[str] | None = None,
+    snapshot: int | None = None,
 ) -> str:
-    """Write ``labels`` to ``<path>/labels/corrections`` (one writer at a time)."""
+    """Write ``labels`` to ``<path>/labels/corrections`` (one writer at a time).
+
+    With ``snapshot`` (from :func:`next_snapshot`, taken when ``labels`` was
+    copied), nothing is written when a newer copy is already in the store.
+    """
     from napari_finetune.io.omezarr import save_corrections
 
     names = list(channel_names) if channel_names else None
     with _SAVE_LOCK:
+        if snapshot is not None and _WRITTEN.get(str(path), 0) > snapshot:
+            return path
         save_corrections(path, labels, name="corrections", channel_names=names)
+        if snapshot is not None:
+            _WRITTEN[str(path)] = snapshot
     return path
 
 
@@ -162,6 +182,9 @@ class Autosaver(QObject):
         self._on_error = on_error
         self.saves = 0
         self.in_flight = 0
+        self.snapshot_id = 0  # number of the last copy taken (see next_snapshot)
+        self.jobs: list[Any] = []  # save workers started and not finished
+        self._dirty = False  # painted since the last copy
         self.timer = QTimer(self)
         self.timer.setSingleShot(True)
         self.timer.setInterval(delay_ms)
@@ -170,6 +193,7 @@ class Autosaver(QObject):
         layer.events.data.connect(self._changed)
 
     def _changed(self, event: Any = None) -> None:
+        self._dirty = True
         self.timer.start()  # restarts: one save after the strokes stop
 
     @property
@@ -177,19 +201,67 @@ class Autosaver(QObject):
         """True while a save is scheduled or being written."""
         return self.timer.isActive() or self.in_flight > 0
 
+    @property
+    def unwritten(self) -> bool:
+        """The last copy taken is not in the store yet (queued, or being written)."""
+        with _SAVE_LOCK:
+            return _WRITTEN.get(str(self.store_path), 0) < self.snapshot_id
+
     def snapshot(self) -> np.ndarray:
         """A copy of the painted array, taken on the main thread; cancels the pending save."""
         self.timer.stop()
+        self._dirty = False
+        self.snapshot_id = next_snapshot()
         return np.array(self.layer.data, copy=True)
 
     def save_now(self) -> None:
         """Copy now, write in the background."""
         labels = self.snapshot()
         self.in_flight += 1
-        self._start_worker(
+        worker = self._start_worker(
             save_corrections_locked, self.store_path, labels, self.channel_names,
-            on_done=self._done, on_error=self._failed,
+            self.snapshot_id, on_done=self._done, on_error=self._failed,
         )
+        if worker is not None:
+            self.jobs.append(worker)
+            worker.finished.connect(lambda: self.jobs.remove(worker))
+
+    def retire(self) -> None:
+        """Stop following the layer (another one was chosen, or it was removed).
+
+        A save still waiting for its timer starts now rather than being dropped:
+        what was painted on a layer stays saved after the layer is gone.
+        """
+        pending = self.timer.isActive()
+        self.disconnect_layer()
+        if pending:
+            self.save_now()
+
+    def close(self) -> bool:
+        """Write what is not on disk yet, now, on this thread; report nothing after.
+
+        For closing: neither a save waiting for its timer nor one queued for a
+        worker thread would run any more (the queued ones are cancelled here).
+        Waits for a background save that holds the store's lock. Returns True
+        when something was written.
+        """
+        self.disconnect_layer()
+        self._on_saved = self._on_error = _ignore
+        for job in self.jobs:
+            if not job.began.is_set():
+                job.quit()  # it never begins; the save below writes the same strokes or newer
+        if not (self._dirty or self.unwritten):
+            return False
+        labels = self.snapshot()
+        try:
+            save_corrections_locked(self.store_path, labels, self.channel_names,
+                                    self.snapshot_id)
+        except Exception as exc:  # disk full, read-only: one line, then close anyway
+            print(f"napari-finetune: the corrections could not be saved into "
+                  f"{self.store_path} at close: {exc}", file=sys.stderr)
+            return False
+        self.saves += 1
+        return True
 
     def _done(self, path: str) -> None:
         self.in_flight -= 1
@@ -208,3 +280,7 @@ class Autosaver(QObject):
                 emitter.disconnect(self._changed)
             except (TypeError, ValueError, RuntimeError):
                 pass
+
+
+def _ignore(*_: object) -> None:
+    """A callback after close: nothing left to tell."""

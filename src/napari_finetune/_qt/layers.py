@@ -7,7 +7,7 @@ preview costs one slice copy on the main thread, not a new layer.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -51,6 +51,41 @@ def show_predictions(
             )
         layers.append(layer)
     return layers
+
+
+def add_empty_predictions_later(
+    viewer: Any, image_layer: Any, channel_names: Sequence[str], colors: Sequence[str],
+    shape: tuple[int, ...], store_path: str | None, alive: Callable[[], bool],
+    then: Callable[[], None],
+) -> None:
+    """Add the missing prediction layers, empty, one per event-loop turn, then call ``then()``.
+
+    napari's ``add_labels`` costs ~0.28 s a layer (vispy overlays under
+    Mesa/Xvfb, whatever the size): added in the click handler, two layers froze
+    the UI ~0.6 s. One per turn keeps each stall to one layer and the click
+    itself short. ``then`` (starting the run) comes after the last one, so a
+    worker building its trainer does not compete with them for the GIL
+    (measured: one layer then took up to 0.75 s). ``alive()`` False (the
+    widget closed) ends the chain without ``then``.
+    """
+    from qtpy.QtCore import QTimer
+
+    pending = [(name, color) for name, color in zip(channel_names, colors, strict=True)
+               if prediction_name(name) not in viewer.layers]
+
+    def add_next() -> None:
+        if not alive():
+            return
+        if not pending:
+            then()
+            return
+        name, color = pending.pop(0)
+        if prediction_name(name) not in viewer.layers:  # a prediction may have come first
+            show_predictions(viewer, image_layer, [name], [color],
+                             [np.zeros(shape, dtype=np.uint8)], store_path)
+        QTimer.singleShot(0, add_next)
+
+    QTimer.singleShot(0, add_next)
 
 
 def prediction_layers(viewer: Any, channel_names: Sequence[str]) -> list[Any]:

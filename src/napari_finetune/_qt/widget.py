@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from qtpy.QtCore import QEvent, QSize, Qt
+from qtpy.QtGui import QShowEvent
 from qtpy.QtWidgets import (
+    QApplication,
     QFileDialog,
     QFrame,
     QGroupBox,
@@ -31,7 +33,8 @@ from napari_finetune._qt.corrections import METADATA_KEY, is_corrections_candida
 from napari_finetune._qt.layer_combo import LayerCombo
 from napari_finetune._qt.layers import camera_of, visible_region
 from napari_finetune._qt.settings import SettingsForm
-from napari_finetune._qt.state import RunState, stop, stop_on_destroy
+from napari_finetune._qt.shutdown import CLOSE_WAIT_S, WindowCloseWatcher
+from napari_finetune._qt.state import RunState, shut_down, stop
 from napari_finetune._qt.status_panel import StatusPanel
 from napari_finetune.config import FinetuneConfig
 
@@ -148,9 +151,24 @@ class FinetuneWidget(QWidget):
         self.stop_button.clicked.connect(self._stop)
         self.export_button.clicked.connect(self._export)
         self.save_predictions_button.clicked.connect(self._save_predictions)
-        self.viewer.dims.events.current_step.connect(self._update_region)
-        camera_of(self.viewer).events.center.connect(self._update_region)
-        self.destroyed.connect(stop_on_destroy(self.state))
+        self._viewer_hooks = [self.viewer.dims.events.current_step,
+                              camera_of(self.viewer).events.center]
+        for emitter in self._viewer_hooks:
+            emitter.connect(self._update_region)
+        # Closing: the viewer's window, the app, the dock removed, or the widget deleted.
+        state, app = self.state, QApplication.instance()
+        self._quit_hook = lambda: shut_down(state, CLOSE_WAIT_S)  # the state, not the widget
+        app.aboutToQuit.connect(self._quit_hook)
+        self._window_watcher = WindowCloseWatcher(self, lambda: self.close_work(CLOSE_WAIT_S))
+        quit_hook = self._quit_hook
+
+        def destroyed(*_: object) -> None:
+            # Deleted with its window (viewer.close() deletes it at once, shown or not):
+            # wait there too; this touches only the state, and the worker never the widget.
+            shut_down(state, CLOSE_WAIT_S)
+            _disconnect(app.aboutToQuit, quit_hook)  # nothing keeps the state alive after
+
+        self.destroyed.connect(destroyed)
         self._corrections_changed(self.corrections_combo.layer())
         self._update_region()
         self._refresh_buttons()
@@ -168,10 +186,29 @@ class FinetuneWidget(QWidget):
                      hint.height())
 
     def event(self, event: QEvent) -> bool:  # noqa: D102 (Qt override)
-        # napari's remove_dock_widget unparents the widget: end the run then.
+        # napari's remove_dock_widget unparents the widget: end the run then, without
+        # waiting (the app goes on; the run's last events only update the state).
         if event.type() == QEvent.ParentChange and self.parent() is None:
-            stop(self.state)
+            self.close_work(0.0)
         return super().event(event)
+
+    def showEvent(self, event: QShowEvent) -> None:  # noqa: N802, D102 (Qt override)
+        self._window_watcher.follow(self)  # docked: watch that window's close
+        super().showEvent(event)
+
+    def close_work(self, wait_s: float) -> bool:
+        """Save the pending painting, end the run, wait up to ``wait_s`` s; no events after.
+
+        Called when the viewer's window closes (waiting, so no worker outlives
+        the process' teardown) and when the dock is removed (not waiting).
+        Returns False when a job was still running at the deadline.
+        """
+        if self.state.closed:
+            return True
+        for emitter in self._viewer_hooks:
+            emitter.disconnect(self._update_region)
+        _disconnect(QApplication.instance().aboutToQuit, self._quit_hook)
+        return shut_down(self.state, wait_s)
 
     # -- state -------------------------------------------------------------------------------
     def _refresh_buttons(self) -> None:
@@ -251,6 +288,13 @@ class FinetuneWidget(QWidget):
 
         path = store_path_of(self.image_combo.layer())
         return Path(path) if path else None
+
+
+def _disconnect(signal: Any, slot: Any) -> None:
+    try:
+        signal.disconnect(slot)
+    except (TypeError, RuntimeError):  # already disconnected
+        pass
 
 
 def _row(*widgets: QWidget) -> QWidget:

@@ -6,6 +6,7 @@ napari's ``thread_worker`` machinery delivers to the main thread:
 ``("progress", done, total, what)``  a block of a prediction was computed
 ``("prediction", masks)``            one uint8 mask per channel, whole volume
 ``("saved", store_path)``            corrections written into the store
+``("untrusted", path, factory)``   the checkpoint's factory needs the user's trust
 ``("trainer", trainer)``             the Finetuner exists (the widget may stop it)
 ``("status", Status)``               one event of ``Finetuner.run()``
 ``("preview", region, probs)``       probabilities of ``region`` with the current weights
@@ -27,6 +28,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -39,15 +41,27 @@ def start_job(
     job: Callable[..., Job], *args: Any, on_event: Callable[[Event], None],
     on_finished: Callable[[], None] | None = None, **kwargs: Any,
 ):
-    """Run ``job(*args, **kwargs)`` in a napari ``thread_worker``; events go to ``on_event``."""
+    """Run ``job(*args, **kwargs)`` in a napari ``thread_worker``; events go to ``on_event``.
+
+    Returns the :class:`~napari_finetune._qt.shutdown.JobWorker`, which a
+    closing widget can wait for.
+    """
     from napari.qt.threading import create_worker
 
-    worker = create_worker(_guarded, job, *args, _start_thread=False, **kwargs)
+    from napari_finetune._qt.shutdown import JobWorker
+
+    worker = create_worker(_guarded, job, *args, _start_thread=False, _worker_class=JobWorker,
+                           **kwargs)
     worker.yielded.connect(on_event)
     if on_finished is not None:
         worker.finished.connect(on_finished)
     worker.start()
     return worker
+
+
+def call_job(fn: Callable[..., Any], *args: Any) -> Job:
+    """``fn(*args)`` as a job: one ``("done", result)`` event."""
+    yield ("done", fn(*args))
 
 
 def start_call(
@@ -56,30 +70,41 @@ def start_call(
 ):
     """Run a plain function in a worker: ``on_done(result)`` or ``on_error(exc)``."""
 
-    def job() -> Job:
-        yield ("done", fn(*args))
-
     def relay(event: Event) -> None:
         (on_done if event[0] == "done" else on_error)(event[1])
 
-    return start_job(job, on_event=relay)
+    return start_job(call_job, fn, *args, on_event=relay)
 
 
 def _guarded(job: Callable[..., Job], *args: Any, **kwargs: Any) -> Job:
-    import torch
-
-    threads = torch.get_num_threads()
-    # Leave one core to the UI: measured on 2 shared cores, torch on both
-    # starved Qt and Xvfb (1.1 s stalls) and was slower too (oversubscribed).
-    torch.set_num_threads(max(1, min(threads, (os.cpu_count() or 2) - 1)))
     try:
         return (yield from job(*args, **kwargs))
     except Exception as exc:  # every failure becomes one notification
         yield ("error", exc)
         return None
     finally:
-        torch.set_num_threads(threads)
         release_memory()
+
+
+@contextmanager
+def core_left_for_the_ui() -> Iterator[None]:
+    """Run torch on all cores but one for the duration of a computing job.
+
+    Measured on 2 shared cores: torch on both starved Qt and Xvfb (1.1 s
+    stalls) and was slower too (oversubscribed). ``torch.set_num_threads`` is
+    process-wide, so only the jobs that compute (a run, a prediction; the
+    widget runs one at a time) set and restore it: a save or a checkpoint
+    read that began or ended meanwhile would otherwise hand the run all
+    cores back, or keep one from it for good.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(1, min(before, (os.cpu_count() or 2) - 1)))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def release_memory() -> None:
@@ -147,7 +172,7 @@ def warm_up_job() -> Job:
 
 def predict_job(
     checkpoint_path: str, image: Any, channel_count: int | None, device: str,
-    model: Any = None, normalization: dict | None = None,
+    model: Any = None, normalization: dict | None = None, trust: Sequence[str] = (),
 ) -> Job:
     """Whole-volume prediction, blockwise; ``model`` (a fine-tuned one) skips loading."""
     from napari_finetune.config import PredictConfig
@@ -157,18 +182,19 @@ def predict_job(
     if model is None:
         from napari_finetune.model.checkpoint import load_checkpoint
 
-        ckpt = load_checkpoint(checkpoint_path)
+        ckpt = load_checkpoint(checkpoint_path, trust=tuple(trust))
         model, normalization = ckpt.model, ckpt.normalization
         channel_count = len(ckpt.channel_names)
     low_high = intensity_range(image, normalization or {})
     shape = tuple(int(s) for s in image.shape)
     masks = [np.zeros(shape, dtype=np.uint8) for _ in range(channel_count or 1)]
     config = PredictConfig(device=device)
-    yield from with_progress(
-        lambda progress: predict_volume(model, image, low_high, config, out=masks,
-                                        progress=progress),
-        "predict",
-    )
+    with core_left_for_the_ui():
+        yield from with_progress(
+            lambda progress: predict_volume(model, image, low_high, config, out=masks,
+                                            progress=progress),
+            "predict",
+        )
     yield ("prediction", masks)
 
 
@@ -192,7 +218,8 @@ def train_job(
     channel_names: Sequence[str], config: Any, preview_interval_s: float,
     region: Callable[[], tuple[slice, ...] | None],
     model_hook: Callable[[Any], Any] | None = None,
-    trainer_hook: Callable[[Any], Any] | None = None,
+    trainer_hook: Callable[[Any], Any] | None = None, trust: Sequence[str] = (),
+    snapshot: int | None = None,
 ) -> Job:
     """Save the corrections, build model and trainer here, run, yield previews between steps.
 
@@ -202,13 +229,25 @@ def train_job(
     if store_path:
         from napari_finetune._qt.corrections import save_corrections_locked
 
-        save_corrections_locked(store_path, corrections, channel_names)  # before anything can fail
+        # Before anything can fail; ``snapshot`` keeps a later, newer save from being undone.
+        save_corrections_locked(store_path, corrections, channel_names, snapshot)
         yield ("saved", store_path)
+    with core_left_for_the_ui():  # from the build to the end of the run, whatever else runs
+        yield from _build_and_run(checkpoint_path, image, corrections, config,
+                                  preview_interval_s, region, model_hook, trainer_hook, trust)
+
+
+def _build_and_run(
+    checkpoint_path: str, image: Any, corrections: np.ndarray, config: Any,
+    preview_interval_s: float, region: Callable[[], tuple[slice, ...] | None],
+    model_hook: Callable[[Any], Any] | None, trainer_hook: Callable[[Any], Any] | None,
+    trust: Sequence[str],
+) -> Job:
     from napari_finetune.model.checkpoint import load_checkpoint
     from napari_finetune.predict import shape_multiple
     from napari_finetune.trainer.loop import Finetuner
 
-    ckpt = load_checkpoint(checkpoint_path)
+    ckpt = load_checkpoint(checkpoint_path, trust=tuple(trust))  # as the user answered
     if model_hook is not None:
         model_hook(ckpt.model)  # fault injection for the tests and the benchmark
     multiple = shape_multiple(ckpt.model, image.ndim)

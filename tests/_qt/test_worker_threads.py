@@ -1,0 +1,54 @@
+"""``torch.set_num_threads`` is process-wide: saves that begin or end mid-run must not move it.
+
+The jobs are the widget's real generators (a corrections save, a fine-tuning
+run on the tiny store), stepped by hand in the order the worker threads could
+run them, so the interleaving is the same on every machine.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+from tests._qt.conftest import CHANNELS, make_volume
+
+from napari_finetune._qt import worker as jobs
+from napari_finetune._qt.corrections import save_corrections_locked
+from napari_finetune.config import FinetuneConfig
+
+
+def _save_job(store, labels):
+    return jobs._guarded(jobs.call_job, save_corrections_locked, str(store), labels, CHANNELS)
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores to leave one free")
+def test_saves_during_a_run_leave_training_its_threads(tiny_store, tiny_checkpoint):
+    cores = os.cpu_count()
+    torch.set_num_threads(cores)
+    corrections = np.zeros((16, 64, 64), np.uint8)
+    corrections[6:10, 20:28, 20:28] = 3
+    corrections[6:10, 4:12, 36:44] = 1
+    config = FinetuneConfig(steps=2, batch_size=1, mode="full", device="cpu",
+                            patch_shape=(16, 32, 32))
+    train = jobs._guarded(jobs.train_job, str(tiny_checkpoint), make_volume(), corrections,
+                          None, CHANNELS, config, 0.0, lambda: None)
+
+    early_save = _save_job(tiny_store, corrections)
+    assert next(early_save)[0] == "done"  # an autosave wrote; its job has not ended yet
+    assert next(train)[0] == "trainer"  # the run built its trainer
+    assert torch.get_num_threads() == cores - 1
+    for _ in early_save:  # the autosave job ends while the run goes on
+        pass
+    assert next(train)[0] == "status"
+    assert torch.get_num_threads() == cores - 1, "the run was handed every core back"
+
+    late_save = _save_job(tiny_store, corrections)
+    next(late_save)  # an autosave begins during the run...
+    kinds = [event[1].kind for event in train if event[0] == "status"]
+    assert kinds[-1] == "finished", kinds
+    assert torch.get_num_threads() == cores  # the run gave its cores back
+    for _ in late_save:  # ...and ends after it
+        pass
+    assert torch.get_num_threads() == cores, "a save left the process a core short for good"
