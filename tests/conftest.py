@@ -21,6 +21,23 @@ def _seeded_single_threaded_torch():
     torch.set_num_threads(before)
 
 
+@pytest.fixture(autouse=True)
+def _no_sample_thread_outlives_a_test(request):
+    """Nothing a run starts may keep running after it: a finished, stopped, failed or
+    abandoned run (a napari worker quit mid-run) closes its sample feed's thread."""
+    import threading
+    import time
+
+    def feeds() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name == "napari-finetune-prefetch"]
+
+    yield
+    deadline = time.monotonic() + 10  # a run stopped at its next step may still be ending
+    while feeds() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not feeds(), f"a sample feed thread outlived {request.node.nodeid}"
+
+
 @pytest.fixture
 def store(tmp_path):
     """A 16x40x40 NGFF store written by ome-zarr-py, nothing painted."""

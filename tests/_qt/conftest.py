@@ -81,3 +81,4 @@ def wait_idle(qtbot, widget, timeout: int = 120_000) -> None:
         saver.timer.stop()
         qtbot.waitUntil(lambda: saver.in_flight == 0, timeout=timeout)
     qtbot.waitUntil(lambda: widget.state.running == 0, timeout=timeout)
+

@@ -16,6 +16,7 @@ import numpy as np
 from napari.utils.notifications import show_error, show_info, show_warning
 
 from napari_finetune._qt import corrections as corr
+from napari_finetune._qt import results
 from napari_finetune._qt import worker as jobs
 from napari_finetune._qt.layers import (
     PREDICTION_KEY,
@@ -41,7 +42,9 @@ def _fail(w: Any, exc: Exception, what: str) -> None:
     show_error(message)
 
 
-def _job(w: Any, busy: str | None, job: Any, *args: Any, what: str, **kwargs: Any) -> None:
+def run_job(
+    w: Any, busy: str | None, job: Any, *args: Any, what: str, **kwargs: Any
+) -> None:
     """Start ``job`` with the widget's event routing; ``busy`` marks the widget while it runs."""
     s = w.state
     if s.closed:
@@ -123,6 +126,8 @@ def handle_event(w: Any, event: tuple, what: str) -> None:
     elif kind == "written":
         w.output_label.setText(f"predictions written as labels: {', '.join(event[1])}")
         show_info(f"Predictions saved into {corr.store_path_of(w.image_combo.layer())}")
+    elif kind in ("uncertainty", "suggestion", "packaged"):
+        results.handle_event(w, event)
     elif kind == "error":
         _fail(w, event[1], what)
         if what.startswith("Cannot use this checkpoint"):
@@ -132,7 +137,7 @@ def handle_event(w: Any, event: tuple, what: str) -> None:
 
 def warm_up(w: Any) -> None:
     """Start importing the engine and PEFT in the background (see ``warm_up_job``)."""
-    _job(w, None, jobs.warm_up_job, what="Loading the fine-tuning engine failed")
+    run_job(w, None, jobs.warm_up_job, what="Loading the fine-tuning engine failed")
 
 
 def _info_job(path: str, trust: tuple[str, ...] = ()) -> jobs.Job:
@@ -162,7 +167,7 @@ def load_info(w: Any, path: str, trust: tuple[str, ...] = ()) -> None:
     release_trainer(w.state)  # a new model: the old run's weights no longer apply
     w.state.info = None
     w.checkpoint_label.setText("reading checkpoint…")
-    _job(w, None, _info_job, path, trust, what="Cannot use this checkpoint")
+    run_job(w, None, _info_job, path, trust, what="Cannot use this checkpoint")
 
 
 def answer_untrusted(w: Any, path: str, factory: str) -> None:
@@ -187,7 +192,7 @@ def predict(w: Any) -> None:
     if layer is None or s.info is None:
         return
     model = s.trainer.model if s.trainer is not None else None
-    _job(w, "predict", jobs.predict_job, s.info.path, corr.image_level0(layer),
+    run_job(w, "predict", jobs.predict_job, s.info.path, corr.image_level0(layer),
          len(s.info.channel_names), w.settings.device.currentText(), model=model,
          normalization=s.info.normalization, trust=s.info.trust, what="Prediction failed")
 
@@ -259,7 +264,7 @@ def finetune(w: Any) -> None:
             w._refresh_buttons()
             w.status_panel.set_idle("stopped before the first step")
             return
-        _job(w, "train", jobs.train_job, s.info.path, data, labels, store, s.info.channel_names,
+        run_job(w, "train", jobs.train_job, s.info.path, data, labels, store, s.info.channel_names,
              config, w.settings.preview_interval_s, lambda: s.region,
              model_hook=w._model_hook, trainer_hook=w._trainer_hook, trust=s.info.trust,
              snapshot=snapshot, what="Fine-tuning failed")
@@ -296,7 +301,7 @@ def export(w: Any, path: str) -> None:
     """``trainer.export(path)`` in a worker; the path is shown and notified."""
     if w.state.trainer is None or w.state.busy is not None:
         return
-    _job(w, "export", jobs.export_job, w.state.trainer, path, what="Export failed")
+    run_job(w, "export", jobs.export_job, w.state.trainer, path, what="Export failed")
 
 
 def save_predictions(w: Any) -> None:
@@ -310,5 +315,5 @@ def save_predictions(w: Any) -> None:
         return
     arrays = [(f"prediction-{layer.metadata[PREDICTION_KEY]}", np.array(layer.data, copy=True))
               for layer in layers]
-    _job(w, "save", jobs.save_predictions_job, store, arrays, what="Saving predictions failed")
+    run_job(w, "save", jobs.save_predictions_job, store, arrays, what="Saving predictions failed")
 

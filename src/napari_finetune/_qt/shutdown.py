@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Generator, Iterable
 from typing import Any
 
 from napari.qt.threading import GeneratorWorker
@@ -35,16 +35,29 @@ CLOSE_WAIT_S = 10.0
 class JobWorker(GeneratorWorker):
     """A generator worker with ``began`` and ``ended`` events any thread can wait on."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, func: Callable[..., Generator], *args: Any, **kwargs: Any) -> None:
+        jobs: list[Generator] = []
+
+        def job(*job_args: Any, **job_kwargs: Any) -> Generator:
+            inner = func(*job_args, **job_kwargs)
+            jobs.append(inner)
+            return (yield from inner)
+
+        super().__init__(job, *args, **kwargs)
         self.began = threading.Event()
         self.ended = threading.Event()
+        self._jobs = jobs
 
     def work(self) -> Any:  # noqa: D102 (runs in the worker thread)
         self.began.set()
         try:
             return super().work()
         finally:
+            # A quit (Stop before training, napari closing its tasks) leaves the job
+            # suspended at a yield: close it here so its ``finally`` blocks run now, in
+            # this thread (a run's sample feed and its thread count among them).
+            for job in self._jobs:
+                job.close()
             self.ended.set()
 
     def wait(self, timeout_s: float) -> bool:

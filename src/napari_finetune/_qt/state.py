@@ -44,6 +44,11 @@ class RunState:
     jobs: list[Any] = field(default_factory=list)  # the widget's workers not yet finished
     closed: bool = False  # the dock or the viewer closed: events only update this state
     stop_requested: bool = False  # Stop pressed before the run's job started
+    # "Paint here next": the uncertainty map of the current weights (key: which weights),
+    # and the regions suggested since, skipped when asked again.
+    uncertainty: Any = None
+    uncertainty_key: tuple | None = None
+    suggested: list[tuple[slice, ...]] = field(default_factory=list)
 
 
 def stop(s: RunState) -> None:

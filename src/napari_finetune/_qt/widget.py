@@ -28,7 +28,7 @@ from qtpy.QtWidgets import (
     QWidget,
 )
 
-from napari_finetune._qt import actions
+from napari_finetune._qt import actions, results
 from napari_finetune._qt.corrections import METADATA_KEY, is_corrections_candidate
 from napari_finetune._qt.layer_combo import LayerCombo
 from napari_finetune._qt.layers import camera_of, visible_region
@@ -105,6 +105,16 @@ class FinetuneWidget(QWidget):
         self.stop_button.setToolTip("End the run after the current step; the weights are kept")
         self.status_panel = StatusPanel()
         self.export_button = QPushButton("Export checkpoint…")
+        self.paint_next_button = QPushButton("Paint here next")
+        self.paint_next_button.setToolTip(
+            "Show where the model is unsure (layer 'uncertainty') and go to the most "
+            "uncertain region you have not painted yet; press again for the next one"
+        )
+        self.bioimageio_button = QPushButton("Export as bioimage.io model…")
+        self.bioimageio_button.setToolTip(
+            "A model package for ilastik, deepImageJ, Fiji and the bioimage.io zoo, "
+            "with test data cut from this image (checked with bioimage.io's own tests)"
+        )
         self.save_predictions_button = QPushButton("Save predictions")
         self.save_predictions_button.setToolTip("Write the prediction layers into the OME-Zarr")
         self.output_label = QLabel("")
@@ -116,14 +126,15 @@ class FinetuneWidget(QWidget):
             self.checkpoint_label, self.predict_button,
         ])
         paint_box = _group("Corrections", [
-            _row(QLabel("Layer:"), self.corrections_combo), self.new_corrections_button,
-            self.autosave_label,
+            _row(QLabel("Layer:"), self.corrections_combo),
+            _row(self.new_corrections_button, self.paint_next_button), self.autosave_label,
         ])
         train_box = _group("Fine-tune", [
             self.settings, _row(self.finetune_button, self.stop_button), self.status_panel,
         ])
         out_box = _group("Results", [
-            _row(self.export_button, self.save_predictions_button), self.output_label,
+            _row(self.export_button, self.save_predictions_button), self.bioimageio_button,
+            self.output_label,
         ])
         content = QWidget()
         layout = QVBoxLayout(content)
@@ -151,6 +162,8 @@ class FinetuneWidget(QWidget):
         self.stop_button.clicked.connect(self._stop)
         self.export_button.clicked.connect(self._export)
         self.save_predictions_button.clicked.connect(self._save_predictions)
+        self.paint_next_button.clicked.connect(lambda: results.paint_here_next(self))
+        self.bioimageio_button.clicked.connect(self._export_bioimageio)
         self._viewer_hooks = [self.viewer.dims.events.current_step,
                               camera_of(self.viewer).events.center]
         for emitter in self._viewer_hooks:
@@ -224,6 +237,8 @@ class FinetuneWidget(QWidget):
         self.stop_button.setEnabled(s.busy == "train")
         self.export_button.setEnabled(idle and s.trainer is not None)
         self.save_predictions_button.setEnabled(idle and s.info is not None)
+        self.paint_next_button.setEnabled(idle and has_image and s.info is not None)
+        self.bioimageio_button.setEnabled(idle and has_image and s.info is not None)
         self.finetune_button.setText("Fine-tuning…" if s.busy == "train" else "Fine-tune")
 
     def _update_region(self, event: Any = None) -> None:
@@ -239,7 +254,8 @@ class FinetuneWidget(QWidget):
     # -- callbacks (thin: each starts a job or updates a label) ------------------------------
     def _browse_checkpoint(self) -> None:
         path, _ = QFileDialog.getOpenFileName(
-            self, "Model checkpoint", self.checkpoint_edit.text(), "Checkpoints (*.pt *.pth)"
+            self, "Model checkpoint", self.checkpoint_edit.text(),
+            "Checkpoints or bioimage.io packages (*.pt *.pth *.zip)",
         )
         if path:
             self.checkpoint_edit.setText(path)
@@ -274,6 +290,14 @@ class FinetuneWidget(QWidget):
         )
         if path:
             actions.export(self, path)
+
+    def _export_bioimageio(self) -> None:
+        default = str(Path(actions.default_export_path(self)).with_suffix(".zip"))
+        path, _ = QFileDialog.getSaveFileName(
+            self, "Export as a bioimage.io model package", default, "bioimage.io (*.zip)"
+        )
+        if path:
+            results.export_bioimageio(self, path)
 
     def _save_predictions(self) -> None:
         actions.save_predictions(self)

@@ -1,0 +1,108 @@
+"""'Paint here next': show where the model is unsure and go to the best place to paint.
+
+After a run (or with the checkpoint as it is), the whole volume is predicted in
+a worker and the entropy of each voxel's prediction becomes an image layer
+("uncertainty"); the view then moves to the most uncertain region of a patch's
+size that holds no painting yet. Asked again, the next region is suggested
+(the ones suggested before are skipped) without predicting again, until the
+weights change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from napari_finetune._qt.layers import camera_of
+from napari_finetune._qt.worker import Job, core_left_for_the_ui, with_progress
+from napari_finetune.uncertainty import Suggestion, entropy, suggest_region
+
+LAYER_NAME = "uncertainty"
+
+
+def uncertainty_job(
+    checkpoint_path: str,
+    image: Any,
+    channel_count: int,
+    device: str,
+    model: Any = None,
+    normalization: dict | None = None,
+    trust: Sequence[str] = (),
+) -> Job:
+    """Whole-volume probabilities, blockwise, turned into the entropy of each voxel."""
+    from napari_finetune.config import PredictConfig
+    from napari_finetune.data.normalization import intensity_range
+    from napari_finetune.predict import predict_volume
+
+    if model is None:
+        from napari_finetune.model.checkpoint import load_checkpoint
+
+        ckpt = load_checkpoint(checkpoint_path, trust=tuple(trust))
+        model, normalization = ckpt.model, ckpt.normalization
+        channel_count = len(ckpt.channel_names)
+    low_high = intensity_range(image, normalization or {})
+    shape = tuple(int(s) for s in image.shape)
+    probabilities = [np.zeros(shape, np.float32) for _ in range(channel_count)]
+    with core_left_for_the_ui():
+        yield from with_progress(
+            lambda progress: predict_volume(
+                model, image, low_high, PredictConfig(device=device), out=probabilities,
+                progress=progress,
+            ),
+            "uncertainty",
+        )
+    unsure = np.zeros(shape, np.float32)
+    for channel in probabilities:  # one channel at a time: memory of two volumes, not C + 1
+        np.maximum(unsure, entropy(channel[None]), out=unsure)
+    yield ("uncertainty", unsure)
+
+
+def suggest_job(
+    unsure: np.ndarray,
+    corrections: Any,
+    region_shape: Sequence[int],
+    exclude: Sequence[tuple[slice, ...]],
+) -> Job:
+    """The next region to paint (None: everything is painted or was suggested)."""
+    yield ("suggestion", suggest_region(unsure, corrections, region_shape, exclude))
+
+
+def show_uncertainty(viewer: Any, image_layer: Any, unsure: np.ndarray) -> Any:
+    """Add (or refresh) the uncertainty layer over the image, in the image's space."""
+    if LAYER_NAME in viewer.layers:
+        layer = viewer.layers[LAYER_NAME]
+        layer.data = unsure
+        return layer
+    return viewer.add_image(
+        unsure,
+        name=LAYER_NAME,
+        colormap="inferno",
+        blending="additive",
+        opacity=0.6,
+        contrast_limits=(0.0, 1.0),
+        scale=image_layer.scale,
+        translate=image_layer.translate,
+    )
+
+
+def go_to(viewer: Any, image_layer: Any, suggestion: Suggestion) -> None:
+    """Move the slider and the camera to the centre of ``suggestion``."""
+    world = image_layer.data_to_world(np.asarray(suggestion.center, dtype=float))
+    axes = list(range(viewer.dims.ndim - len(world), viewer.dims.ndim))
+    viewer.dims.set_point(axes, tuple(float(w) for w in world))
+    camera_of(viewer).center = tuple(float(w) for w in world[-2:])
+
+
+def describe(suggestion: Suggestion | None) -> str:
+    """The log line for a suggestion."""
+    if suggestion is None:
+        return "paint here next: every region is painted or was suggested already"
+    where = " ".join(f"{axis}={c}" for axis, c in zip("zyx"[-len(suggestion.center):],
+                                                      suggestion.center, strict=True))
+    return (
+        f"paint here next: {where} (mean uncertainty {suggestion.uncertainty:.2f}, "
+        "the most uncertain region with nothing painted)"
+    )
+

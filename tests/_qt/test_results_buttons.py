@@ -1,0 +1,49 @@
+"""'Paint here next' and 'Export as bioimage.io model…', clicked in a docked widget."""
+
+from __future__ import annotations
+
+import numpy as np
+from qtpy.QtCore import Qt
+from qtpy.QtWidgets import QFileDialog
+
+from conftest import wait_idle
+from napari_finetune._qt.layers import camera_of
+from napari_finetune.model.checkpoint import load_checkpoint
+
+
+def test_paint_here_next_shows_uncertainty_and_goes_to_an_unpainted_region(docked, qtbot):
+    viewer, widget, image = docked
+    qtbot.mouseClick(widget.new_corrections_button, Qt.LeftButton)
+    painted = viewer.layers["corrections"]
+    painted.data[:, :32, :] = 1  # the top half is painted: no suggestion may land there
+    qtbot.mouseClick(widget.paint_next_button, Qt.LeftButton)
+    wait_idle(qtbot, widget)
+    qtbot.waitUntil(lambda: len(widget.state.suggested) == 1, timeout=30_000)
+    unsure = viewer.layers["uncertainty"].data
+    assert unsure.shape == image.data.shape and unsure.dtype == np.float32
+    assert 0.0 <= unsure.min() and unsure.max() <= 1.0 and unsure.max() > 0
+    first = widget.state.suggested[0]
+    assert first[1].start >= 32  # below the painting
+    assert "paint here next:" in widget.status_panel.log.toPlainText()
+    centre_y = (first[1].start + first[1].stop - 1) // 2
+    camera = camera_of(viewer)
+    np.testing.assert_allclose(camera.center[-2], centre_y * image.scale[-2], atol=1e-6)
+    # asked again: the next region, without predicting again
+    layer_before = viewer.layers["uncertainty"]
+    qtbot.mouseClick(widget.paint_next_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: len(widget.state.suggested) == 2, timeout=30_000)
+    wait_idle(qtbot, widget)
+    assert widget.state.suggested[1] != first
+    assert viewer.layers["uncertainty"] is layer_before
+
+
+def test_export_as_bioimageio_writes_a_tested_package(docked, qtbot, monkeypatch, tmp_path):
+    viewer, widget, image = docked
+    out = tmp_path / "model.zip"
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, **k: (str(out), ""))
+    qtbot.mouseClick(widget.bioimageio_button, Qt.LeftButton)
+    wait_idle(qtbot, widget, timeout=300_000)
+    assert not widget.state.errors, widget.state.errors
+    assert out.is_file() and "bioimage.io package written" in widget.output_label.text()
+    package = load_checkpoint(out)
+    assert package.channel_names == widget.state.info.channel_names
