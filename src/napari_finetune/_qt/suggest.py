@@ -16,7 +16,12 @@ from typing import Any
 import numpy as np
 
 from napari_finetune._qt.layers import camera_of
-from napari_finetune._qt.worker import Job, core_left_for_the_ui, with_progress
+from napari_finetune._qt.worker import (
+    Job,
+    core_left_for_the_ui,
+    model_to_predict,
+    with_progress,
+)
 from napari_finetune.uncertainty import Suggestion, entropy, suggest_region
 
 LAYER_NAME = "uncertainty"
@@ -33,16 +38,11 @@ def uncertainty_job(
 ) -> Job:
     """Whole-volume probabilities, blockwise, turned into the entropy of each voxel."""
     from napari_finetune.config import PredictConfig
-    from napari_finetune.data.normalization import intensity_range
     from napari_finetune.predict import predict_volume
 
-    if model is None:
-        from napari_finetune.model.checkpoint import load_checkpoint
-
-        ckpt = load_checkpoint(checkpoint_path, trust=tuple(trust))
-        model, normalization = ckpt.model, ckpt.normalization
-        channel_count = len(ckpt.channel_names)
-    low_high = intensity_range(image, normalization or {})
+    model, low_high, channel_count = model_to_predict(
+        checkpoint_path, image, channel_count, model, normalization, trust
+    )
     shape = tuple(int(s) for s in image.shape)
     probabilities = [np.zeros(shape, np.float32) for _ in range(channel_count)]
     with core_left_for_the_ui():
@@ -54,7 +54,7 @@ def uncertainty_job(
             "uncertainty",
         )
     unsure = np.zeros(shape, np.float32)
-    for channel in probabilities:  # one channel at a time: memory of two volumes, not C + 1
+    for channel in probabilities:  # channel by channel: one temporary volume, not C
         np.maximum(unsure, entropy(channel[None]), out=unsure)
     yield ("uncertainty", unsure)
 

@@ -170,14 +170,13 @@ def warm_up_job() -> Job:
     yield ("warm", True)
 
 
-def predict_job(
-    checkpoint_path: str, image: Any, channel_count: int | None, device: str,
-    model: Any = None, normalization: dict | None = None, trust: Sequence[str] = (),
-) -> Job:
-    """Whole-volume prediction, blockwise; ``model`` (a fine-tuned one) skips loading."""
-    from napari_finetune.config import PredictConfig
+def model_to_predict(
+    checkpoint_path: str, image: Any, channel_count: int | None, model: Any = None,
+    normalization: dict | None = None, trust: Sequence[str] = (),
+) -> tuple[Any, tuple[float, float], int | None]:
+    """(model, intensity range of ``image``, channels): the given model (a fine-tuned one,
+    with the checkpoint's normalisation) or the checkpoint's, loaded here in the worker."""
     from napari_finetune.data.normalization import intensity_range
-    from napari_finetune.predict import predict_volume
 
     if model is None:
         from napari_finetune.model.checkpoint import load_checkpoint
@@ -185,7 +184,20 @@ def predict_job(
         ckpt = load_checkpoint(checkpoint_path, trust=tuple(trust))
         model, normalization = ckpt.model, ckpt.normalization
         channel_count = len(ckpt.channel_names)
-    low_high = intensity_range(image, normalization or {})
+    return model, intensity_range(image, normalization or {}), channel_count
+
+
+def predict_job(
+    checkpoint_path: str, image: Any, channel_count: int | None, device: str,
+    model: Any = None, normalization: dict | None = None, trust: Sequence[str] = (),
+) -> Job:
+    """Whole-volume prediction, blockwise; ``model`` (a fine-tuned one) skips loading."""
+    from napari_finetune.config import PredictConfig
+    from napari_finetune.predict import predict_volume
+
+    model, low_high, channel_count = model_to_predict(
+        checkpoint_path, image, channel_count, model, normalization, trust
+    )
     shape = tuple(int(s) for s in image.shape)
     masks = [np.zeros(shape, dtype=np.uint8) for _ in range(channel_count or 1)]
     config = PredictConfig(device=device)
