@@ -45,12 +45,14 @@ system-deps:
 demo: $(VENV)/.installed
 	$(VENV)/bin/napari-finetune demo
 
-# The whole suite on Qt 5 (qtpy's first choice), then the widget tests again on Qt 6.
+# The whole suite on Qt 5 (qtpy's first choice), then the widget tests again on Qt 6
+# (of the napari-process shutdown cases, ~17 s each, the two that lost work before).
+QT6_SKIP := quit-mid-run or remove-dock-mid-run or close-then-exit
 test: system-deps $(VENV)/.installed $(VENV)/.test-peers
 	$(VENV)/bin/ruff check src tests benchmarks sample_data
 	$(VENV)/bin/lint-imports
 	$(XVFB) $(PY) -m pytest
-	QT_API=pyqt6 PYTEST_QT_API=pyqt6 $(XVFB) $(PY) -m pytest tests/_qt
+	QT_API=pyqt6 PYTEST_QT_API=pyqt6 $(XVFB) $(PY) -m pytest tests/_qt -k "not ($(QT6_SKIP))"
 
 test-all: system-deps $(VENV)/.installed $(VENV)/.test-peers
 	$(XVFB) $(PY) -m pytest -m ""
