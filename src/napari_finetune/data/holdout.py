@@ -12,11 +12,12 @@ at least one tile for training; a class painted in one tile is not held out.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from napari_finetune.data.region_cache import overlap, tile_box, tiles_touching
 
 Tile = tuple[int, ...]
 
@@ -57,28 +58,16 @@ class HeldOut:
 
     def tile_box(self, tile: Tile) -> tuple[slice, ...]:
         """One tile as slices of the volume."""
-        return tuple(
-            slice(i * t, min((i + 1) * t, s))
-            for i, t, s in zip(tile, self.tile_shape, self.shape, strict=True)
-        )
+        return tile_box(tile, self.tile_shape, self.shape)
 
     def mask_box(self, labels: np.ndarray, box: tuple[slice, ...]) -> None:
         """Set to 0 (unpainted) the voxels of ``labels`` (read at ``box``) in held-out tiles."""
         if not self.tiles:
             return
-        spans = (
-            range(b.start // t, (b.stop - 1) // t + 1)
-            for b, t in zip(box, self.tile_shape, strict=True)
-        )
-        for tile in itertools.product(*spans):
-            if tile not in self.tiles:
-                continue
-            tile_box = self.tile_box(tile)
-            inside = tuple(
-                slice(max(b.start, t.start) - b.start, min(b.stop, t.stop) - b.start)
-                for b, t in zip(box, tile_box, strict=True)
-            )
-            labels[inside] = 0
+        for tile in tiles_touching(box, self.tile_shape):
+            if tile in self.tiles:
+                inside, _ = overlap(box, self.tile_box(tile))
+                labels[inside] = 0
 
 
 def holdout_tile_shape(patch_shape: Sequence[int]) -> tuple[int, ...]:

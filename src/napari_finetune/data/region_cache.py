@@ -67,6 +67,31 @@ def reachable_tiles(
     return np.unique(around[inside], axis=0)
 
 
+def tile_box(index: Sequence[int], tile_shape: Sequence[int], shape: Sequence[int]) -> Box:
+    """Tile ``index`` of a grid of ``tile_shape`` as slices of a volume of ``shape``."""
+    return tuple(
+        slice(i * t, min((i + 1) * t, s)) for i, t, s in zip(index, tile_shape, shape, strict=True)
+    )
+
+
+def tiles_touching(box: Box, tile_shape: Sequence[int]) -> list[tuple[int, ...]]:
+    """Grid indices of the tiles that ``box`` (unit-step slices) overlaps."""
+    spans = (
+        range(b.start // t, (b.stop - 1) // t + 1) for b, t in zip(box, tile_shape, strict=True)
+    )
+    return list(itertools.product(*spans))
+
+
+def overlap(box: Box, other: Box) -> tuple[Box, Box]:
+    """Where two overlapping boxes meet, in ``box``'s and in ``other``'s coordinates."""
+    lo = [max(b.start, o.start) for b, o in zip(box, other, strict=True)]
+    hi = [min(b.stop, o.stop) for b, o in zip(box, other, strict=True)]
+    return (
+        tuple(slice(a - b.start, z - b.start) for a, z, b in zip(lo, hi, box, strict=True)),
+        tuple(slice(a - o.start, z - o.start) for a, z, o in zip(lo, hi, other, strict=True)),
+    )
+
+
 class RegionCache:
     """In-memory tiles of an array around the painted voxels.
 
@@ -103,10 +128,7 @@ class RegionCache:
         return sum(int(np.prod(self._extent(t))) for t in self.tile_indices) * itemsize
 
     def _tile_box(self, index: tuple[int, ...]) -> Box:
-        return tuple(
-            slice(i * t, min((i + 1) * t, s))
-            for i, t, s in zip(index, self.tile_shape, self.shape, strict=True)
-        )
+        return tile_box(index, self.tile_shape, self.shape)
 
     def _extent(self, index: tuple[int, ...]) -> tuple[int, ...]:
         return tuple(b.stop - b.start for b in self._tile_box(index))
@@ -119,33 +141,20 @@ class RegionCache:
             self.tiles[index] = np.asarray(self.array[self._tile_box(index)])
         self.loaded = True
 
-    def _needed(self, box: Box) -> list[tuple[int, ...]]:
-        first = [b.start // t for b, t in zip(box, self.tile_shape, strict=True)]
-        last = [(b.stop - 1) // t for b, t in zip(box, self.tile_shape, strict=True)]
-        spans = (range(f, e + 1) for f, e in zip(first, last, strict=True))
-        return list(itertools.product(*spans))
-
     def covers(self, box: Box) -> bool:
         """Whether the loaded tiles hold all of ``box`` (unit-step slices)."""
-        return self.loaded and all(index in self.tiles for index in self._needed(box))
+        needed = tiles_touching(box, self.tile_shape)
+        return self.loaded and all(index in self.tiles for index in needed)
 
     def read(self, box: Box) -> np.ndarray:
         """``array[box]`` (a box of unit-step slices), from the tiles where they cover it."""
         self.load()
-        needed = self._needed(box)
+        needed = tiles_touching(box, self.tile_shape)
         if any(index not in self.tiles for index in needed):
             self.misses += 1
             return np.asarray(self.array[box])
         out = np.empty(tuple(b.stop - b.start for b in box), dtype=self.array.dtype)
         for index in needed:
-            tile_box = self._tile_box(index)
-            lo = [max(b.start, t.start) for b, t in zip(box, tile_box, strict=True)]
-            hi = [min(b.stop, t.stop) for b, t in zip(box, tile_box, strict=True)]
-            dst = tuple(
-                slice(a - b.start, z - b.start) for a, z, b in zip(lo, hi, box, strict=True)
-            )
-            src = tuple(
-                slice(a - t.start, z - t.start) for a, z, t in zip(lo, hi, tile_box, strict=True)
-            )
+            dst, src = overlap(box, self._tile_box(index))
             out[dst] = self.tiles[index][src]
         return out

@@ -172,10 +172,14 @@ class Validator:
         self.every = every
         self.early_stop_checks = early_stop_checks
         self.keep_best = keep_best
-        self.latest: dict[str, float] | None = None
         self.history: list[tuple[int, dict[str, float]]] = []
         self.best = BestWeights()
         self.restored_step: int | None = None
+
+    @property
+    def latest(self) -> dict[str, float] | None:
+        """The scores of the last check (None before the first)."""
+        return self.history[-1][1] if self.history else None
 
     def due(self, step: int, total: int) -> bool:
         """Whether to check after ``step`` (not twice for the same step)."""
@@ -201,7 +205,6 @@ class Validator:
             return f"validation at step {step} skipped: {failure} while predicting"
         if scores is None:
             return None
-        self.latest = scores
         self.history.append((step, scores))
         self.best.offer(model, step, float(np.mean(list(scores.values()))))
         return describe_scores(scores, step, self.best)
