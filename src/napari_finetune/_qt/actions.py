@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from napari.utils.notifications import show_error, show_info, show_warning
 
+from napari_finetune import palette
 from napari_finetune._qt import corrections as corr
 from napari_finetune._qt import results
 from napari_finetune._qt import worker as jobs
@@ -154,7 +155,7 @@ def _info_job(path: str, trust: tuple[str, ...] = ()) -> jobs.Job:
         return
     names = ckpt.channel_names
     yield ("info", CheckpointInfo(
-        path=path, channel_names=names, colors=corr.channel_colors(names, ckpt.metadata),
+        path=path, channel_names=names, colors=palette.channel_colors(names, ckpt.metadata),
         normalization=ckpt.normalization, dims=int(getattr(ckpt.model, "dims", 3)),
         trust=tuple(trust),
     ))

@@ -24,27 +24,17 @@ from typing import Any
 import numpy as np
 from qtpy.QtCore import QObject, QTimer
 
-BACKGROUND_COLOR = "#4a6fd6"
+from napari_finetune import palette
+
+BACKGROUND_COLOR = palette.BACKGROUND
 UNPAINTED = 0
 BACKGROUND = 1
-# Membrane yellow, mitochondria magenta, then distinct colours for more channels.
-CHANNEL_PALETTE = ["#ffd21f", "#ff3fd2", "#2fe07a", "#ff7f0e", "#17becf", "#e02f2f", "#bcbd22"]
 _SAVE_LOCK = threading.Lock()
 # Each copy of a painting gets the next number; a store keeps the newest one written, so a
 # save that started late (a worker that waited for the lock) cannot overwrite newer strokes.
 _SNAPSHOTS = itertools.count(1)
 _WRITTEN: dict[str, int] = {}
 METADATA_KEY = "napari_finetune_corrections"
-
-
-def channel_colors(
-    channel_names: Sequence[str], metadata: dict[str, Any] | None = None
-) -> list[str]:
-    """One colour per channel: ``metadata["channel_colors"]`` if saved, else the palette."""
-    saved = list((metadata or {}).get("channel_colors") or [])
-    if len(saved) == len(channel_names):
-        return [str(c) for c in saved]
-    return [CHANNEL_PALETTE[i % len(CHANNEL_PALETTE)] for i in range(len(channel_names))]
 
 
 def class_names(channel_names: Sequence[str]) -> list[str]:

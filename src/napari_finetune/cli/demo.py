@@ -229,7 +229,8 @@ def write_figure(
     from matplotlib.colors import ListedColormap
 
     z = (region.start + region.stop) // 2
-    cmap = ListedColormap(["black", "gold", "magenta", "cyan"][: len(names) + 1])
+    # Each channel in its checkpoint's colour, as napari's layers and the store's labels.
+    cmap = ListedColormap(["black", *sample.checkpoint.channel_colors[: len(names)]])
     panels = [
         ("image", np.asarray(sample.image[z]), "gray", None),
         ("ground truth", np.asarray(sample.truth[z]), cmap, len(names)),

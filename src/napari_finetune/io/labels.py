@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from napari_finetune import palette
 from napari_finetune.io import pyramid
 from napari_finetune.io.staging import (
     check_writable,
@@ -41,10 +42,6 @@ from napari_finetune.io.volume import (
     list_labels,
     open_volume,
 )
-
-BACKGROUND_RGBA = [128, 128, 128, 255]
-# Colours of the correction classes k >= 2 (channel k - 2), cycled.
-CHANNEL_RGBA = [[255, 0, 255, 255], [0, 255, 255, 255], [255, 200, 0, 255], [0, 200, 0, 255]]
 
 
 def _check_name(name: str) -> None:
@@ -143,14 +140,20 @@ def write_labels(
 
 
 def correction_metadata(
-    channel_names: list[str] | None, n_classes: int
+    channel_names: list[str] | None, n_classes: int, channel_colors: list[str] | None = None
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """NGFF colors and properties for correction values 1 (background) and k >= 2."""
+    """NGFF colors and properties for correction values 1 (background) and k >= 2.
+
+    The colours are :mod:`napari_finetune.palette`'s (``channel_colors``, e.g. a
+    checkpoint's saved ones, for the first channels), as napari shows them.
+    """
     count = max(n_classes, len(channel_names or []))
-    colors = [{"label-value": 1, "rgba": BACKGROUND_RGBA}]
+    given = list(channel_colors or [])
+    hexes = given[:count] + palette.default_colors(count)[len(given):]
+    colors = [{"label-value": 1, "rgba": palette.rgba(palette.BACKGROUND)}]
     properties: list[dict[str, Any]] = [{"label-value": 1, "class": "background"}]
     for c in range(count):
-        colors.append({"label-value": c + 2, "rgba": CHANNEL_RGBA[c % len(CHANNEL_RGBA)]})
+        colors.append({"label-value": c + 2, "rgba": palette.rgba(hexes[c])})
         label = channel_names[c] if channel_names and c < len(channel_names) else f"channel {c}"
         properties.append({"label-value": c + 2, "class": label})
     return colors, properties
@@ -161,12 +164,15 @@ def save_corrections(
     labels: Any,
     name: str = "corrections",
     channel_names: list[str] | None = None,
+    channel_colors: list[str] | None = None,
 ) -> Path:
     """Save painted corrections (0 unpainted, 1 background, k >= 2 channel k-2) into the store.
 
     Stored as the smallest unsigned integer type that holds them, with colours
     and class names in the NGFF image-label metadata, on every level of the
     image's pyramid; see the module doc for what survives a crash mid-write.
+    ``channel_colors`` (``#rrggbb``, e.g. a checkpoint's saved ones) colour the
+    first channels; the others take :mod:`napari_finetune.palette`'s.
     ``labels`` may be numpy (napari's layer data), dask or zarr: a lazy array
     is never loaded whole (its range is found block by block), and each chunk
     is cast to the stored type on its way to disk, without a full-size copy.
@@ -187,7 +193,7 @@ def save_corrections(
     if low < 0:
         raise VolumeError("corrections contain negative values; use 0 (unpainted), 1, 2, ...")
     dtype = np.uint8 if top < 2**8 else np.uint16 if top < 2**16 else np.uint32
-    colors, properties = correction_metadata(channel_names, max(top - 1, 0))
+    colors, properties = correction_metadata(channel_names, max(top - 1, 0), channel_colors)
     return write_labels(path, name, array, colors, properties, dtype=dtype)
 
 

@@ -6,7 +6,8 @@ weights_only=True)`` reads it)::
     {"format": "napari-finetune-checkpoint", "format_version": 1,
      "architecture": {"factory": "package.module:callable", "kwargs": {...}},
      "state_dict": {...},
-     "metadata": {"channel_names": [...], "normalization": {...}, "run": {...}}}
+     "metadata": {"channel_names": [...], "channel_colors": [...],
+                  "normalization": {...}, "run": {...}}}
 
 A model the user brings is accepted through the same layout: a factory whose
 keyword arguments rebuild it (see :func:`checkpoint_from_factory`). The factory
@@ -27,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from napari_finetune import palette
 from napari_finetune.model.architectures import FactoryNotAllowed, Trust, resolve_factory
 from napari_finetune.model.atomic_write import write_atomically
 from napari_finetune.model.plain_kwargs import from_plain
@@ -69,6 +71,11 @@ class Checkpoint:
     def channel_names(self) -> list[str]:
         """Names of the output channels (``channel_0``... when none were saved)."""
         return channel_names_of(self.metadata, _out_channels(self.architecture))
+
+    @property
+    def channel_colors(self) -> list[str]:
+        """The saved colour of each channel, else :mod:`napari_finetune.palette`'s."""
+        return palette.channel_colors(self.channel_names, self.metadata)
 
     @property
     def normalization(self) -> dict[str, Any]:
@@ -131,7 +138,9 @@ def save_checkpoint(
     model : torch.nn.Module
         A plain model (merge adapters before saving).
     metadata : dict, optional
-        Plain types only: str, int, float, bool, None, lists and dicts.
+        Plain types only: str, int, float, bool, None, lists and dicts. The
+        channels' colours (``channel_colors``) are added from
+        :mod:`napari_finetune.palette` when the metadata has none that fit.
     architecture : dict, optional
         Overrides :func:`architecture_of` (for models that do not record it).
 
@@ -149,12 +158,17 @@ def save_checkpoint(
     path = Path(path)
     if not path.parent.is_dir():
         raise CheckpointError(f"cannot write {path}: the folder {path.parent} does not exist.")
+    architecture = architecture or architecture_of(model)
+    metadata = copy.deepcopy(metadata or {})
+    names = channel_names_of(metadata, _out_channels(architecture))
+    if names:  # the colours travel with the model: every reader draws a channel alike
+        metadata[palette.METADATA_KEY] = palette.channel_colors(names, metadata)
     payload = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
-        "architecture": architecture or architecture_of(model),
+        "architecture": architecture,
         "state_dict": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
-        "metadata": copy.deepcopy(metadata or {}),
+        "metadata": metadata,
     }
     return write_atomically(
         path, lambda handle: torch.save(payload, handle), size_hint=_payload_bytes(payload)

@@ -74,6 +74,7 @@ def write_store(
     from ome_zarr.io import parse_url
     from ome_zarr.writer import write_image
 
+    from napari_finetune import palette
     from napari_finetune.io.labels import write_labels
 
     path = Path(path)
@@ -84,9 +85,10 @@ def write_store(
         image, root, scale_factors=factors, axes="zyx", name="synthetic-em",
         storage_options={"chunks": chunks},
     )
+    # Ground truth value k + 1 is channel k: the palette's colour of that channel.
     colors = [
-        {"label-value": 1, "rgba": [0, 170, 255, 255]},
-        {"label-value": 2, "rgba": [255, 170, 0, 255]},
+        {"label-value": k + 1, "rgba": palette.rgba(color)}
+        for k, color in enumerate(palette.default_colors(len(gen.CHANNEL_NAMES)))
     ]
     properties = [
         {"label-value": k + 1, "class": name} for k, name in enumerate(gen.CHANNEL_NAMES)
