@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import zarr
 
+from napari_finetune import palette
 from napari_finetune._reader import get_reader, read_ome_zarr
 from napari_finetune.io.omezarr import VolumeError, save_corrections
 
@@ -70,7 +71,8 @@ def test_layer_data(store: Path) -> None:
         assert isinstance(data, np.ndarray) and data.shape == SHAPE  # paintable
         assert kwargs["metadata"] == {"ome_zarr_path": str(store),
                                       "labels_name": kwargs["name"]}
-    assert layers[2][1]["colormap"][2] == [1.0, 0.0, 1.0, 1.0]  # from the NGFF colours
+    # From the NGFF colours: the palette's, as napari's corrections layer has them.
+    assert layers[2][1]["colormap"][2] == [c / 255 for c in palette.rgba(palette.CHANNELS[0])]
     assert int(layers[2][0][2, 25, 25]) == 2
 
 

@@ -38,15 +38,15 @@ def _single_path(path: str | os.PathLike | list[Any]) -> Path | None:
 
 def get_reader(path: str | os.PathLike | list[Any]) -> Callable[..., list[LayerData]] | None:
     """The reader for an OME-Zarr image directory (NGFF multiscales), else None."""
-    from napari_finetune.io.volume import _zarr_kind
+    from napari_finetune.io.ngff import zarr_kind
 
     p = _single_path(path)
-    if p is None or not p.is_dir() or _zarr_kind(p) != "group":
+    if p is None or not p.is_dir() or zarr_kind(p) != "group":
         return None
     try:
-        from napari_finetune.io.volume import _open_location
+        from napari_finetune.io.volume import open_location
 
-        attrs = _open_location(p.resolve()).root_attrs
+        attrs = open_location(p.resolve()).root_attrs
         if "multiscales" not in attrs and "bioformats2raw.layout" not in attrs:
             return None
     except Exception:  # noqa: BLE001 - anything unreadable is simply not ours
@@ -71,9 +71,9 @@ def _layer_name(volume: Any) -> str:
 
 def _labels_colormap(label_dir: Path) -> dict[Any, Any] | None:
     """NGFF image-label colours as a napari direct colormap, or None without any."""
-    from napari_finetune.io.volume import _open_location
+    from napari_finetune.io.volume import open_location
 
-    meta = _open_location(label_dir).root_attrs.get("image-label", {})
+    meta = open_location(label_dir).root_attrs.get("image-label", {})
     colors = {}
     for entry in meta.get("colors", []):
         value, rgba = entry.get("label-value"), entry.get("rgba")

@@ -11,6 +11,7 @@ import pytest
 import zarr
 from store_helpers import SHAPE, ome_zarr_nodes, painted_corrections, staging_dirs
 
+from napari_finetune import palette
 from napari_finetune.io.omezarr import (
     VolumeError,
     create_labels_array,
@@ -118,7 +119,10 @@ def test_corrections_round_trip(store: Path, version: str, hash_files) -> None:
     # ome-zarr-py reads it as an NGFF labels image, with our colours and classes.
     node = ome_zarr_nodes(store)["corrections"]
     np.testing.assert_array_equal(np.asarray(node.data[0]), painted_corrections())
-    assert node.metadata["color"][1] == pytest.approx([128 / 255] * 3 + [1.0])
+    # The palette's colours, as napari's corrections layer shows them.
+    for value, color in ((1, palette.BACKGROUND), (2, palette.CHANNELS[0])):
+        assert node.metadata["color"][value] == pytest.approx(
+            [c / 255 for c in palette.rgba(color)])
     assert node.metadata["properties"][2] == {"class": "membrane"}
     assert node.metadata["properties"][3] == {"class": "mito"}
     attrs = dict(zarr.open_group(str(written), mode="r").attrs)

@@ -8,7 +8,7 @@ import zarr
 from ome_zarr.io import parse_url
 from ome_zarr.reader import Reader
 
-from napari_finetune.samples import _store
+from napari_finetune.samples import store as sample_store
 from napari_finetune.samples import synthetic_em as gen
 
 SHAPE = (16, 64, 64)
@@ -61,35 +61,35 @@ def test_existing_store_is_reused_without_generating(cache, monkeypatch):
 
 
 def test_half_written_store_is_regenerated(cache):
-    final = cache / _store.store_name("target", SHAPE, 4)
+    final = cache / sample_store.store_name("target", SHAPE, 4)
     # What a copy interrupted half-way leaves: a group, some arrays, no completion record.
     root = zarr.open_group(str(final), mode="w")
     root.create_array("s0", shape=SHAPE, dtype="uint8")
-    assert not _store.is_complete(final)
+    assert not sample_store.is_complete(final)
     path = gen.ensure_sample("target", SHAPE, seed=4)
-    assert path == final and _store.is_complete(final)
+    assert path == final and sample_store.is_complete(final)
     image, _ = gen.generate_volume(SHAPE, 4, "target")
     np.testing.assert_array_equal(zarr.open_group(str(final), mode="r")["s0"][:], image)
 
 
 def test_crash_while_writing_leaves_nothing_behind(cache, monkeypatch):
-    real = _store.write_store
+    real = sample_store.write_store
 
     def crash(path, image, truth, record):
         real(path, image, truth, {"partial": True})
         raise KeyboardInterrupt("power cut")
 
-    monkeypatch.setattr(_store, "write_store", crash)
+    monkeypatch.setattr(sample_store, "write_store", crash)
     with pytest.raises(KeyboardInterrupt):
         gen.ensure_sample("target", SHAPE, seed=5)
     assert list(cache.iterdir()) == []  # no final store, no temporary folder
-    monkeypatch.setattr(_store, "write_store", real)
-    assert _store.is_complete(gen.ensure_sample("target", SHAPE, seed=5))
+    monkeypatch.setattr(sample_store, "write_store", real)
+    assert sample_store.is_complete(gen.ensure_sample("target", SHAPE, seed=5))
 
 
 def test_stale_temporary_of_a_killed_run_is_removed(cache):
     cache.mkdir(parents=True)
-    name = _store.store_name("target", SHAPE, 6)
+    name = sample_store.store_name("target", SHAPE, 6)
     stale, fresh = cache / f".{name}.old.tmp", cache / f".{name}.busy.tmp"
     stale.mkdir()
     fresh.mkdir()
@@ -119,8 +119,8 @@ def test_sample_store_is_valid_ngff_before_anything_is_painted(cache):
 def test_cached_store_of_the_old_layout_is_written_again(cache):
     path = gen.ensure_sample("target", SHAPE, seed=9)
     root = zarr.open_group(str(path), mode="r+")
-    old = {k: v for k, v in root.attrs[_store.COMPLETE_KEY].items() if k != "store_layout"}
-    root.attrs[_store.COMPLETE_KEY] = old  # what a cache written before layout 2 holds
+    old = {k: v for k, v in root.attrs[sample_store.COMPLETE_KEY].items() if k != "store_layout"}
+    root.attrs[sample_store.COMPLETE_KEY] = old  # what a cache written before layout 2 holds
     assert gen.ensure_sample("target", SHAPE, seed=9) == path
-    record = zarr.open_group(str(path), mode="r").attrs[_store.COMPLETE_KEY]
-    assert record["store_layout"] == _store.STORE_LAYOUT
+    record = zarr.open_group(str(path), mode="r").attrs[sample_store.COMPLETE_KEY]
+    assert record["store_layout"] == sample_store.STORE_LAYOUT

@@ -27,6 +27,7 @@ import numpy.typing as npt
 
 from napari_finetune import palette
 from napari_finetune.io import pyramid
+from napari_finetune.io.ngff import zarr_kind
 from napari_finetune.io.staging import (
     check_writable,
     labels_group,
@@ -38,7 +39,6 @@ from napari_finetune.io.staging import (
 from napari_finetune.io.volume import (
     Volume,
     VolumeError,
-    _zarr_kind,
     list_labels,
     open_volume,
 )
@@ -79,8 +79,7 @@ def _staging_labels(staging: Path, volume: Volume) -> Any:
     import zarr
     from zarr.storage import LocalStore
 
-    fmt = pyramid.ngff_format(volume)
-    root = zarr.open_group(store=LocalStore(staging), mode="a", zarr_format=fmt.zarr_format)
+    root = zarr.open_group(store=LocalStore(staging), mode="a", zarr_format=volume.zarr_format)
     return root.require_group("labels")
 
 
@@ -255,7 +254,7 @@ def create_labels_array(
         parent = _staging_labels(staging, volume)
     else:
         parent = labels_group(store)
-        if _zarr_kind(store / "labels" / name) is not None:
+        if zarr_kind(store / "labels" / name) is not None:
             shutil.rmtree(store / "labels" / name)
     level0_chunks = pyramid.bounded_chunks(
         tuple(chunks) if chunks else tuple(int(c) for c in volume.data.chunksize)

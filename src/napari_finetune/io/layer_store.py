@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from napari_finetune.io.volume import _zarr_kind
+from napari_finetune.io.ngff import zarr_kind
 
 
 def _ngff_attrs(path: Path) -> dict[str, Any]:
@@ -58,7 +58,7 @@ def store_from_source(source: str | os.PathLike | None) -> Path | None:
     if path is None:
         return None
     for candidate in (path, *path.parents):
-        kind = _zarr_kind(candidate)
+        kind = zarr_kind(candidate)
         if kind is None:
             return None  # left the store without finding its image
         if kind == "array":

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from napari_finetune.io.ngff import ngff_format
 from napari_finetune.io.volume import Volume, compose_transforms
 
 # Largest chunk a labels level gets (voxels): what one block of the writing holds in
@@ -40,13 +41,6 @@ def bounded_chunks(chunks: tuple[int, ...], max_voxels: int = MAX_CHUNK_VOXELS) 
         longest = out.index(max(out))
         out[longest] = (out[longest] + 1) // 2
     return tuple(out)
-
-
-def ngff_format(volume: Volume) -> Any:
-    """ome-zarr-py's format object for the volume's NGFF version (0.4 on zarr v2, else 0.5)."""
-    from ome_zarr.format import FormatV04, FormatV05
-
-    return FormatV04() if volume.zarr_format == 2 else FormatV05()
 
 
 def axes_meta(volume: Volume) -> list[dict[str, str]]:
@@ -100,7 +94,7 @@ def create_pyramid(
     """
     from ome_zarr.writer import write_label_metadata, write_multiscales_metadata
 
-    fmt = ngff_format(volume)
+    fmt = ngff_format(volume.zarr_format)
     group = parent.create_group(name)
     kwargs: dict[str, Any] = {}
     if fmt.zarr_format == 2:

@@ -33,6 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from napari_finetune.io.ngff import ngff_format
 from napari_finetune.io.volume import VolumeError
 
 STAGING_PREFIX = ".napari-finetune-staging-"
@@ -76,10 +77,9 @@ def list_name(group: Any, name: str) -> None:
 
     The group's NGFF ``version`` is written with it.
     """
-    from ome_zarr.format import FormatV04, FormatV05
     from ome_zarr.writer import add_metadata, get_metadata
 
-    fmt = FormatV04() if group.metadata.zarr_format == 2 else FormatV05()
+    fmt = ngff_format(group.metadata.zarr_format)
     with _LOCK:  # read-modify-write of one attribute
         names = [n for n in get_metadata(group).get("labels", []) if n != name] + [name]
         # ome-zarr-models requires the version on a 0.5 labels group (inside "ome"); 0.4

@@ -8,7 +8,6 @@ turns every way a path can be wrong into a one-line :class:`VolumeError`.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -16,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import dask.array as da
+
+from napari_finetune.io.ngff import ngff_format, zarr_format_of, zarr_kind
 
 SPATIAL_AXES = ("z", "y", "x")
 # Axes that may be present with size 1 and are squeezed away.
@@ -100,21 +101,6 @@ def require_ndim(volume: Volume, ndim: int) -> Volume:
     return volume
 
 
-def _zarr_kind(path: Path) -> str | None:
-    """``"group"``, ``"array"`` or None (not zarr) by the metadata files of v2 and v3."""
-    if (path / "zarr.json").is_file():
-        try:
-            node_type = json.loads((path / "zarr.json").read_text()).get("node_type")
-        except (OSError, ValueError):
-            return None
-        return "array" if node_type == "array" else "group"
-    if (path / ".zgroup").is_file():
-        return "group"
-    if (path / ".zarray").is_file():
-        return "array"
-    return None
-
-
 def check_store(path: str | os.PathLike) -> Path:
     """The store's directory as a resolved Path, or :class:`VolumeError` if it is not zarr."""
     p = Path(path).expanduser()
@@ -123,7 +109,7 @@ def check_store(path: str | os.PathLike) -> Path:
             f"{p} does not exist; check the path (an OME-Zarr volume is a directory, "
             "usually ending in .zarr or .ome.zarr)."
         )
-    if not p.is_dir() or _zarr_kind(p) is None:
+    if not p.is_dir() or zarr_kind(p) is None:
         raise VolumeError(
             f"{p} is not a zarr store (no zarr.json, .zgroup or .zarray in it); open an "
             "OME-Zarr directory, or convert the file first (e.g. with bioformats2raw or "
@@ -132,15 +118,13 @@ def check_store(path: str | os.PathLike) -> Path:
     return p.resolve()
 
 
-def _open_location(p: Path) -> Any:
+def open_location(p: Path) -> Any:
     """ome-zarr-py's ZarrLocation for ``p``, read-only, in the store's own NGFF format."""
-    from ome_zarr.format import FormatV04, FormatV05
     from ome_zarr.io import parse_url
 
     # Asking for the right format up front avoids ome-zarr-py's "version mismatch"
     # warning (and a second metadata read) for every NGFF 0.4 store.
-    fmt = FormatV05() if (p / "zarr.json").is_file() else FormatV04()
-    loc = parse_url(str(p), mode="r", fmt=fmt)
+    loc = parse_url(str(p), mode="r", fmt=ngff_format(zarr_format_of(p)))
     if loc is None:  # pragma: no cover - check_store has seen zarr metadata
         raise VolumeError(f"{p} could not be opened as zarr; check that it is not damaged.")
     return loc
@@ -167,11 +151,11 @@ def list_labels(path: str | os.PathLike) -> list[str]:
     """Names in the store's ``labels`` group that exist on disk (in the listed order)."""
     p = check_store(path)
     labels_dir = p / "labels"
-    if _zarr_kind(labels_dir) != "group":
+    if zarr_kind(labels_dir) != "group":
         return []
-    attrs = _open_location(labels_dir).root_attrs
+    attrs = open_location(labels_dir).root_attrs
     names = attrs.get("labels", [])
-    return [n for n in dict.fromkeys(names) if _zarr_kind(labels_dir / str(n)) == "group"]
+    return [n for n in dict.fromkeys(names) if zarr_kind(labels_dir / str(n)) == "group"]
 
 
 def open_volume(path: str | os.PathLike, ndim: int | None = None) -> Volume:
@@ -193,9 +177,9 @@ def open_volume(path: str | os.PathLike, ndim: int | None = None) -> Volume:
     from ome_zarr.reader import Multiscales, Reader
 
     p = check_store(path)
-    is_array = _zarr_kind(p) == "array"
-    attrs = {} if is_array else (loc := _open_location(p)).root_attrs
-    if "bioformats2raw.layout" in attrs and _zarr_kind(p / "0") == "group":
+    is_array = zarr_kind(p) == "array"
+    attrs = {} if is_array else (loc := open_location(p)).root_attrs
+    if "bioformats2raw.layout" in attrs and zarr_kind(p / "0") == "group":
         return open_volume(p / "0", ndim)  # bioformats2raw output: the image is series 0
     if "plate" in attrs or "well" in attrs:
         raise VolumeError(

@@ -234,6 +234,6 @@ def ensure_sample(
     seed : int, optional
         Defaults to ``DEFAULT_SEEDS[domain]``.
     """
-    from napari_finetune.samples._store import ensure_store
+    from napari_finetune.samples.store import ensure_store
 
     return ensure_store(domain, shape, seed)
