@@ -382,6 +382,9 @@ def test_2d_train_and_predict(capsys, tmp_path):
         "-q",
     )
     assert code == 0, err
+    # The default patch fitted to the 60x70 image and the UNet's multiple of 4, as the widget does.
+    run_config = load_checkpoint(out).metadata["run"]["config"]
+    assert run_config["patch_shape"] == [60, 68]
     code, _, err = run_cli(capsys, "predict", out, store, "--name", "p", "-q")
     assert code == 0, err
     assert load_corrections(store, "p-cells").shape == (60, 70)

@@ -133,7 +133,7 @@ class RegionPredictor:
             try:
                 return self._tiles(core, block)
             except Exception as exc:  # noqa: BLE001 - only OOM is handled, the rest re-raised
-                from napari_finetune.trainer.recovery import is_oom_error
+                from napari_finetune.errors import is_oom_error
 
                 if not is_oom_error(exc):
                     raise

@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from napari_finetune.data.patch_shape import fit_patch_shape
+
 Event = tuple
 Job = Generator[Event, None, Any]
 
@@ -208,21 +210,6 @@ def predict_job(
             "predict",
         )
     yield ("prediction", masks)
-
-
-def fit_patch_shape(patch: Sequence[int], shape: Sequence[int], multiple: int) -> tuple[int, ...]:
-    """The configured patch cut to the volume, kept a multiple of the model's pooling.
-
-    A 3-axis default used with a 2D model keeps its last two axes.
-    """
-    patch = tuple(patch)[-len(shape):]
-    if len(patch) < len(shape):
-        patch = (patch[0],) * (len(shape) - len(patch)) + patch
-    fitted = []
-    for p, s in zip(patch, shape, strict=True):
-        size = min(p, s) // multiple * multiple
-        fitted.append(max(size, multiple))
-    return tuple(fitted)
 
 
 def train_job(

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from napari_finetune.bioimageio import require
+from napari_finetune.errors import first_line, one_line
 from napari_finetune.model.architectures import Trust
 from napari_finetune.model.checkpoint import Checkpoint, CheckpointError
 
@@ -56,8 +57,8 @@ def read_description(path: Path) -> ModelDescr:
         descr = load_description(path, perform_io_checks=False, format_version="latest")
     except Exception as exc:  # noqa: BLE001 - yaml, zip and validation errors of many types
         raise CheckpointError(
-            f"{path} could not be read as a bioimage.io package ({type(exc).__name__}: "
-            f"{_first_line(exc)})"
+            f"{path} could not be read as a bioimage.io package ("
+            f"{one_line(exc)})"
         ) from None
     if isinstance(descr, InvalidDescr) or not isinstance(descr, v0_5.ModelDescr):
         kind = getattr(descr, "type", None)
@@ -117,14 +118,14 @@ def load_bioimageio(
     try:
         data = weights.get_reader().read()
     except Exception as exc:  # noqa: BLE001 - missing, a SHA-256 or zip CRC mismatch
-        raise CheckpointError(f"cannot read the weights of {path}: {_first_line(exc)}") from None
+        raise CheckpointError(f"cannot read the weights of {path}: {first_line(exc)}") from None
     try:
         state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
         model.load_state_dict(state, strict=weights.strict)
     except Exception as exc:  # noqa: BLE001 - torch raises several types for unfit weights
         raise CheckpointError(
             f"the weights of {path} do not fit {architecture['factory']} "
-            f"({type(exc).__name__}: {_first_line(exc)})"
+            f"({one_line(exc)})"
         ) from None
     model.to(device).eval()
     metadata = {
@@ -228,8 +229,3 @@ def _napari_finetune_config(descr: ModelDescr) -> dict[str, Any]:
     extra = getattr(descr.config, "model_extra", None) or {}
     value = extra.get("napari_finetune")
     return value if isinstance(value, dict) else {}
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

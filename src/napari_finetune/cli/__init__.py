@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from napari_finetune import __version__
+from napari_finetune.errors import first_line
 
 PROG = "napari-finetune"
 
@@ -68,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
     except _expected_errors() as exc:
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        message = first_line(exc)
         if isinstance(exc, OSError) and exc.filename and exc.strerror:
             message = f"{exc.strerror}: {exc.filename}"
         print(f"{PROG} {args.command}: error: {message}", file=sys.stderr)

@@ -21,8 +21,6 @@ from napari_finetune.cli.options import (
 from napari_finetune.cli.run import describe_outcome, run_finetune
 from napari_finetune.config import FinetuneConfig, PredictConfig
 
-DEFAULT_2D_PATCH = (128, 128)
-
 
 def register(sub: Any) -> None:
     """Add the subcommands of this module to ``sub``."""
@@ -144,8 +142,12 @@ def train(args: argparse.Namespace) -> int:
         raise FileNotFoundError(2, "folder of --memory-snapshot does not exist", str(snapshot_dir))
     ckpt = load_checkpoint(args.checkpoint, trust=args.trust_factory)
     volume = open_volume(args.volume)
-    if args.patch_shape is None and volume.data.ndim == 2:
-        config.patch_shape = DEFAULT_2D_PATCH  # the dataclass default is for 3D models
+    if args.patch_shape is None:  # the default, fitted as the widget fits its patch
+        from napari_finetune.data.patch_shape import fit_patch_shape
+        from napari_finetune.predict import shape_multiple
+
+        multiple = shape_multiple(ckpt.model, volume.data.ndim)
+        config.patch_shape = fit_patch_shape(config.patch_shape, volume.shape, multiple)
     corrections = load_corrections(args.volume, args.corrections)
     _say_missing(volume)
     outcome = run_finetune(ckpt, volume.data, corrections, config, args.out, quiet=args.quiet)

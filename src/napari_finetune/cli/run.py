@@ -27,6 +27,7 @@ import numpy as np
 
 from napari_finetune.cli.options import StatusPrinter
 from napari_finetune.config import FinetuneConfig
+from napari_finetune.errors import first_line
 
 if TYPE_CHECKING:
     from napari_finetune.model.checkpoint import Checkpoint
@@ -191,8 +192,8 @@ def _say_snapshots(trainer: Finetuner, printer: StatusPrinter) -> None:
 
 def _failure(trainer: Finetuner, what: str, exc: BaseException) -> tuple[str, int, str]:
     step = trainer.steps_done + 1
-    first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return f"{what} at step {step}: {first_line}", 1, first_line
+    line = first_line(exc)
+    return f"{what} at step {step}: {line}", 1, line
 
 
 def describe_outcome(outcome: RunOutcome, total_steps: int, out: Path) -> str:

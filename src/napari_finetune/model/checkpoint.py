@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from napari_finetune import palette
+from napari_finetune.errors import one_line
 from napari_finetune.model.architectures import FactoryNotAllowed, Trust, resolve_factory
 from napari_finetune.model.atomic_write import write_atomically
 from napari_finetune.model.plain_kwargs import from_plain
@@ -212,9 +213,8 @@ def load_checkpoint(
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises several types for a bad file
         raise CheckpointError(
-            f"{path} is not a readable PyTorch checkpoint ({type(exc).__name__}: "
-            f"{str(exc).splitlines()[0] if str(exc) else ''}); it may be truncated or "
-            "not a .pt file. Export it again or pick another file."
+            f"{path} is not a readable PyTorch checkpoint ({one_line(exc)}); it may be "
+            "truncated or not a .pt file. Export it again or pick another file."
         ) from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(

@@ -210,7 +210,7 @@ def _size_at(start: int, level: int) -> int:
 def _run(model: nn.Module, shape: tuple[int, ...]) -> tuple[int | None, str]:
     """(output channels, "") when ``model`` maps ``shape`` to ``shape``, else (None, why)."""
     from napari_finetune.devices import model_device
-    from napari_finetune.trainer.recovery import is_oom_error
+    from napari_finetune.errors import is_oom_error
 
     x = torch.zeros((1, 1, *shape), device=model_device(model))
     try:

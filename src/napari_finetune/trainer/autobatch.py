@@ -28,10 +28,10 @@ from typing import Any
 import numpy as np
 
 from napari_finetune.devices import empty_device_cache
+from napari_finetune.errors import is_oom_error
 from napari_finetune.trainer import step as _step
 from napari_finetune.trainer.batchnorm_floor import split_respects
 from napari_finetune.trainer.memory_info import MemoryInfo, format_bytes, memory_info_for
-from napari_finetune.trainer.recovery import is_oom_error
 from napari_finetune.trainer.state import (
     batchnorm_state,
     grad_state,

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from napari_finetune.errors import first_line
 from napari_finetune.trainer.state import BATCHNORM_TYPES
 
 
@@ -85,7 +86,7 @@ def batchnorm_floor(
         pass
     except RuntimeError as exc:
         shape = "x".join(str(s) for s in patch_shape)
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         raise ValueError(
             f"the model cannot run on patches of {shape} ({first}); use a larger --patch-shape."
         ) from None

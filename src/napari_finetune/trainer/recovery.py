@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from napari_finetune.devices import empty_device_cache
+from napari_finetune.errors import RecoveryError, is_oom_error, one_line
 from napari_finetune.trainer import step as _step
 from napari_finetune.trainer.batchnorm_floor import split_respects
 from napari_finetune.trainer.precision import Precision, choose_precision
@@ -36,26 +37,6 @@ from napari_finetune.trainer.state import (
     rng_state,
 )
 
-# Messages of allocator failures that arrive as a plain RuntimeError (older
-# torch, other backends, cuDNN/cuBLAS failing to get their workspace).
-OOM_MESSAGES = (
-    "cuda out of memory",
-    "cuda error: out of memory",
-    # The caching allocator with expandable segments (cuMemCreate failing).
-    "cuda driver error: out of memory",
-    "hip out of memory",
-    "hip error: out of memory",
-    "xpu out of memory",
-    "mps backend out of memory",
-    "defaultcpuallocator: can't allocate memory",
-    "defaultcpuallocator: not enough memory",
-    "cudnn_status_not_supported",
-    "cudnn error: cudnn_status_not_supported",
-    "cublas_status_alloc_failed",
-    "cudnn_status_alloc_failed",
-)
-
-
 __all__ = [
     "Precision",
     "RecoveryError",
@@ -65,26 +46,6 @@ __all__ = [
     "probe_precision",
     "survive_oom",
 ]
-
-
-class RecoveryError(RuntimeError):
-    """Out of memory with nothing left to give up; the message lists what was tried."""
-
-
-def is_oom_error(exc: BaseException) -> bool:
-    """Whether ``exc`` means the device ran out of memory.
-
-    By type first (``torch.OutOfMemoryError``, Python's ``MemoryError``), then by
-    the allocator messages of CUDA, HIP, XPU, MPS and the CPU, and the cuDNN /
-    cuBLAS failures that mean "no workspace memory".
-    """
-    oom_type = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
-    if isinstance(exc, (oom_type, MemoryError)):
-        return True
-    if not isinstance(exc, RuntimeError) or isinstance(exc, RecoveryError):
-        return False
-    text = str(exc).lower()
-    return any(pattern in text for pattern in OOM_MESSAGES)
 
 
 def release_failed_attempt(trainer: Any) -> None:
@@ -232,7 +193,7 @@ def iter_probe(trainer: Any) -> Iterator[tuple[str, str]]:
             except Exception as exc:
                 if not is_oom_error(exc):
                     raise
-                failure = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                failure = one_line(exc)
             if failure is None:
                 break
             restore_batchnorm(bn)

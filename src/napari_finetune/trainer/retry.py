@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from napari_finetune.errors import one_line
 from napari_finetune.trainer.ladder import after_applied_step, retry_at_bottom
 from napari_finetune.trainer.recovery import (
     RecoveryError,
@@ -47,7 +48,7 @@ def optimizer_step(trainer: Any, images: np.ndarray, labels: np.ndarray) -> Iter
                     raise
                 # Keep a line of text only: the exception's traceback holds
                 # the failed attempt's activations.
-                failure = f"{type(exc).__name__}: {_first_line(exc)}"
+                failure = one_line(exc)
         if failure is not None:
             restore_batchnorm(saved)
             del saved
@@ -116,8 +117,3 @@ def optimizer_step(trainer: Any, images: np.ndarray, labels: np.ndarray) -> Iter
             trainer.recovery_log.append(climbed)
             yield trainer.status("recovery", climbed)
         return
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc)
-    return text.splitlines()[0] if text else ""

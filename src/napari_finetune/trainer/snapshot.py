@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from napari_finetune.errors import first_line
+
 VIEWER = "https://pytorch.org/memory_viz"
 # Allocation events kept (a ring buffer): enough for many steps of a UNet,
 # a few hundred MB of host memory at most.
@@ -68,7 +70,7 @@ class MemoryHistory:
         except (AttributeError, RuntimeError, TypeError) as exc:
             return self._say(
                 f"memory snapshot: this PyTorch ({torch.__version__}) cannot record the "
-                f"allocator history ({_first_line(exc)}); nothing is written to {self.path}"
+                f"allocator history ({first_line(exc)}); nothing is written to {self.path}"
             )
         self.recording = True
         return self._say(
@@ -107,8 +109,3 @@ class MemoryHistory:
     def _say(self, line: str) -> str:
         self.lines.append(line)
         return line
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

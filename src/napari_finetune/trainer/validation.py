@@ -192,7 +192,7 @@ class Validator:
         A check that runs out of memory is skipped (training goes on; the
         memory is freed once the traceback is gone).
         """
-        from napari_finetune.trainer.recovery import is_oom_error
+        from napari_finetune.errors import is_oom_error
 
         failure = None
         try:
