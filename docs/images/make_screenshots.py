@@ -74,7 +74,7 @@ def main() -> int:
     import napari
     from qtpy.QtWidgets import QApplication
 
-    from napari_finetune.trainer.faults import oom_above_batch
+    from napari_finetune.testing import oom_above_batch
 
     viewer = napari.Viewer()
     viewer.window._qt_window.resize(1380, 960)

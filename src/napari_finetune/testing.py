@@ -12,8 +12,9 @@ allocator does, so halving the batch really does make the step fit.
 against it on the CPU exactly as it runs against CUDA's allocator.
 
 Used by the tests, the benchmarks and the widget test (through
-``Finetuner.after_build``, so the faults land on the built trainer).
-``napari_finetune.trainer.faults`` re-exports everything here (the older path).
+``Finetuner.after_build``, so the faults land on the built trainer), and by
+anyone writing fault tests of their own: the one home of every test hook. No
+production module imports it (the layers contract in pyproject.toml).
 """
 
 from __future__ import annotations
@@ -93,13 +94,16 @@ def oom_in_teacher(trainer: Any, max_batch: int = 0, times: int | None = None) -
         raise ValueError("the trainer has no teacher yet: call trainer.build() first.")
     fault = Fault()
     teacher = trainer.teacher
+    original = teacher.forward
 
-    def hook(x: torch.Tensor) -> None:
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        # The teacher's public forward is the seam: the student's forward runs unhooked.
         if x.shape[0] > max_batch and (times is None or fault.count < times):
             fault.fire(_oom(f"Teacher forward of a batch of {x.shape[0]}."))
+        return original(x)
 
-    teacher.pre_call_hooks.append(hook)
-    fault._removers.append(lambda: teacher.pre_call_hooks.remove(hook))
+    teacher.forward = forward
+    fault._removers.append(lambda: setattr(teacher, "forward", original))
     return fault
 
 

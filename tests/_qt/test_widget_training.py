@@ -100,7 +100,7 @@ def test_finetune_refreshes_prediction_and_status_without_freezing(docked, qtbot
 
 
 def test_out_of_memory_shows_halved_batch_and_dropped_distillation(docked, qtbot):
-    from napari_finetune.trainer.faults import oom_above_batch, oom_in_teacher
+    from napari_finetune.testing import oom_above_batch, oom_in_teacher
 
     viewer, widget, image = docked
     _setup_run(viewer, widget, qtbot, steps=2, batch=2)

@@ -41,3 +41,18 @@ def test_batch_threshold_hooks_fire_only_above_the_threshold():
         out.backward()  # ...the backward runs out of memory
     conv(torch.rand(2, 1, 4, 4)).sum().backward()  # times=1: only once
     assert backward.count == 1
+
+
+def test_teacher_fault_wraps_its_forward_only_and_is_removed():
+    from engine_setup import make_trainer
+
+    trainer = make_trainer(steps=1, batch_size=2)
+    trainer.build()
+    x = torch.rand(2, 1, 4, 8, 8)
+    fault = faults.oom_in_teacher(trainer, max_batch=1)
+    trainer.model(x)  # the student's forward is not touched
+    trainer.teacher(x[:1])
+    with pytest.raises(torch.OutOfMemoryError, match="Teacher forward of a batch of 2"):
+        trainer.teacher(x)
+    fault.remove()
+    assert trainer.teacher(x).shape[0] == 2 and fault.count == 1

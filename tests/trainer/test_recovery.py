@@ -9,8 +9,9 @@ import pytest
 import torch
 from engine_setup import make_trainer
 
-from napari_finetune.trainer import faults, recovery
+from napari_finetune import testing as faults
 from napari_finetune.trainer import precision as precision_module
+from napari_finetune.trainer import recovery
 from napari_finetune.trainer.recovery import (
     Precision,
     RecoveryError,

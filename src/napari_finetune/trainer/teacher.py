@@ -6,28 +6,22 @@ distillation and the hold are dropped (``trainer.teacher = None``). Both run
 in eval mode: the teacher reproduces what the starting model predicted, and
 its BatchNorm statistics are never updated.
 
-``pre_call_hooks`` lets fault injection (``trainer.faults``) raise inside the
-teacher's forward only.
+:meth:`Teacher.forward` is the seam fault injection wraps
+(:func:`napari_finetune.testing.oom_in_teacher`); nothing here knows of tests.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
 
 import torch
 from torch import nn
 
 
 class Teacher:
-    """Base: hooks run before every forward, then :meth:`forward`."""
-
-    def __init__(self) -> None:
-        self.pre_call_hooks: list[Callable[[torch.Tensor], None]] = []
+    """Base: :meth:`forward` without autograd."""
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        for hook in list(self.pre_call_hooks):
-            hook(x)
         with torch.no_grad():
             return self.forward(x)
 
@@ -39,7 +33,6 @@ class FrozenCopyTeacher(Teacher):
     """A frozen deep copy of the starting model (full fine-tune)."""
 
     def __init__(self, model: nn.Module) -> None:
-        super().__init__()
         self.module = copy.deepcopy(model).eval()
         for param in self.module.parameters():
             param.requires_grad_(False)
@@ -52,7 +45,6 @@ class AdapterOffTeacher(Teacher):
     """The LoRA student with its adapters disabled (PEFT ``disable_adapter``)."""
 
     def __init__(self, peft_model: nn.Module) -> None:
-        super().__init__()
         self.module = peft_model
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
