@@ -14,7 +14,7 @@ def to_torchscript(model: torch.nn.Module) -> torch.jit.ScriptModule:
     sizes that are multiples of its pooling; the input it is traced on is twice
     the model's spatial multiple on every axis.
     """
-    from napari_finetune.predict import spatial_multiple
+    from napari_finetune.model.geometry import spatial_multiple
 
     model = model.eval()
     try:
