@@ -191,3 +191,14 @@ def test_layers_opened_by_napari_ome_zarr_lead_to_their_store(make_napari_viewer
     labels = [layer for layer in viewer.layers if layer.name.endswith("corrections")
               and type(layer).__name__ == "Labels"]
     assert labels and all(len(layer.data) == 3 for layer in labels)  # the image's levels
+
+
+def test_a_store_we_do_not_read_says_why_in_the_debug_log(tmp_path, caplog):
+    import logging
+
+    broken = tmp_path / "broken.zarr"
+    broken.mkdir()
+    (broken / "zarr.json").write_text('{"node_type": "group", "zarr_format": 3, "attributes": 1}')
+    caplog.set_level(logging.DEBUG, logger="napari_finetune._reader")
+    assert get_reader(str(broken)) is None
+    assert any("does not read" in r.getMessage() for r in caplog.records)

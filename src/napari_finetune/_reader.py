@@ -7,6 +7,7 @@ that are not ours.
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from collections.abc import Callable
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+logger = logging.getLogger(__name__)
 
 LayerData = tuple[Any, dict[str, Any], str]
 
@@ -49,7 +52,9 @@ def get_reader(path: str | os.PathLike | list[Any]) -> Callable[..., list[LayerD
         attrs = open_location(p.resolve()).root_attrs
         if "multiscales" not in attrs and "bioformats2raw.layout" not in attrs:
             return None
-    except Exception:  # noqa: BLE001 - anything unreadable is simply not ours
+    except Exception as exc:  # noqa: BLE001 - anything unreadable is simply not ours
+        # napari then offers its other readers; the reason stays in the debug log.
+        logger.debug("napari-finetune does not read %s: %s: %s", p, type(exc).__name__, exc)
         return None
     return read_ome_zarr
 

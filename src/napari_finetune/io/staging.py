@@ -22,6 +22,7 @@ old one back itself. Not covered: power loss before the OS flushed its caches
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import stat
@@ -35,6 +36,8 @@ from typing import Any
 
 from napari_finetune.io.ngff import ngff_format
 from napari_finetune.io.volume import VolumeError
+
+logger = logging.getLogger(__name__)
 
 STAGING_PREFIX = ".napari-finetune-staging-"
 # One swap (and labels-list update) at a time per process; the slow writing
@@ -98,7 +101,8 @@ def refresh_consolidated(store: Path) -> None:
     else:
         try:
             root_meta = json.loads((store / "zarr.json").read_text())
-        except (OSError, ValueError):
+        except (OSError, ValueError) as exc:
+            logger.debug("%s: no readable zarr.json, nothing to consolidate (%s)", store, exc)
             return
         consolidated = root_meta.get("consolidated_metadata") is not None
     if consolidated:

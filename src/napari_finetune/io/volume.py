@@ -8,7 +8,6 @@ turns every way a path can be wrong into a one-line :class:`VolumeError`.
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 import dask.array as da
 
 from napari_finetune.io.ngff import ngff_format, zarr_format_of, zarr_kind
+from napari_finetune.io.ome_zarr_log import quiet_ome_zarr
 
 SPATIAL_AXES = ("z", "y", "x")
 # Axes that may be present with size 1 and are squeezed away.
@@ -192,18 +192,14 @@ def open_volume(path: str | os.PathLike, ndim: int | None = None) -> Volume:
             f"{p} is {what} without OME-NGFF 'multiscales' metadata (a plain zarr); write "
             "it as OME-Zarr (e.g. ome_zarr.writer.write_image) so its axes and scale are known."
         )
-    # Reader logs (not raises) what it can live with (e.g. labels without a "source");
-    # keep napari's console quiet while it runs, then restore the user's setting.
-    logger = logging.getLogger("ome_zarr")
-    old_level = logger.level
-    logger.setLevel(logging.ERROR)
+    # Reader logs (not raises) what it can live with (e.g. labels without a "source"):
+    # to our debug log, on this thread only; nobody's logger levels change.
     try:
-        # A labels image lists its parent image first ("source"): take our own node.
-        node = next((n for n in Reader(loc)() if n.zarr == loc), None)
+        with quiet_ome_zarr():
+            # A labels image lists its parent image first ("source"): take our own node.
+            node = next((n for n in Reader(loc)() if n.zarr == loc), None)
     except (ValueError, KeyError, TypeError) as exc:
         raise VolumeError(f"{p} has invalid OME-NGFF metadata ({exc}); fix or rewrite it.") from exc
-    finally:
-        logger.setLevel(old_level)
     if node is None or node.first(Multiscales) is None or not node.data:
         raise VolumeError(f"{p} has OME-NGFF metadata but no image datasets; rewrite it.")
 

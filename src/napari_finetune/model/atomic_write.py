@@ -12,6 +12,7 @@ itself fails (torch reports it as a ``RuntimeError`` from ``inline_container.cc`
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import re
 import secrets
@@ -20,6 +21,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
+
+logger = logging.getLogger(__name__)
 
 # Temporaries of an older layout carry no process id; one this old is not in progress.
 LEGACY_TEMPORARY_AGE_S = 600.0
@@ -156,11 +159,12 @@ def _fsync_dir(folder: Path) -> None:
     # Makes the rename itself durable; not possible on every OS (Windows).
     try:
         fd = os.open(folder, os.O_RDONLY)
-    except OSError:
+    except OSError as exc:
+        logger.debug("cannot open %s to make the rename durable: %s", folder, exc)
         return
     try:
         os.fsync(fd)
-    except OSError:
-        pass
+    except OSError as exc:
+        logger.debug("fsync of the folder %s failed: %s", folder, exc)
     finally:
         os.close(fd)

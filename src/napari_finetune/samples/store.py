@@ -8,6 +8,7 @@ Two processes asking at once each generate, and the first rename wins.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -18,6 +19,8 @@ from typing import Any
 import numpy as np
 
 from napari_finetune.samples import synthetic_em as gen
+
+logger = logging.getLogger(__name__)
 
 COMPLETE_KEY = "napari_finetune_sample"
 # Part of the completion record: a cached store of an older layout (layout 1: a labels
@@ -135,5 +138,5 @@ def _remove_stale_temporaries(folder: Path, name: str, age_s: float = 3600.0) ->
         try:
             if time.time() - tmp.stat().st_mtime > age_s:
                 shutil.rmtree(tmp, ignore_errors=True)
-        except OSError:
-            pass
+        except OSError as exc:  # gone meanwhile, or not ours to remove
+            logger.debug("stale temporary %s left in place: %s", tmp, exc)
