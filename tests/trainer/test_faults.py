@@ -56,3 +56,10 @@ def test_teacher_fault_wraps_its_forward_only_and_is_removed():
         trainer.teacher(x)
     fault.remove()
     assert trainer.teacher(x).shape[0] == 2 and fault.count == 1
+
+
+def test_the_older_path_is_the_same_hooks():
+    from napari_finetune.trainer import faults as older
+
+    assert older.MemoryBudget is faults.MemoryBudget
+    assert older.oom_in_teacher is faults.oom_in_teacher
