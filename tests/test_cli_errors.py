@@ -60,3 +60,17 @@ def test_weights_that_do_not_fit_name_their_keys(capsys, tmp_path):
     assert "1 key missing: head.bias" in err
     assert "1 key unexpected: extra.weight" in err
     assert "encoders.0.0.weight (file [8, 1, 3, 3, 3], model [4, 1, 3, 3, 3])" in err
+
+
+def test_demo_without_matplotlib_is_one_line_naming_the_extra(capsys, tmp_path, monkeypatch):
+    import sys
+
+    from napari_finetune.cli import main
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
+    out = tmp_path / "demo"
+    assert main(["demo", "--quick", "--out", str(out)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "pip install 'napari-finetune[demo]'" in err and "matplotlib" in err
+    assert not out.exists()  # refused before any work

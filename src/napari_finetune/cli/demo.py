@@ -24,6 +24,7 @@ from napari_finetune.config import FinetuneConfig, PredictConfig
 DEFAULT_STEPS = 40  # about 1-2 minutes on 2 CPU cores with the defaults below (full mode)
 QUICK_SHAPE = (16, 64, 64)
 DEFAULT_MODE = "full"
+DEMO_INSTALL_HINT = "pip install 'napari-finetune[demo]'"
 
 
 def register(sub: Any) -> None:
@@ -131,6 +132,7 @@ def demo(args: argparse.Namespace) -> int:
     from napari_finetune.cli.simulate import foreground_iou, simulate_corrections, split_slices
     from napari_finetune.model.checkpoint import load_checkpoint
 
+    require_matplotlib()  # before minutes of work, not at the figure
     t0 = time.perf_counter()
     steps = args.steps or (3 if args.quick else DEFAULT_STEPS)
     if steps < 1:
@@ -215,6 +217,19 @@ def _label_map(probabilities: Any) -> Any:
     # Most probable channel above 0.5, 0 where none is: comparable to the truth.
     best = probabilities.argmax(axis=0) + 1
     return np.where(probabilities.max(axis=0) > 0.5, best, 0)
+
+
+def require_matplotlib() -> None:
+    """A one-line error naming the extra to install when matplotlib (the figure) is missing."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        from napari_finetune.cli import CLIError
+
+        raise CLIError(
+            f"the demo draws its before/after figure with matplotlib, which is not "
+            f"installed; install it with: {DEMO_INSTALL_HINT}"
+        )
 
 
 def write_figure(
