@@ -22,6 +22,7 @@ from bioimageio.spec.model import v0_5
 from torch import nn
 
 from napari_finetune.bioimageio.source_file import build_from_source, trust_name
+from napari_finetune.errors import first_line
 from napari_finetune.model.architectures import Trust, trusted_names
 from napari_finetune.model.checkpoint import CheckpointError, build_model
 
@@ -77,12 +78,18 @@ def source_record(arch: v0_5.ArchitectureFromFileDescr, code: str | None = None)
 
 def read_source(arch: v0_5.ArchitectureFromFileDescr) -> str:
     """The text of the package's architecture file (refused if it is a URL)."""
-    refuse_url(arch.source, "architecture file")
+    return read_package_file(arch, "architecture file").decode("utf-8")
+
+
+def read_package_file(
+    descr: v0_5.ArchitectureFromFileDescr | v0_5.FileDescr, what: str
+) -> bytes:
+    """The bytes of one of the package's files: refused if it is a URL, one line if unreadable."""
+    refuse_url(descr.source, what)
     try:
-        data = arch.get_reader().read()
+        return descr.get_reader().read()
     except Exception as exc:  # noqa: BLE001 - missing, a SHA-256 or zip CRC mismatch
-        raise CheckpointError(f"cannot read the package's architecture file: {exc}") from None
-    return data.decode("utf-8")
+        raise CheckpointError(f"cannot read the package's {what}: {first_line(exc)}") from None
 
 
 def _source_name(source: object) -> str:

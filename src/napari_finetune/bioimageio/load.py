@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from napari_finetune.bioimageio import require
-from napari_finetune.errors import first_line, one_line
+from napari_finetune.errors import one_line
 from napari_finetune.model.architectures import Trust
 from napari_finetune.model.checkpoint import Checkpoint, CheckpointError
 
@@ -95,7 +95,7 @@ def load_bioimageio(
     path = Path(path)
     require("bioimageio.spec", CheckpointError, f"opening the bioimage.io package {path}")
     # Imported here, after the check: they import bioimageio.spec.
-    from napari_finetune.bioimageio.architecture import build_package_model, refuse_url
+    from napari_finetune.bioimageio.architecture import build_package_model, read_package_file
     from napari_finetune.bioimageio.normalization import normalization_from_preprocessing
 
     descr = read_description(path)
@@ -114,11 +114,7 @@ def load_bioimageio(
     except ValueError as exc:
         raise CheckpointError(f"{path}: {exc}.") from None
     model, architecture = build_package_model(weights.architecture, trust=trust)
-    refuse_url(weights.source, "weights file")
-    try:
-        data = weights.get_reader().read()
-    except Exception as exc:  # noqa: BLE001 - missing, a SHA-256 or zip CRC mismatch
-        raise CheckpointError(f"cannot read the weights of {path}: {first_line(exc)}") from None
+    data = read_package_file(weights, "weights file")
     try:
         state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
         model.load_state_dict(state, strict=weights.strict)

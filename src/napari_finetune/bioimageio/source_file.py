@@ -22,7 +22,7 @@ from typing import Any
 from torch import nn
 
 from napari_finetune.model.architectures import Trust, trusted_names
-from napari_finetune.model.checkpoint import CheckpointError
+from napari_finetune.model.checkpoint import CheckpointError, call_factory
 
 # Where package files are imported: one module per file content.
 MODULE_PREFIX = "napari_finetune_package_"
@@ -66,16 +66,7 @@ def build_from_source(
         raise CheckpointError(
             f"the file {source['name']} defines no callable {source['callable']!r}."
         )
-    try:
-        model = fn(**kwargs)
-    except TypeError as exc:
-        raise CheckpointError(f"{name} rejected its kwargs: {exc}") from None
-    if not isinstance(model, nn.Module):
-        raise CheckpointError(f"{name} returned a {type(model).__name__}, not a torch.nn.Module.")
-    if not hasattr(model, "init_kwargs"):
-        model.init_kwargs = dict(kwargs)
-    model.factory = name
-    return model
+    return call_factory(fn, name, kwargs)
 
 
 def _module_of(file_name: str, code: str) -> types.ModuleType:

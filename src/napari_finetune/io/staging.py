@@ -36,6 +36,7 @@ from typing import Any
 
 from napari_finetune.io.ngff import ngff_format
 from napari_finetune.io.volume import VolumeError
+from napari_finetune.processes import process_alive
 
 logger = logging.getLogger(__name__)
 
@@ -111,16 +112,6 @@ def refresh_consolidated(store: Path) -> None:
             zarr.consolidate_metadata(LocalStore(store))
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def recover(store: Path) -> None:
     """Finish or undo a labels swap that a killed process left half done (see module doc)."""
     with _LOCK:
@@ -129,7 +120,7 @@ def recover(store: Path) -> None:
                 pid = int(staging.name[len(STAGING_PREFIX):].split("-")[0])
             except ValueError:
                 continue
-            if staging in _IN_FLIGHT or (pid != os.getpid() and _pid_alive(pid)):
+            if staging in _IN_FLIGHT or (pid != os.getpid() and process_alive(pid)):
                 continue  # being written right now
             marker = staging / "COMPLETE"
             if marker.is_file():

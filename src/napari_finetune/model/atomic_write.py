@@ -22,6 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
+from napari_finetune.processes import process_alive
+
 logger = logging.getLogger(__name__)
 
 # Temporaries of an older layout carry no process id; one this old is not in progress.
@@ -54,7 +56,7 @@ def remove_stale_temporaries(path: Path) -> list[Path]:
         if match is None:
             continue
         pid = match.group(1)
-        if pid is not None and _process_alive(int(pid)) and os.name != "nt":
+        if pid is not None and process_alive(int(pid)) and os.name != "nt":
             continue
         if os.name == "nt" and not _older_than(candidate, LEGACY_TEMPORARY_AGE_S):
             continue  # a save in progress (this process's other threads included)
@@ -128,20 +130,6 @@ def _is_disk_full(exc: BaseException) -> bool:
     if isinstance(exc, OSError):
         return exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
     return isinstance(exc, RuntimeError) and any(k in str(exc) for k in _TORCH_WRITE_FAILURES)
-
-
-def _process_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    if os.name == "nt":
-        return True  # os.kill would terminate it there; legacy age rules those out instead
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OSError):
-        return True  # exists, owned by someone else
-    return True
 
 
 def _older_than(path: Path, seconds: float) -> bool:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -279,6 +280,16 @@ def build_model(architecture: dict[str, Any], trust: Trust = None) -> nn.Module:
             f"cannot import the model factory {factory!r} ({exc}); install the package "
             "that defines it."
         ) from None
+    return call_factory(fn, factory, kwargs)
+
+
+def call_factory(fn: Callable[..., object], factory: str, kwargs: dict[str, Any]) -> nn.Module:
+    """``fn(**kwargs)``, checked to be a module and marked with how to build it again.
+
+    The model gets ``init_kwargs`` (unless it records its own) and ``factory``,
+    which :func:`architecture_of` reads back at export. A factory that rejects
+    its arguments or returns something else is a one-line :class:`CheckpointError`.
+    """
     try:
         model = fn(**kwargs)
     except TypeError as exc:
