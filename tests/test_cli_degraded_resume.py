@@ -7,13 +7,10 @@ the same way. It must never override what the user set on the command line.
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
-from napari_finetune.io.omezarr import save_corrections
 from napari_finetune.model.checkpoint import load_checkpoint, save_checkpoint
-from napari_finetune.model.unet import UNet
-from test_cli import CHANNELS, make_store, run_cli
+from test_cli import run_cli
 
 # No --batch-size here: whether the batch was set is what these tests are about.
 FAST = ["--patch-shape", "8", "16", "16", "--device", "cpu", "-q"]
@@ -29,16 +26,11 @@ DEGRADED_RUN = {
 
 
 @pytest.fixture
-def degraded(tmp_path):
+def degraded(painted_store, checkpoint):
     """(painted store, checkpoint whose previous run ended at batch 1 without distillation)."""
-    store = make_store(tmp_path / "vol.zarr")
-    corrections = np.zeros((16, 40, 40), np.uint8)
-    corrections[4, 5:15, 5:15] = 1
-    corrections[4, 20:25, 20:30] = 2
-    save_corrections(store, corrections)
-    model = UNet(dims=3, depth=2, features=4, out_channels=2)
-    metadata = {"channel_names": CHANNELS, "run": DEGRADED_RUN}
-    return store, save_checkpoint(tmp_path / "model.pt", model, metadata)
+    start = load_checkpoint(checkpoint)
+    metadata = {**start.metadata, "run": DEGRADED_RUN}
+    return painted_store, save_checkpoint(checkpoint, start.model, metadata)
 
 
 def _train(capsys, tmp_path, degraded, *options):

@@ -15,27 +15,18 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 import torch
 
-from napari_finetune.io.omezarr import save_corrections
-from napari_finetune.model.checkpoint import load_checkpoint, save_checkpoint
-from napari_finetune.model.unet import UNet
+from napari_finetune.model.checkpoint import load_checkpoint
 from napari_finetune.trainer.loop import Finetuner
-from test_cli import CHANNELS, TRAIN_FAST, assert_one_line_error, make_store, run_cli
+from test_cli import TRAIN_FAST, assert_one_line_error, run_cli
 
 
 @pytest.fixture
-def setup(tmp_path):
-    """(painted store, starting checkpoint)."""
-    store = make_store(tmp_path / "vol.zarr")
-    corrections = np.zeros((16, 40, 40), np.uint8)
-    corrections[4, 5:15, 5:15] = 1
-    corrections[4, 20:25, 20:30] = 2
-    save_corrections(store, corrections)
-    model = UNet(dims=3, depth=2, features=4, out_channels=2)
-    return store, save_checkpoint(tmp_path / "model.pt", model, {"channel_names": CHANNELS})
+def setup(painted_store, checkpoint):
+    """(painted store, starting checkpoint): the shared fixtures of tests/conftest.py."""
+    return painted_store, checkpoint
 
 
 def _after_build(monkeypatch, hook):
