@@ -120,36 +120,47 @@ class ClusterRun:
 # ---- worker side: one model per process, loaded at its first task ----
 
 _LOCK = threading.Lock()  # a worker may run several task threads
+# One model and one job's predictor per process at a time: a new one replaces them.
+_MODELS: dict[tuple, Any] = {}
 _PREDICTORS: dict[tuple, Any] = {}
 _LOADS: Counter = Counter()
 
 
-def _predictor(task: RegionTask) -> Any:
-    """This process's RegionPredictor for ``task``'s job, the model loaded at most once."""
-    from napari_finetune.devices import resolve_device
-    from napari_finetune.io.volume import open_volume
+def _model(task: RegionTask, device: str) -> Any:
+    """The checkpoint's model on ``device``, loaded at this process's first task (caller
+    holds the lock)."""
     from napari_finetune.model.checkpoint import load_checkpoint
-    from napari_finetune.predict_regions import RegionPredictor
 
     spec = task.spec
-    key = (spec, task.trust, task.store, task.device)
-    with _LOCK:
-        predictor = _PREDICTORS.get(key)
-        if predictor is None:
-            if task.torch_threads:
-                import torch
+    key = (spec.checkpoint, spec.checkpoint_mtime_ns, spec.checkpoint_size, task.trust, device)
+    if key not in _MODELS:
+        _MODELS.clear()
+        if task.torch_threads:
+            import torch
 
-                torch.set_num_threads(task.torch_threads)
-            _PREDICTORS.clear()  # one job's model per worker: a new one replaces it
+            torch.set_num_threads(task.torch_threads)
+        model = load_checkpoint(spec.checkpoint, device=device, trust=list(task.trust)).model
+        _MODELS[key] = model.eval()
+        _LOADS[(spec.checkpoint, spec.checkpoint_mtime_ns)] += 1
+    return _MODELS[key]
+
+
+def _predictor(task: RegionTask) -> Any:
+    """This process's RegionPredictor for ``task``'s job."""
+    from napari_finetune.devices import resolve_device
+    from napari_finetune.io.volume import open_volume
+    from napari_finetune.predict_regions import RegionPredictor
+
+    key = (task.spec, task.trust, task.store, task.device)
+    with _LOCK:
+        if key not in _PREDICTORS:
+            _PREDICTORS.clear()
             device = resolve_device(task.device)
-            model = load_checkpoint(spec.checkpoint, device=device, trust=list(task.trust)).model
-            _LOADS[(spec.checkpoint, spec.checkpoint_mtime_ns)] += 1
             image = open_volume(task.store).data
-            predictor = RegionPredictor(
-                model.eval(), image, spec.low, spec.high, spec.halo, device
+            _PREDICTORS[key] = RegionPredictor(
+                _model(task, device), image, task.spec.low, task.spec.high, task.spec.halo, device
             )
-            _PREDICTORS[key] = predictor
-        return predictor
+        return _PREDICTORS[key]
 
 
 def model_loads() -> dict[str, int]:
