@@ -117,7 +117,8 @@ def test_no_two_regions_write_the_same_chunk(shape, block, chunks):
 def test_cluster_equals_in_process_and_loads_the_model_once_per_worker(
     tmp_path, client, checkpoint, reference
 ):
-    from napari_finetune.predict_distributed import model_loads, predict_on_cluster
+    from napari_finetune.predict_distributed import predict_on_cluster
+    from napari_finetune.predict_tasks import model_loads
 
     store = make_store(tmp_path / "vol.zarr", SHAPE)
     run = predict_on_cluster(checkpoint, store, client, config=CONFIG, torch_threads=1)
