@@ -195,13 +195,14 @@ def predict_on_cluster(
     mtime, size = checkpoint_version(path)
     names = tuple(f"{name_prefix}-{channel}" for channel in ckpt.channel_names)
     spec = JobSpec(str(path), mtime, size, names, shape, region_shape, tuple(halo), low, high)
-    folder, resumed = open_job(volume.path, name_prefix, spec, chunks)
+    store = volume.path.resolve()  # workers elsewhere have another working directory
+    folder, resumed = open_job(store, name_prefix, spec, chunks)
     done = done_regions(folder)
     if resumed and log is not None:
         log(f"resuming: {len(done)} of {len(regions)} regions already written, not recomputed")
     run = ClusterRun(list(names), len(regions), skipped=sorted(done))
     task = RegionTask(
-        spec, tuple(trust), str(volume.path), str(folder),
+        spec, tuple(trust), str(store), str(folder),
         (config or PredictConfig()).device, torch_threads,
     )
     token = uuid.uuid4().hex[:8]  # keys of this run only: a rerun never meets old results
@@ -220,5 +221,5 @@ def predict_on_cluster(
     except BaseException:
         client.cancel(futures)  # Ctrl-C or a failed task: the done markers stay
         raise
-    finish_job(volume.path, folder, names)
+    finish_job(store, folder, names)
     return run
