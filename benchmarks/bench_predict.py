@@ -249,7 +249,7 @@ def cluster_table(args: argparse.Namespace) -> None:
           f"load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     table, line = rows(checkpoint, shapes, volume)
     print_table(["workers", "volume", "regions", "s", "Mvox/s", "speedup",
-                 "peak MiB per worker"], table)
+                 "peak MiB per worker (+ over warm)"], table)
     print(line)
     load = os.getloadavg()
     print(f"load average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")

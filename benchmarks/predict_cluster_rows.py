@@ -6,7 +6,8 @@ store, then predicts an OME-Zarr store of the synthetic EM volume with
 ``predict_on_cluster`` (default PredictConfig, so each region is one
 64x128x128 output chunk plus halo). Reported: wall time of the whole job
 (regions, then the client's pyramid and swap), voxels/s, the speedup over one
-worker, and each worker process's peak resident memory (``ru_maxrss``).
+worker, and each worker process's peak resident memory (``ru_maxrss``) with,
+in brackets, how much it grew over the warmed-up worker (imports, model).
 """
 
 from __future__ import annotations
@@ -50,14 +51,16 @@ def one_case(checkpoint: str, workers: int, stores: list[Path], warm: Path) -> l
             # Small blocks: every worker gets a region, so each has loaded the model.
             warm_config = PredictConfig(block_shape=(16, 32, 32), device="cpu")
             predict_on_cluster(checkpoint, warm, client, "warm", warm_config, torch_threads=1)
+            # Imports, model and tiny blocks: what a worker holds before any real region.
+            base = client.run(_peak_rss_mib)
             for store in stores:
                 t = time.perf_counter()
                 run = predict_on_cluster(checkpoint, store, client, f"w{workers}", config,
                                          torch_threads=1)
                 seconds = time.perf_counter() - t
-                peaks = sorted(client.run(_peak_rss_mib).values())
+                peaks = client.run(_peak_rss_mib)
                 results.append({"store": store, "seconds": seconds, "regions": run.total,
-                                "peaks": peaks, "pids": len({p for _, p in run.computed})})
+                                "peaks": [(peaks[w], peaks[w] - base[w]) for w in sorted(peaks)]})
     finally:
         cluster.close()
     return results
@@ -78,9 +81,11 @@ def rows(checkpoint: str, shapes: list[tuple[int, int, int]], volume) -> tuple[l
                 out.append([
                     str(workers), "x".join(map(str, shape)), str(res["regions"]),
                     f"{res['seconds']:.1f}", f"{voxels / res['seconds'] / 1e6:.3f}",
-                    f"{speedup:.2f}", " / ".join(f"{p:.0f}" for p in res["peaks"]),
+                    f"{speedup:.2f}",
+                    " / ".join(f"{p:.0f} (+{extra:.0f})" for p, extra in res["peaks"]),
                 ])
-    per_worker = max(rate[(2, s)] for s in shapes) / 2
+    # A worker's rate: alone, or half of two (whichever the machine's load let be higher).
+    per_worker = max(max(rate[(1, s)], rate[(2, s)] / 2) for s in shapes)
     days = 1e12 / (100 * per_worker) / 86400
     line = (
         f"1 Tvoxel on 100 such workers: 1e12 / (100 x {per_worker / 1e6:.3f} Mvoxel/s per "
