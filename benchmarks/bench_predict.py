@@ -10,12 +10,17 @@ Prints two tables:
    UNet uses GroupNorm, so blocks are not bit-identical to one call);
 2. peak resident memory against volume size, each case in a fresh process
    reading a zarr array from disk and writing a zarr array: blockwise stays
-   flat, a single call grows with the volume.
+   flat, a single call grows with the volume;
+3. the prediction of an OME-Zarr store on dask.distributed, 1 against 2 local
+   worker processes of one thread each: voxels/s, speedup, peak memory per
+   worker, and what the measured per-worker rate means for 1 Tvoxel on 100
+   workers (``predict_cluster_rows.py``; ``--distributed`` runs only this).
 
 Usage::
 
     python benchmarks/bench_predict.py            # ~5 min on 2 CPU cores
     python benchmarks/bench_predict.py --quick    # ~1 min
+    python benchmarks/bench_predict.py --distributed   # table 3 only, ~2 min
 """
 
 from __future__ import annotations
@@ -213,6 +218,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smaller volumes")
     parser.add_argument("--checkpoint", help="model to use (default: the sample checkpoint)")
     parser.add_argument("--repeats", type=int, default=1, help="timings per setting (best)")
+    parser.add_argument("--distributed", action="store_true", help="only table 3")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -225,6 +231,32 @@ def main() -> None:
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
         f"torch {torch.__version__}, {torch.get_num_threads()} threads; model: {model_name}\n"
     )
+    if not args.distributed:
+        tables_1_and_2(model, args)
+    cluster_table(args)
+
+
+def cluster_table(args: argparse.Namespace) -> None:
+    """Table 3: 1 against 2 local dask workers, one thread each."""
+    from predict_cluster_rows import rows
+
+    from napari_finetune.samples.synthetic_em import sample_checkpoint_path
+
+    checkpoint = args.checkpoint or str(sample_checkpoint_path())
+    shapes = [(64, 256, 256)] if args.quick else [(64, 256, 256), (128, 256, 256)]
+    load = os.getloadavg()
+    print(f"dask.distributed LocalCluster, 1 task thread + 1 torch thread per worker; "
+          f"load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    table, line = rows(checkpoint, shapes, volume)
+    print_table(["workers", "volume", "regions", "s", "Mvox/s", "speedup",
+                 "peak MiB per worker (+ over warm)"], table)
+    print(line)
+    load = os.getloadavg()
+    print(f"load average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+
+
+def tables_1_and_2(model, args: argparse.Namespace) -> None:
+    """Tables 1 and 2 (in process)."""
     shape = (40, 192, 192) if args.quick else (64, 256, 256)
     print(f"Blockwise against one call, volume {shape}, best of {args.repeats}")
     print_table(

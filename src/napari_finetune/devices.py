@@ -8,6 +8,8 @@ each of them instead of torch's own assertion deep inside ``.to()``.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # torch is imported lazily: the CLI's --help must not load it
@@ -93,6 +95,26 @@ def model_device(model: torch.nn.Module) -> torch.device:
 
     param = next(iter(model.parameters()), None)
     return param.device if param is not None else torch.device("cpu")
+
+
+@contextmanager
+def on_device(model: torch.nn.Module, device: torch.device | str) -> Iterator[None]:
+    """Run the body with ``model`` on ``device``, and move it back home afterwards.
+
+    Nothing moves when the model is already there (the common case: one move
+    for a whole volume, not one per block).
+    """
+    import torch
+
+    home = model_device(model)
+    moved = torch.device(device) != home
+    if moved:
+        model.to(device)
+    try:
+        yield
+    finally:
+        if moved:
+            model.to(home)
 
 
 def check_model_fits_image(model: torch.nn.Module, shape: tuple[int, ...]) -> None:

@@ -19,17 +19,20 @@ also depends on its content: blockwise results differ slightly from one call
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from napari_finetune.config import PredictConfig
 from napari_finetune.data.normalization import missing_mask, normalize
-from napari_finetune.devices import check_model_fits_image, model_device, resolve_device
+from napari_finetune.devices import check_model_fits_image, on_device, resolve_device
+
+# The tiling lives in predict_tiling; these names stay importable from here.
+from napari_finetune.predict_tiling import axis_cores as axis_cores
+from napari_finetune.predict_tiling import block_grid
 
 Progress = Callable[[int, int], None]
 
@@ -66,10 +69,10 @@ def predict_block(model: Any, block: np.ndarray, device: str = "cpu") -> np.ndar
     Returns float32 probabilities of shape ``(C, *block.shape)``.
     """
     block = np.asarray(block, dtype=np.float32)
-    return _predict_batch(model, block[None], device)[0]
+    return predict_batch(model, block[None], device)[0]
 
 
-def _predict_batch(model: Any, blocks: np.ndarray, device: str) -> np.ndarray:
+def predict_batch(model: Any, blocks: np.ndarray, device: str) -> np.ndarray:
     """``(n, *spatial)`` normalised blocks -> ``(n, C, *spatial)`` probabilities."""
     import torch
 
@@ -80,75 +83,23 @@ def _predict_batch(model: Any, blocks: np.ndarray, device: str) -> np.ndarray:
     pad = [(0, 0)] + [(0, (-s) % m) for s, m in zip(spatial, multiple, strict=True)]
     if any(p[1] for p in pad):
         blocks = np.pad(blocks, pad, mode="reflect")
-    home = model_device(model)
     # Per module, not model.train(flag): a training model may hold parts kept in eval.
     modes = [(m, m.training) for m in model.modules()]
     try:
-        if torch.device(device) != home:
-            model.to(device)
-        model.eval()
-        with torch.no_grad():
-            x = torch.from_numpy(np.ascontiguousarray(blocks)).unsqueeze(1).to(device)
-            probs = torch.sigmoid(model(x).float())
-        crop = (slice(None), slice(None)) + tuple(slice(0, s) for s in spatial)
-        return probs[crop].cpu().numpy()
+        with on_device(model, device):
+            model.eval()
+            with torch.no_grad():
+                x = torch.from_numpy(np.ascontiguousarray(blocks)).unsqueeze(1).to(device)
+                probs = torch.sigmoid(model(x).float())
+            crop = (slice(None), slice(None)) + tuple(slice(0, s) for s in spatial)
+            return probs[crop].cpu().numpy()
     finally:
         for module, training in modes:
             module.training = training
-        if torch.device(device) != home:
-            model.to(home)
 
 
-def axis_cores(size: int, block: int, halo: int, multiple: int = 1) -> list[tuple[int, int]]:
-    """Cut one axis into cores whose reads (core + halo) stay within ``block + 2 * halo``.
-
-    Border blocks have a halo on one side only, so their cores may reach
-    ``block + halo``: the fewest blocks are used, interior cores are ``block``
-    and the two border cores share the rest (no thin leftover block that costs
-    a whole halo for a few voxels of output; an axis that fits is one block).
-    """
-    n = max(1, -(-(size - 2 * halo) // block))
-    if n == 1:
-        return [(0, size)]
-    rest = size - (n - 2) * block
-    first = max(1, rest // 2 // multiple * multiple) if rest // 2 >= multiple else rest // 2
-    edges = [0, first] + [first + k * block for k in range(1, n - 1)] + [size]
-    return list(zip(edges[:-1], edges[1:], strict=True))
-
-
-def block_grid(
-    shape: Sequence[int],
-    block_shape: Sequence[int],
-    halo: Sequence[int],
-    multiple: int | Sequence[int] = 1,
-) -> list[tuple[tuple[slice, ...], tuple[slice, ...], tuple[slice, ...]]]:
-    """Cut ``shape`` into blocks (see :func:`axis_cores`).
-
-    Returns
-    -------
-    list of (core, read, inner)
-        ``core``: the slices of the volume this block writes; ``read``: the
-        slices read (core + halo, clipped at the borders, widened to the
-        ``multiple`` grid, one int or one per axis, so pooling windows match a
-        one-shot call);
-        ``inner``: where the core lies inside the read block.
-    """
-    multiples = (multiple,) * len(shape) if isinstance(multiple, int) else tuple(multiple)
-    axes = []
-    for size, b, h, m in zip(shape, block_shape, halo, multiples, strict=True):
-        spans = []
-        for start, stop in axis_cores(size, b, h, m):
-            lo = max(0, start - h) // m * m
-            hi = min(size, lo + -(-(stop + h - lo) // m) * m)
-            spans.append((slice(start, stop), slice(lo, hi), slice(start - lo, stop - lo)))
-        axes.append(spans)
-    grid = []
-    for combo in itertools.product(*axes):
-        grid.append(tuple(tuple(part[i] for part in combo) for i in range(3)))
-    return grid
-
-
-def _spatial_config(config: PredictConfig, ndim: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def spatial_config(config: PredictConfig, ndim: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(block_shape, halo) of ``config`` for an image of ``ndim`` spatial axes."""
     # A 3-axis config used on a 2D image keeps its last (YX) axes.
     if len(config.block_shape) < ndim:
         raise ValueError(
@@ -172,7 +123,7 @@ def _as_target(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return values.astype(dtype, copy=False)
 
 
-def _write(out: Any, core: tuple[slice, ...], probs: np.ndarray) -> None:
+def write_probs(out: Any, core: tuple[slice, ...], probs: np.ndarray) -> None:
     """Write ``(C, *core)`` probabilities into one array or per-channel arrays."""
     if isinstance(out, (list, tuple)):
         for target, channel in zip(out, probs, strict=True):
@@ -213,27 +164,25 @@ def predict_volume(
     config = config or PredictConfig()
     shape = tuple(int(s) for s in image.shape)
     check_model_fits_image(model, shape)
-    block_shape, halo = _spatial_config(config, len(shape))
+    block_shape, halo = spatial_config(config, len(shape))
     device = resolve_device(config.device)
     low, high = normalization_range
     grid = block_grid(shape, block_shape, halo, spatial_multiple(model, len(shape)))
     if out is None:
         out = np.zeros((out_channels(model, len(shape)), *shape), dtype=np.float32)
 
-    home = model_device(model)
-    model.to(device)  # once for the whole volume, not per block
-    try:
+    with on_device(model, device):  # once for the whole volume, not per block
         pending: list[tuple[tuple[slice, ...], tuple[slice, ...], np.ndarray, Any]] = []
         done = 0
 
         def flush() -> None:
             nonlocal done
-            probs = _predict_batch(model, np.stack([p[2] for p in pending]), device)
+            probs = predict_batch(model, np.stack([p[2] for p in pending]), device)
             for (core, inner, _, missing), block_probs in zip(pending, probs, strict=True):
                 core_probs = block_probs[(slice(None),) + inner]
                 if missing is not None:
                     core_probs[:, missing[inner]] = 0.0  # no image value: background
-                _write(out, core, core_probs)
+                write_probs(out, core, core_probs)
             done += len(pending)
             pending.clear()
             if progress is not None:
@@ -249,8 +198,6 @@ def predict_volume(
                 flush()
         if pending:
             flush()
-    finally:
-        model.to(home)
     return out
 
 

@@ -12,7 +12,6 @@ kept for the regions that follow.
 from __future__ import annotations
 
 import gc
-import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,7 +19,11 @@ import numpy as np
 
 from napari_finetune.data.normalization import normalize
 from napari_finetune.devices import empty_device_cache
-from napari_finetune.predict import _predict_batch, spatial_multiple
+from napari_finetune.predict import predict_batch, spatial_multiple
+
+# The tiling lives in predict_tiling; these names stay importable from here.
+from napari_finetune.predict_tiling import read_span, region_grid
+from napari_finetune.predict_tiling import smaller_block as smaller_block
 
 Log = Callable[[str], None]
 
@@ -29,40 +32,8 @@ class PredictOutOfMemoryError(MemoryError):
     """Out of memory even at the smallest block; the message says what was tried."""
 
 
-def _span(start: int, stop: int, size: int, halo: int, multiple: int) -> tuple[slice, slice]:
-    """(read, inner) of one axis: core plus halo, clipped, on the pooling grid."""
-    lo = max(0, start - halo) // multiple * multiple
-    hi = min(size, lo + -(-(stop + halo - lo) // multiple) * multiple)
-    return slice(lo, hi), slice(start - lo, stop - lo)
-
-
-def region_grid(
-    shape: Sequence[int], block: Sequence[int], origin: Sequence[int] | None = None,
-    stop: Sequence[int] | None = None,
-) -> list[tuple[slice, ...]]:
-    """Cores of ``block`` from ``origin`` (default 0) to ``stop`` (default ``shape``)."""
-    origin = origin or [0] * len(shape)
-    stop = stop or list(shape)
-    axes = [
-        [slice(a, min(a + b, e)) for a in range(o, e, b)]
-        for o, e, b in zip(origin, stop, block, strict=True)
-    ]
-    return [tuple(c) for c in itertools.product(*axes)]
-
-
 def _fmt(shape: Sequence[int]) -> str:
     return "x".join(str(int(s)) for s in shape)
-
-
-def smaller_block(block: Sequence[int], multiple: int | Sequence[int]) -> tuple[int, ...] | None:
-    """Halve the largest axes (not below ``multiple``, one int or one per axis); None when
-    nothing shrinks."""
-    multiples = (multiple,) * len(block) if isinstance(multiple, int) else tuple(multiple)
-    top = max(block)
-    new = tuple(
-        max(m, -(-b // 2)) if b == top else b for b, m in zip(block, multiples, strict=True)
-    )
-    return None if new == tuple(block) else new
 
 
 class RegionPredictor:
@@ -109,13 +80,13 @@ class RegionPredictor:
         stops = [c.stop for c in core]
         for tile in region_grid(self.shape, block, starts, stops):
             spans = [
-                _span(t.start, t.stop, s, h, m)
+                read_span(t.start, t.stop, s, h, m)
                 for t, s, h, m in zip(tile, self.shape, self.halo, self.multiple, strict=True)
             ]
             read = tuple(r for r, _ in spans)
             inner = tuple(i for _, i in spans)
             block_in = normalize(np.asarray(self.image[read]), self.low, self.high)
-            probs = _predict_batch(self.model, block_in[None], self.device)[0]
+            probs = predict_batch(self.model, block_in[None], self.device)[0]
             if out is None:
                 out = np.empty((probs.shape[0], *sizes), np.float32)
             where = tuple(

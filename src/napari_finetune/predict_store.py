@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from napari_finetune.config import PredictConfig
-from napari_finetune.devices import check_model_fits_image, model_device, resolve_device
-from napari_finetune.predict import Progress, _spatial_config, _write
+from napari_finetune.devices import check_model_fits_image, on_device, resolve_device
+from napari_finetune.predict import Progress, spatial_config, write_probs
 from napari_finetune.predict_regions import Log, RegionPredictor, region_grid
 
 
@@ -82,7 +82,7 @@ def predict_to_omezarr(
     image = volume.data
     config = config or PredictConfig()
     check_model_fits_image(ckpt.model, tuple(image.shape))
-    block_shape, halo = _spatial_config(config, image.ndim)
+    block_shape, halo = spatial_config(config, image.ndim)
     chunks = tuple(min(b, s) for b, s in zip(block_shape, image.shape, strict=True))
     names = [f"{name_prefix}-{channel}" for channel in ckpt.channel_names]
     low, high = intensity_range(image, ckpt.normalization)
@@ -118,13 +118,9 @@ def _predict_regions(
     progress: Callable[[int, int], None] | None,
     log: Log | None,
 ) -> None:
-    home = model_device(model)
-    model.to(device)  # once for the whole volume, not per region
-    try:
+    with on_device(model, device):  # once for the whole volume, not per region
         predictor = RegionPredictor(model, image, *low_high, halo, device, log)
         for done, core in enumerate(regions, start=1):
-            _write(targets, core, predictor(core))
+            write_probs(targets, core, predictor(core))
             if progress is not None:
                 progress(done, len(regions))
-    finally:
-        model.to(home)

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from napari_finetune.cli import bioimageio_export
+from napari_finetune.cli import bioimageio_export, predict_cluster
 from napari_finetune.cli.options import (
     add_config_options,
     add_predict_options,
@@ -62,6 +62,7 @@ def register(sub: Any) -> None:
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     add_trust_option(p)
     add_predict_options(p)
+    predict_cluster.add_options(p)
     p.set_defaults(func=predict)
 
     p = sub.add_parser(
@@ -171,6 +172,9 @@ def predict(args: argparse.Namespace) -> int:
     from napari_finetune.predict_regions import PredictOutOfMemoryError
 
     config = config_from_args(PredictConfig, args)
+    if predict_cluster.wanted(args):  # the default stays in process, below
+        _say_missing(open_volume(args.volume))
+        return predict_cluster.run(args, config)
     ckpt = load_checkpoint(args.checkpoint, trust=args.trust_factory)
     _say_missing(open_volume(args.volume))
     bars: list = []  # made at the first block, so an early error prints no empty bar

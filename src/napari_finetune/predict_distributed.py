@@ -1,0 +1,225 @@
+"""Predict a whole OME-Zarr store on dask.distributed: one task per output region.
+
+The client (:func:`predict_on_cluster`) cuts level 0 into regions that are a
+whole number of the labels' output chunks
+(:func:`~napari_finetune.predict_tiling.chunk_aligned_block`), so no two
+tasks ever write the same chunk and the workers need no lock. Each task
+(:func:`predict_region`) reads its region plus halo lazily from the store,
+predicts it with :class:`~napari_finetune.predict_regions.RegionPredictor`
+(the in-process path's code, OOM step-down included), writes the uint8
+decisions straight into the job's labels arrays, and only then marks the
+region done (:mod:`napari_finetune.predict_job`). A rerun skips marked
+regions; a worker that dies mid-task has written no marker, and the scheduler
+runs its task again elsewhere (same input, same code: the same result).
+
+The model never travels with a task: a task carries the checkpoint's path and
+version, and each worker process loads it once and keeps it
+(:mod:`napari_finetune.predict_tasks`). Workers therefore need the
+store and the checkpoint at the same paths (a shared file system on a cluster).
+
+When every region is done, the client fills the smaller levels and swaps the
+labels images into the store (:func:`~napari_finetune.predict_job.finish_job`):
+until then nothing new is listed in ``labels``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from napari_finetune.config import PredictConfig
+from napari_finetune.predict import Progress, spatial_config
+from napari_finetune.predict_job import (
+    JobSpec,
+    checkpoint_version,
+    done_regions,
+    finish_job,
+    open_job,
+)
+from napari_finetune.predict_tasks import RegionTask, predict_region
+from napari_finetune.predict_tiling import chunk_aligned_block, region_grid
+
+if TYPE_CHECKING:
+    from distributed import Client, LocalCluster
+
+MISSING_DISTRIBUTED = (
+    "--workers and --scheduler need dask.distributed: pip install 'napari-finetune[distributed]'"
+)
+
+
+class DistributedUnavailableError(ImportError):
+    """dask.distributed is not installed; the message says how to get it."""
+
+
+def require_distributed() -> None:
+    """Raise :class:`DistributedUnavailableError` (one line) when distributed is missing."""
+    try:
+        import distributed  # noqa: F401
+    except ImportError:
+        raise DistributedUnavailableError(MISSING_DISTRIBUTED) from None
+
+
+@dataclass
+class ClusterRun:
+    """What :func:`predict_on_cluster` did.
+
+    Attributes
+    ----------
+    names : list of str
+        Labels images written (``labels/<name>``).
+    total : int
+        Regions in the volume.
+    skipped : list of int
+        Regions found done by an earlier run, not computed again.
+    computed : list of (int, int)
+        (region index, worker process id) of each region computed by this run.
+    """
+
+    names: list[str]
+    total: int
+    skipped: list[int] = field(default_factory=list)
+    computed: list[tuple[int, int]] = field(default_factory=list)
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def local_cluster(workers: int, dashboard_address: str = ":8787") -> tuple[LocalCluster, int]:
+    """A LocalCluster of ``workers`` processes (one task thread each) and the torch threads
+    each should use, so that workers x threads <= this machine's cores.
+
+    Raises ValueError for ``workers < 1``, :class:`DistributedUnavailableError`
+    without dask.distributed.
+    """
+    if workers < 1:
+        raise ValueError(f"--workers must be at least 1, got {workers}.")
+    require_distributed()
+    from distributed import LocalCluster
+
+    threads = max(1, usable_cores() // workers)
+    cluster = LocalCluster(
+        n_workers=workers,
+        threads_per_worker=1,
+        processes=True,
+        silence_logs=logging.ERROR,
+        dashboard_address=dashboard_address,
+    )
+    return cluster, threads
+
+
+def plan_regions(
+    shape: Sequence[int], block: Sequence[int]
+) -> tuple[tuple[int, ...], tuple[int, ...], list[tuple[slice, ...]]]:
+    """(output chunks, region shape, regions) for a level 0 of ``shape`` and ``block``.
+
+    The chunks are those the labels arrays get (the block clipped to the
+    volume, split by :func:`~napari_finetune.io.pyramid.bounded_chunks` when
+    huge); each region is a whole number of them, so each chunk lies in
+    exactly one region.
+    """
+    from napari_finetune.io.pyramid import bounded_chunks
+
+    clipped = tuple(min(int(b), int(s)) for b, s in zip(block, shape, strict=True))
+    chunks = bounded_chunks(clipped)
+    region_shape = chunk_aligned_block(clipped, chunks)
+    return chunks, region_shape, region_grid(tuple(shape), region_shape)
+
+
+def predict_on_cluster(
+    checkpoint: str | os.PathLike,
+    store_path: str | os.PathLike,
+    client: Client,
+    name_prefix: str = "prediction",
+    config: PredictConfig | None = None,
+    trust: Sequence[str] = (),
+    torch_threads: int | None = None,
+    progress: Progress | None = None,
+    log: Callable[[str], None] | None = None,
+) -> ClusterRun:
+    """Predict an OME-Zarr store region by region on the cluster of ``client``.
+
+    Writes what :func:`~napari_finetune.predict_store.predict_to_omezarr`
+    writes (one uint8 labels image per channel, every level), and resumes a
+    job that a killed run of the same command left (module doc).
+
+    Parameters
+    ----------
+    checkpoint : path-like
+        The model file; workers load it from this path.
+    store_path : path-like
+        The OME-Zarr store; its level 0 is predicted.
+    client : distributed.Client
+        Connected to the scheduler whose workers do the work.
+    name_prefix : str
+        Label names are ``<name_prefix>-<channel>``.
+    config : PredictConfig, optional
+        Block (= output chunk; regions are whole chunks), halo and device.
+    trust : sequence of str
+        Factories trusted beyond the allow-list.
+    torch_threads : int, optional
+        torch threads per worker process (None: leave the workers' setting).
+    progress : callable, optional
+        ``progress(done, total)`` as regions complete (skipped ones count as done).
+    log : callable, optional
+        Receives a line when an earlier job is resumed.
+
+    Returns a :class:`ClusterRun`. A task's error (e.g. out of memory at the
+    smallest block) is raised here, after cancelling the other tasks.
+    """
+    require_distributed()
+    from distributed import as_completed
+
+    from napari_finetune.data.normalization import intensity_range
+    from napari_finetune.devices import check_model_fits_image
+    from napari_finetune.io.volume import open_volume
+    from napari_finetune.model.checkpoint import load_checkpoint
+
+    path = Path(checkpoint).resolve()
+    ckpt = load_checkpoint(path, trust=list(trust))  # here: names, range, a clear error early
+    volume = open_volume(Path(store_path))
+    image = volume.data
+    shape = tuple(int(s) for s in image.shape)
+    check_model_fits_image(ckpt.model, shape)
+    block, halo = spatial_config(config or PredictConfig(), len(shape))
+    chunks, region_shape, regions = plan_regions(shape, block)
+    low, high = intensity_range(image, ckpt.normalization)
+    mtime, size = checkpoint_version(path)
+    names = tuple(f"{name_prefix}-{channel}" for channel in ckpt.channel_names)
+    spec = JobSpec(str(path), mtime, size, names, shape, region_shape, tuple(halo), low, high)
+    store = volume.path.resolve()  # workers elsewhere have another working directory
+    folder, resumed = open_job(store, name_prefix, spec, chunks)
+    done = done_regions(folder)
+    if resumed and log is not None:
+        log(f"resuming: {len(done)} of {len(regions)} regions already written, not recomputed")
+    run = ClusterRun(list(names), len(regions), skipped=sorted(done))
+    task = RegionTask(
+        spec, tuple(trust), str(store), str(folder),
+        (config or PredictConfig()).device, torch_threads,
+    )
+    token = uuid.uuid4().hex[:8]  # keys of this run only: a rerun never meets old results
+    futures = [
+        client.submit(predict_region, task, i, core, key=f"nf-region-{token}-{i}", pure=False)
+        for i, core in enumerate(regions)
+        if i not in done
+    ]
+    if progress is not None:
+        progress(len(done), len(regions))
+    try:
+        for future in as_completed(futures):
+            run.computed.append(future.result())  # re-raises the task's error
+            if progress is not None:
+                progress(len(done) + len(run.computed), len(regions))
+    except BaseException:
+        client.cancel(futures)  # Ctrl-C or a failed task: the done markers stay
+        raise
+    finish_job(store, folder, names)
+    return run

@@ -1,0 +1,121 @@
+"""The worker side of :mod:`napari_finetune.predict_distributed`: one region per task.
+
+A task carries a :class:`RegionTask` (paths, the job's spec: a few hundred
+bytes) and a region; the model never travels with it. Each worker process
+loads the checkpoint at its first task and keeps it, keyed by path, mtime,
+size, trust and device (one model and one job at a time per process: a new
+one replaces them), so a worker loads a model once per job, not once per task.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from napari_finetune.predict import write_probs
+from napari_finetune.predict_job import JobSpec, labels_array_path, mark_done
+
+
+@dataclass(frozen=True)
+class RegionTask:
+    """What a worker needs for any region of one job (small: sent with every task).
+
+    Attributes
+    ----------
+    spec : JobSpec
+        The job (checkpoint path and version, shapes, halo, range, names).
+    trust : tuple of str
+        Model factories trusted beyond the allow-list (``--trust-factory``).
+    store : str
+        The image group, as the workers see it.
+    folder : str
+        The job folder (labels arrays and done markers).
+    device : str
+        ``PredictConfig.device``, resolved on each worker.
+    torch_threads : int or None
+        Threads torch uses in each worker process; None leaves torch's default.
+    """
+
+    spec: JobSpec
+    trust: tuple[str, ...]
+    store: str
+    folder: str
+    device: str
+    torch_threads: int | None
+
+
+_LOCK = threading.Lock()  # a worker may run several task threads
+# One model and one job's predictor per process at a time: a new one replaces them.
+_MODELS: dict[tuple, Any] = {}
+_PREDICTORS: dict[tuple, Any] = {}
+_LOADS: Counter = Counter()
+
+
+def _model(task: RegionTask, device: str) -> Any:
+    """The checkpoint's model on ``device``, loaded at this process's first task (caller
+    holds the lock)."""
+    from napari_finetune.model.checkpoint import load_checkpoint
+
+    spec = task.spec
+    key = (spec.checkpoint, spec.checkpoint_mtime_ns, spec.checkpoint_size, task.trust, device)
+    if key not in _MODELS:
+        _MODELS.clear()
+        if task.torch_threads:
+            import torch
+
+            torch.set_num_threads(task.torch_threads)
+        model = load_checkpoint(spec.checkpoint, device=device, trust=list(task.trust)).model
+        _MODELS[key] = model.eval()
+        _LOADS[(spec.checkpoint, spec.checkpoint_mtime_ns)] += 1
+    return _MODELS[key]
+
+
+def _predictor(task: RegionTask) -> Any:
+    """This process's RegionPredictor for ``task``'s job."""
+    from napari_finetune.devices import resolve_device
+    from napari_finetune.io.volume import open_volume
+    from napari_finetune.predict_regions import RegionPredictor
+
+    key = (task.spec, task.trust, task.store, task.device)
+    with _LOCK:
+        if key not in _PREDICTORS:
+            _PREDICTORS.clear()
+            device = resolve_device(task.device)
+            image = open_volume(task.store).data
+            _PREDICTORS[key] = RegionPredictor(
+                _model(task, device), image, task.spec.low, task.spec.high, task.spec.halo, device
+            )
+        return _PREDICTORS[key]
+
+
+def model_loads() -> dict[str, int]:
+    """How many times this process loaded each checkpoint (``path@mtime_ns``: count)."""
+    with _LOCK:
+        return {f"{path}@{mtime}": n for (path, mtime), n in _LOADS.items()}
+
+
+def predict_region(task: RegionTask, index: int, core: tuple[slice, ...]) -> tuple[int, int]:
+    """Compute region ``index`` (its ``core`` slices), write it, then mark it done.
+
+    Returns (index, this worker's process id).
+    """
+    import dask
+    import zarr
+
+    predictor = _predictor(task)
+    # The image is a dask array: read it here, not as new tasks on the cluster
+    # this task runs on (a one-thread worker would wait on itself).
+    with dask.config.set(scheduler="synchronous"):
+        probs = predictor(core)
+    folder = Path(task.folder)
+    targets = [
+        zarr.open_array(str(labels_array_path(folder, name)), mode="r+")
+        for name in task.spec.names
+    ]
+    write_probs(targets, core, probs)
+    mark_done(folder, index)  # after the chunks: a marked region is always complete
+    return index, os.getpid()
