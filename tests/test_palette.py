@@ -59,7 +59,7 @@ def test_corrections_in_the_store_have_the_palette_colours(tmp_path: Path):
 
     store = tmp_path / "s.ome.zarr"
     root = zarr.group(store=parse_url(str(store), mode="w", fmt=FormatV05()).store)
-    write_image(np.zeros((4, 16, 16), np.uint8), root, axes="zyx", scale_factors=[])
+    write_image(np.zeros((4, 16, 16), np.uint8), root, axes="zyx", scaler=None)
     corrections = np.zeros((4, 16, 16), np.uint8)
     corrections[0, 0, :3] = [1, 2, 3]
     save_corrections(store, corrections, channel_names=["membrane", "mitochondria"])
