@@ -10,9 +10,11 @@ cases run the real command in a subprocess.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -111,7 +113,8 @@ def _train_process(out, store, ckpt, steps="500"):
             steps,
             "--mode",
             "full",
-            *TRAIN_FAST,
+            # Not quiet: the tests wait on the step bar.
+            *(arg for arg in TRAIN_FAST if arg != "-q"),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -120,12 +123,37 @@ def _train_process(out, store, ckpt, steps="500"):
     )
 
 
-def _wait_for_steps(proc, n=2):
-    """Read stdout until the run has applied ``n`` steps (status lines print each change)."""
-    for line in proc.stdout:
-        if line.startswith("[probe"):
-            break
-    time.sleep(0.3 * n)
+class _Stderr:
+    """Collects a process's stderr in a thread, so a test can wait on the step bar."""
+
+    def __init__(self, proc):
+        self.text = ""
+        self._thread = threading.Thread(target=self._read, args=(proc.stderr,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream):
+        # os.read returns what is there; a text stream's read(n) may wait for a full buffer.
+        while chunk := os.read(stream.fileno(), 4096):
+            self.text += chunk.decode(errors="replace")
+
+    def steps(self) -> int:
+        """The largest step count the tqdm bar has shown (``"  3/500"``)."""
+        return max((int(n) for n in re.findall(r"(\d+)/500", self.text)), default=0)
+
+    def rest(self) -> str:
+        self._thread.join(timeout=30)
+        return self.text
+
+
+def _wait_for_steps(proc, n=2, timeout=120.0):
+    """Wait until the run's bar shows ``n`` applied steps (not a guessed time: under load
+    a step can take seconds, and a signal before step 1 leaves nothing to export)."""
+    err = _Stderr(proc)
+    deadline = time.monotonic() + timeout
+    while err.steps() < n and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert err.steps() >= n, f"the run showed {err.steps()} steps: {err.text[-2000:]}"
+    return err
 
 
 @pytest.mark.parametrize(
@@ -135,9 +163,10 @@ def test_sigterm_and_sighup_stop_and_export_like_ctrl_c(tmp_path, setup, signum,
     out = tmp_path / "tuned.pt"
     proc = _train_process(out, *setup)
     try:
-        _wait_for_steps(proc)
+        err = _wait_for_steps(proc)
         proc.send_signal(signum)
-        stdout, stderr = proc.communicate(timeout=120)
+        stdout, _ = proc.communicate(timeout=120)
+        stderr = err.rest()
     finally:
         proc.kill()
     assert proc.returncode == 128 + signum, stderr
@@ -153,11 +182,12 @@ def test_ctrl_c_storm_never_leaves_a_traceback_or_half_file(tmp_path, setup):
     out = tmp_path / "tuned.pt"
     proc = _train_process(out, *setup)
     try:
-        _wait_for_steps(proc)
+        err = _wait_for_steps(proc)
         while proc.poll() is None:
             proc.send_signal(signal.SIGINT)
             time.sleep(0.02)
-        stdout, stderr = proc.communicate(timeout=60)
+        stdout, _ = proc.communicate(timeout=60)
+        stderr = err.rest()
     finally:
         proc.kill()
     assert proc.returncode == 130, stderr
