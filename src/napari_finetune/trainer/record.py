@@ -37,7 +37,8 @@ def run_record(trainer: Finetuner) -> dict[str, Any]:
         "fell_back_to_fp32": bool(trainer.precision.fell_back),
         "batch_size": int(state.batch_size),
         "accumulation": int(state.accumulation),
-        "samples_per_step": int(state.samples_per_step),
+        "samples_per_step": int(state.samples_per_step),  # of one rank
+        "samples_per_step_all_ranks": int(state.samples_per_step * trainer.sync.world_size),
         "distillation": state.distillation_switch,
         "hold_other_channels": state.hold_switch,
         "dropped_at_step": state.dropped_at_step,
