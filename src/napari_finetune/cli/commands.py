@@ -129,7 +129,7 @@ def add_trust_option(parser: argparse.ArgumentParser) -> None:
 def train(args: argparse.Namespace) -> int:
     """Fine-tune on the corrections of a store and export; Ctrl-C stops and exports."""
     world_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    if args.nproc is not None and world_size == 1:  # not yet under torchrun: start it
+    if args.nproc is not None and args.nproc != 1 and world_size == 1:  # start torchrun
         return multi.launch(args.nproc, args.argv)
     from napari_finetune.io.omezarr import load_corrections, open_volume
     from napari_finetune.model.checkpoint import load_checkpoint
