@@ -110,7 +110,8 @@ def run_rank(
     from napari_finetune.devices import resolve_device
     from napari_finetune.trainer import distributed
 
-    device = distributed.rank_device(str(resolve_device(config.device)))
+    # cuda -> cuda:LOCAL_RANK, checked to exist (one line naming the GPUs there are).
+    device = resolve_device(distributed.rank_device(resolve_device(config.device)))
     config = dataclasses.replace(config, device=device)
     sync = distributed.start(torch.device(device).type, args.collective_timeout)
     outcome = run_finetune(
