@@ -7,6 +7,7 @@ injects the scenario's fault on one rank, and writes ``OUT/rank-N.pt``: the
 final weights, the events and the run record.
 
 Scenarios: ``plain``; ``oom`` (rank 1 alone runs out of memory in step 3);
+``oom-after-step`` (rank 1 alone runs out of memory after its optimizer step 3);
 ``nan`` (rank 0 alone gets a NaN under bf16 autocast, from the precision probe on).
 """
 
@@ -50,6 +51,9 @@ def main(out: Path, scenario: str) -> None:
         after_step_2 = status.kind == "step" and status.step == 2
         if after_step_2 and scenario == "oom" and sync.rank == 1:
             testing.oom_above_batch(trainer.model, 1, times=1)
+        if after_step_2 and scenario == "oom-after-step" and sync.rank == 1:
+            # The worst case: rank 1's update applied, then out of memory; rank 0's fine.
+            faults.append(testing.oom_in_optimizer_step(trainer.optimizer, after=True))
 
     torch.save(
         {"weights": trainer.model.state_dict(), "events": events, "record": run_record(trainer),

@@ -22,9 +22,12 @@ import pytest
 import torch
 from engine_setup import make_trainer
 
+from napari_finetune import testing
 from napari_finetune.trainer.build import make_sampler
 from napari_finetune.trainer.distributed import per_rank_config
 from napari_finetune.trainer.retry import optimizer_step
+from napari_finetune.trainer.start import choose_micro_batch
+from napari_finetune.trainer.sync import LocalSync
 
 HERE = Path(__file__).parent
 WAIT_S = 120  # far above a 5-step run of the tiny set-up (about 10 s here)
@@ -125,6 +128,36 @@ def test_an_oom_on_one_rank_steps_every_rank_down_together(tmp_path, plain):
     # Cut 1 + 1 instead of 2, the same samples: the same weights as the run without OOM.
     for key, value in ranks[0]["weights"].items():
         torch.testing.assert_close(value, plain[0]["weights"][key], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_an_oom_after_one_ranks_optimizer_step_is_undone_on_every_rank(tmp_path, plain):
+    ranks = run_ranks(tmp_path, "oom-after-step")
+    assert ranks[1]["fired"] == 1 and ranks[0]["fired"] == 0
+    _same_weights(ranks[0]["weights"], ranks[1]["weights"])
+    for rank in ranks:
+        assert _steps(rank["events"]) == [1, 2, 3, 4, 5]
+    # Rank 0's applied update was put back too: step 3 counted once on both.
+    for key, value in ranks[0]["weights"].items():
+        torch.testing.assert_close(value, plain[0]["weights"][key], rtol=1e-4, atol=1e-6)
+
+
+class _AnotherRankChoseOne(LocalSync):
+    """This process alone, answering as if another rank's autobatch chose batch 1."""
+
+    def smallest(self, value: int) -> int:
+        return min(value, 1)
+
+
+def test_autobatch_takes_the_smallest_micro_batch_of_the_ranks():
+    trainer = make_trainer(batch_size=8, autobatch=True, sync=_AnotherRankChoseOne())
+    trainer.build()
+    with testing.MemoryBudget(10**9) as budget:
+        trainer.memory_info = budget
+        status = choose_micro_batch(trainer)
+    assert trainer.autobatch_decision.applied and trainer.autobatch_decision.batch_size > 1
+    assert (trainer.batch_size, trainer.accumulation) == (1, 8)
+    assert status.message.endswith("micro-batch 1 × 8, the smallest of the ranks")
 
 
 @pytest.mark.slow
