@@ -94,7 +94,9 @@ class Finetuner(RunSetup):
                     return
                 images, labels = self.feed.next(self.samples_per_step)
                 yield from optimizer_step(self, images, labels)
-                if self.validator.early_stop():
+                # Agreed, so no rank waits for one that stopped (GPU kernels may
+                # score the held-out voxels a hair differently per rank).
+                if self.sync.any(bool(self.validator.early_stop())):
                     break
             self.feed.close()
             early = self.validator.early_stop()
