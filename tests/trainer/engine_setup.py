@@ -26,7 +26,7 @@ def volume(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 
 
 def make_trainer(
-    norm: str = "group", dims: int = 3, model=None, metadata=None, **overrides
+    norm: str = "group", dims: int = 3, model=None, metadata=None, sync=None, **overrides
 ) -> Finetuner:
     """A Finetuner on a depth-2, 4-feature UNet; ``overrides`` go to FinetuneConfig."""
     import torch
@@ -54,7 +54,8 @@ def make_trainer(
         validation_fraction=0.0,
     )
     settings.update(overrides)
-    return Finetuner(model, image, corrections, FinetuneConfig(**settings), metadata=metadata)
+    config = FinetuneConfig(**settings)
+    return Finetuner(model, image, corrections, config, metadata=metadata, sync=sync)
 
 
 def count_calls(optimizer) -> list[int]:

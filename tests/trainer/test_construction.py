@@ -39,10 +39,10 @@ def test_previous_run_is_resumed_only_on_the_same_device_type():
     run = {"degraded": {"device_type": "cuda", "batch_size": 1, "fell_back_to_fp32": True,
                         "distillation_dropped": True}}
     trainer = make_trainer(batch_size=4)
-    assert apply_previous_run(trainer, run) == ""
+    assert apply_previous_run(trainer.state, trainer.precision, trainer.config, run) == ""
     assert trainer.batch_size == 4 and trainer.distillation == 0.5
     run["degraded"]["device_type"] = "cpu"
-    message = apply_previous_run(trainer, run)
+    message = apply_previous_run(trainer.state, trainer.precision, trainer.config, run)
     assert message.startswith("resumed the previous run's degraded state: batch 1")
     assert (trainer.batch_size, trainer.accumulation) == (1, 4)
     assert trainer.distillation == 0.0 and trainer.dropped_at_step == 0
@@ -68,5 +68,5 @@ def test_with_autobatch_a_previous_batch_is_not_resumed():
     run = {"degraded": {"device_type": "cpu", "batch_size": 1, "fell_back_to_fp32": False,
                         "distillation_dropped": False}}
     trainer = make_trainer(batch_size=4, autobatch=True)
-    assert apply_previous_run(trainer, run) == ""
+    assert apply_previous_run(trainer.state, trainer.precision, trainer.config, run) == ""
     assert (trainer.batch_size, trainer.accumulation) == (4, 1)

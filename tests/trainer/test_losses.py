@@ -75,7 +75,9 @@ def test_split_sizes():
 
 def _grads(trainer, images, labels, sizes):
     trainer.model.zero_grad(set_to_none=True)
-    loss = accumulate_gradients(trainer, images, labels, micro_batches=sizes)
+    loss = accumulate_gradients(
+        trainer.parts, trainer.state, images, labels, micro_batches=sizes
+    )
     return loss.item(), [p.grad.clone() for p in trainer.model.parameters()]
 
 

@@ -20,6 +20,8 @@ from napari_finetune.trainer.recovery import (
     probe_precision,
     survive_oom,
 )
+from napari_finetune.trainer.run_state import RunState, TrainingParts
+from napari_finetune.trainer.teacher import FrozenCopyTeacher
 
 
 @pytest.mark.parametrize(
@@ -108,28 +110,26 @@ def test_gradients_finite():
     assert not Precision.gradients_finite(model)
 
 
-class _Holder:
-    def __init__(self, batch, accumulation):
-        self.batch_size, self.accumulation = batch, accumulation
-        self.samples_per_step = batch * accumulation
-        self.teacher = object()
-        self.distillation, self.hold_other_channels = 0.5, True
-        self.optimizer = None
-        self.model = torch.nn.Linear(2, 2)
-        self.precision = Precision("cpu", False)
-        self.device = "cpu"
-        self.recovery_log = []
-        self.dropped_at_step = None
-        self.steps_done = 6
+def _state(batch, accumulation):
+    state = RunState(batch, accumulation, batch * accumulation, 0.5, True, True, True)
+    state.teacher = FrozenCopyTeacher(torch.nn.Linear(2, 2))
+    state.steps_done = 6
+    return state
+
+
+def _parts():
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    return TrainingParts(model, optimizer, Precision("cpu", False), torch.ones(2, dtype=bool), [])
 
 
 def test_halve_batch_keeps_samples_per_step():
-    h = _Holder(8, 1)
+    h = _state(8, 1)
     pairs = []
     while halve_batch(h):
         pairs.append((h.batch_size, h.accumulation))
     assert pairs == [(4, 2), (2, 4), (1, 8)]
-    odd = _Holder(5, 1)
+    odd = _state(5, 1)
     pairs = []
     while halve_batch(odd):
         pairs.append((odd.batch_size, odd.accumulation))
@@ -137,17 +137,18 @@ def test_halve_batch_keeps_samples_per_step():
 
 
 def test_survive_oom_halves_then_drops_the_teacher_then_gives_up():
-    h = _Holder(2, 2)
-    h.model(torch.ones(1, 2)).sum().backward()
-    assert survive_oom(h, epoch=1)
+    h, parts = _state(2, 2), _parts()
+    parts.model(torch.ones(1, 2)).sum().backward()
+    assert survive_oom(h, parts)
     assert (h.batch_size, h.accumulation) == (1, 4)
-    assert all(p.grad is None for p in h.model.parameters())  # stale gradients cleared
+    assert all(p.grad is None for p in parts.model.parameters())  # stale gradients cleared
     assert h.recovery_log[-1].startswith("out of memory at step 7: batch 2 → 1, accumulation 2 → 4")
     assert h.teacher is not None
-    assert survive_oom(h, epoch=1)
+    assert survive_oom(h, parts)
     assert h.teacher is None and h.distillation == 0.0 and not h.hold_other_channels
     assert h.dropped_at_step == 7
-    assert not survive_oom(h, epoch=1)
+    assert h.distillation_switch == "dropped" and h.hold_switch == "dropped"
+    assert not survive_oom(h, parts)
 
 
 def test_probe_leaves_rng_batchnorm_and_gradients_as_they_were():

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from napari_finetune.cli import bioimageio_export, predict_cluster
+from napari_finetune.cli import bioimageio_export, multi, predict_cluster
 from napari_finetune.cli.options import (
     add_config_options,
     add_predict_options,
@@ -48,6 +49,7 @@ def register(sub: Any) -> None:
         "the checkpoint's previous run ended in; options given explicitly always win",
     )
     add_config_options(p, FinetuneConfig, skip=("resume_degraded", "explicit_settings"))
+    multi.add_options(p)
     p.set_defaults(func=train)
 
     p = sub.add_parser(
@@ -125,6 +127,9 @@ def add_trust_option(parser: argparse.ArgumentParser) -> None:
 
 def train(args: argparse.Namespace) -> int:
     """Fine-tune on the corrections of a store and export; Ctrl-C stops and exports."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if args.nproc is not None and args.nproc != 1 and world_size == 1:  # start torchrun
+        return multi.launch(args.nproc, args.argv)
     from napari_finetune.io.omezarr import load_corrections, open_volume
     from napari_finetune.model.checkpoint import load_checkpoint
 
@@ -134,6 +139,10 @@ def train(args: argparse.Namespace) -> int:
         resume_degraded=not args.fresh,
         explicit_settings=given_options(FinetuneConfig, args),
     )
+    if world_size > 1 or args.global_samples is not None:
+        from napari_finetune.trainer.distributed import per_rank_config
+
+        config = per_rank_config(config, world_size, args.global_samples)
     if args.out.exists() and args.out.is_dir():
         raise ValueError(f"--out {args.out} is a folder; give a file name such as finetuned.pt")
     if not args.out.parent.is_dir():
@@ -151,10 +160,15 @@ def train(args: argparse.Namespace) -> int:
         config.patch_shape = fit_patch_shape(config.patch_shape, volume.shape, multiple)
     corrections = load_corrections(args.volume, args.corrections)
     _say_missing(volume)
-    outcome = run_finetune(ckpt, volume.data, corrections, config, args.out, quiet=args.quiet)
+    if world_size > 1:
+        outcome = multi.run_rank(ckpt, volume.data, corrections, config, args)
+    else:
+        outcome = run_finetune(ckpt, volume.data, corrections, config, args.out, quiet=args.quiet)
     line = describe_outcome(outcome, config.steps, args.out)
-    if outcome.stopped or outcome.exit_code == 0:
+    if (outcome.stopped or outcome.exit_code == 0) and outcome.speaks:
         print(line)
+    if outcome.error is not None and not outcome.speaks:
+        return outcome.exit_code  # rank 0 says it
     if outcome.error is not None:
         from napari_finetune.cli import CLIError
 

@@ -32,6 +32,7 @@ from napari_finetune.errors import first_line
 if TYPE_CHECKING:
     from napari_finetune.model.checkpoint import Checkpoint
     from napari_finetune.trainer.loop import Finetuner
+    from napari_finetune.trainer.sync import LocalSync
 
 # The signals that end a run the way Ctrl-C does (SIGHUP does not exist on Windows).
 STOP_SIGNALS = tuple(
@@ -61,6 +62,9 @@ class RunOutcome:
         The checkpoint written (None when no step was applied).
     error : str or None
         The failure's one-line message (out of memory, NaN), if any.
+    speaks : bool
+        Whether this process prints the outcome (only rank 0 of several does,
+        unless another rank is lost).
     """
 
     steps_done: int
@@ -68,6 +72,7 @@ class RunOutcome:
     exit_code: int
     exported: Path | None
     error: str | None = None
+    speaks: bool = True  # False on the ranks other than 0, which leave the talking to it
 
     @property
     def stopped(self) -> bool:
@@ -130,30 +135,39 @@ def run_finetune(
     out: Path,
     quiet: bool = False,
     printer: StatusPrinter | None = None,
+    sync: LocalSync | None = None,
 ) -> RunOutcome:
     """Run a Finetuner to its end, print status lines, export the last good weights.
+
+    With several ranks (``sync``) rank 0 alone prints and exports.
 
     Returns
     -------
     RunOutcome
         Steps done, how the run ended, the exit code for the command line.
     """
+    from napari_finetune.trainer.distributed import DistributedError
     from napari_finetune.trainer.loop import Finetuner
     from napari_finetune.trainer.recovery import RecoveryError
 
     trainer = Finetuner(
-        ckpt.model, image, corrections, config, metadata=ckpt.metadata, source_sha256=ckpt.sha256
+        ckpt.model, image, corrections, config, metadata=ckpt.metadata, source_sha256=ckpt.sha256,
+        sync=sync,
     )
-    printer = printer or StatusPrinter(config.steps, quiet=quiet)
+    lead = trainer.sync.rank == 0
+    printer = printer or StatusPrinter(config.steps, quiet=quiet, echo=lead)
     guard = _SignalGuard(trainer, printer)
     from napari_finetune.trainer.environment import describe_environment, run_environment
 
-    printer.bar.write(describe_environment(run_environment(trainer.device)))
-    printer.bar.write(
-        f"fine-tuning {config.steps} steps ({config.mode}, device {trainer.device}); "
-        f"building the trainer ({'PEFT adapters, ' if config.mode == 'lora' else ''}"
-        "optimizer, precision probe)..."
-    )
+    if lead:
+        ranks = trainer.sync.world_size
+        printer.bar.write(describe_environment(run_environment(trainer.device)))
+        printer.bar.write(
+            f"fine-tuning {config.steps} steps ({config.mode}, device {trainer.device}"
+            + (f", {ranks} processes × {config.samples_per_step} samples" if ranks > 1 else "")
+            + f"); building the trainer ({'PEFT adapters, ' if config.mode == 'lora' else ''}"
+            "optimizer, precision probe)..."
+        )
     ended, code, error = "finished", 0, None
     with guard.installed():
         try:
@@ -163,6 +177,9 @@ def run_finetune(
             ended, code, error = _failure(trainer, "out of memory", exc)
         except FloatingPointError as exc:
             ended, code, error = _failure(trainer, "non-finite loss", exc)
+        except DistributedError as exc:
+            ended, code, error = _failure(trainer, "lost a process", exc)
+            lead = True  # every rank that notices says so
         except (InterruptedRun, KeyboardInterrupt):
             name = signal_name(guard.received or signal.SIGINT)
             ended, code = (
@@ -177,9 +194,9 @@ def run_finetune(
             ended = f"stopped by {signal_name(guard.received)} after step {trainer.steps_done}"
             code = 128 + guard.received
         exported = None
-        if trainer.steps_done > 0:
+        if trainer.steps_done > 0 and trainer.sync.rank == 0:
             exported = Path(trainer.export(out, ended=ended))
-    return RunOutcome(trainer.steps_done, ended, code, exported, error)
+    return RunOutcome(trainer.steps_done, ended, code, exported, error, speaks=lead)
 
 
 def _say_snapshots(trainer: Finetuner, printer: StatusPrinter) -> None:

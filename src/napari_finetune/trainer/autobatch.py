@@ -23,15 +23,17 @@ import gc
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 
 from napari_finetune.devices import empty_device_cache
 from napari_finetune.errors import is_oom_error
 from napari_finetune.trainer import step as _step
 from napari_finetune.trainer.batchnorm_floor import split_respects
 from napari_finetune.trainer.memory_info import MemoryInfo, format_bytes, memory_info_for
+from napari_finetune.trainer.run_state import RunState, TrainingParts
 from napari_finetune.trainer.state import (
     batchnorm_state,
     grad_state,
@@ -40,6 +42,10 @@ from napari_finetune.trainer.state import (
     restore_rng,
     rng_state,
 )
+
+if TYPE_CHECKING:
+    from napari_finetune.data.sampling import PatchSampler
+    from napari_finetune.trainer.loop import Finetuner
 
 Samples = tuple[np.ndarray, np.ndarray]
 
@@ -130,9 +136,9 @@ def choose_batch(
 
 
 def autobatch(
-    trainer: Any, memory: MemoryInfo | None = None, step_samples: Samples | None = None
+    trainer: Finetuner, memory: MemoryInfo | None = None, step_samples: Samples | None = None
 ) -> AutobatchDecision:
-    """Measure, fit and choose; sets ``trainer.batch_size`` and ``trainer.accumulation``.
+    """Measure, fit and choose; sets the micro-batch and accumulation of ``trainer.state``.
 
     Parameters
     ----------
@@ -144,12 +150,13 @@ def autobatch(
     memory : MemoryInfo, optional
         Where free memory and peaks are read; default the device's own.
     """
-    memory = memory or memory_info_for(trainer.device)
-    samples = int(trainer.samples_per_step)
-    floor = trainer.batchnorm_floor
+    state, parts = trainer.state, trainer.parts
+    memory = memory or memory_info_for(parts.device)
+    samples = int(state.samples_per_step)
+    floor = state.batchnorm_floor
     smallest = floor.min_batch if floor is not None else 1
     fraction = float(trainer.config.memory_fraction)
-    configured = (trainer.batch_size, trainer.accumulation)
+    configured = (state.batch_size, state.accumulation)
 
     def keep(reason: str, **measured: Any) -> AutobatchDecision:
         line = (
@@ -162,13 +169,13 @@ def autobatch(
         )
 
     if memory is None:
-        return keep(f"{trainer.device.type} gives no device memory figures to plan with")
+        return keep(f"{parts.device.type} gives no device memory figures to plan with")
     if samples <= smallest:
         return keep("one micro-batch is the whole step, nothing to choose")
-    reserved = pending_optimizer_bytes(trainer)
+    reserved = pending_optimizer_bytes(parts.optimizer)
     points, failed_at = measure(
-        trainer, memory, samples, smallest, lambda: fraction * memory.free_bytes() - reserved,
-        step_samples,
+        parts, state, trainer.sampler, memory, samples, smallest,
+        lambda: fraction * memory.free_bytes() - reserved, step_samples,
     )
     free = int(memory.free_bytes())
     fit = fit_line(points)
@@ -183,7 +190,7 @@ def autobatch(
     if not split_respects(floor, samples, batch):
         return keep("the fitted micro-batch would split below the BatchNorm floor",
                     points=points, free=free)
-    trainer.batch_size, trainer.accumulation = batch, accumulation
+    state.batch_size, state.accumulation = batch, accumulation
     unit = max(abs(a), b)
     line = (
         f"autobatch: micro-batch {batch} × accumulation {accumulation} ({samples} per step): "
@@ -202,7 +209,9 @@ def autobatch(
 
 
 def measure(
-    trainer: Any,
+    parts: TrainingParts,
+    state: RunState,
+    sampler: PatchSampler,
     memory: MemoryInfo,
     samples: int,
     smallest: int,
@@ -221,23 +230,24 @@ def measure(
     failed_at : int or None
         The size that ran out of memory, if one did.
     """
-    model = trainer.model
+    model = parts.model
     # Mid-run the sample feed owns the sampler: its state is neither read nor restored.
-    rng = rng_state(trainer if step_samples is None else None)
+    own_sampler = sampler if step_samples is None else None
+    rng = rng_state(own_sampler)
     bn = batchnorm_state(model)
     grads = grad_state(model)
     handle = model.register_forward_hook(lambda *_: memory.observe())
     points: list[tuple[int, int]] = []
     failed_at = None
     try:
-        images, labels = step_samples or trainer.sampler.sample(samples)
+        images, labels = step_samples or sampler.sample(samples)
         sizes = profile_sizes(samples, smallest)
         for size in sizes:
             fit = fit_line(points)
             # Stop before a size the points so far already say cannot fit.
             if not isinstance(fit, str) and fit[0] + fit[1] * size > budget():
                 break
-            peak = _measure_one(trainer, memory, images[:size], labels[:size])
+            peak = _measure_one(parts, state, memory, images[:size], labels[:size])
             restore_batchnorm(bn)
             if peak is None:  # out of memory: the profile ends here
                 failed_at = size
@@ -245,26 +255,30 @@ def measure(
             points.append((size, peak))
     finally:
         handle.remove()
-        restore_rng(trainer, rng)
+        restore_rng(own_sampler, rng)
         restore_batchnorm(bn)
         restore_grads(grads)
         gc.collect()
-        empty_device_cache(trainer.device)
+        empty_device_cache(parts.device)
     return points, failed_at
 
 
 def _measure_one(
-    trainer: Any, memory: MemoryInfo, images: np.ndarray, labels: np.ndarray
+    parts: TrainingParts,
+    state: RunState,
+    memory: MemoryInfo,
+    images: np.ndarray,
+    labels: np.ndarray,
 ) -> int | None:
-    model = trainer.model
+    model = parts.model
     model.zero_grad(set_to_none=True)
     gc.collect()
-    empty_device_cache(trainer.device)
+    empty_device_cache(parts.device)
     failed = False
     memory.start_measure()
     try:
         _step.accumulate_gradients(
-            trainer, images, labels, scaled=False, micro_batches=[len(images)]
+            parts, state, images, labels, scaled=False, micro_batches=[len(images)]
         )
     except Exception as exc:
         if not is_oom_error(exc):
@@ -274,14 +288,13 @@ def _measure_one(
     model.zero_grad(set_to_none=True)
     if failed:
         gc.collect()
-        empty_device_cache(trainer.device)
+        empty_device_cache(parts.device)
         return None
     return int(peak)
 
 
-def pending_optimizer_bytes(trainer: Any) -> int:
+def pending_optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
     """Bytes AdamW's two moments will take at the first step (0 once they exist)."""
-    optimizer = trainer.optimizer
     params = [p for group in optimizer.param_groups for p in group["params"]]
     if any(p in optimizer.state and optimizer.state[p] for p in params):
         return 0

@@ -8,9 +8,9 @@ floor, PEFT's adapters, the teacher and the optimizer (the first AdamW costs
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from napari_finetune.config import FinetuneConfig
@@ -23,7 +23,12 @@ from napari_finetune.trainer.batchnorm_floor import (
     split_respects,
 )
 from napari_finetune.trainer.losses import corrected_channels, needs_teacher
+from napari_finetune.trainer.precision import Precision
+from napari_finetune.trainer.run_state import TrainingParts
 from napari_finetune.trainer.state import batchnorm_modules
+
+if TYPE_CHECKING:
+    from napari_finetune.trainer.teacher import Teacher
 
 
 def make_sampler(
@@ -32,9 +37,14 @@ def make_sampler(
     config: FinetuneConfig,
     normalization_range: tuple[float, float],
     out_channels: int,
+    rank: int = 0,
 ) -> PatchSampler:
-    """The run's patch sampler: anchors, held-out strokes, the in-memory region."""
-    return PatchSampler(
+    """The run's patch sampler: anchors, held-out strokes, the in-memory region.
+
+    Each rank of a multi-process run draws its own patches (seed + rank); the
+    held-out regions, chosen with the config's seed, are the same on every rank.
+    """
+    sampler = PatchSampler(
         image,
         corrections,
         config.patch_shape,
@@ -44,6 +54,9 @@ def make_sampler(
         cache_bytes=int(config.sample_cache_gib * 2**30),
         holdout_fraction=config.validation_fraction,
     )
+    if rank:
+        sampler.rng = np.random.default_rng(config.seed + rank)
+    return sampler
 
 
 def measure_floor(
@@ -70,30 +83,21 @@ def measure_floor(
     return floor, describe_floor(floor, patch)
 
 
-@dataclass
-class TrainingParts:
-    """The model as trained (PEFT-wrapped for LoRA), its teacher and optimizer."""
-
-    model: torch.nn.Module
-    teacher: Any
-    optimizer: torch.optim.Optimizer
-    corrected: torch.Tensor
-    batchnorm: list[torch.nn.Module]
-
-
 def build_parts(
     model: torch.nn.Module,
     config: FinetuneConfig,
+    precision: Precision,
     classes_present: list[int],
     out_channels: int,
     distillation: float,
     hold_other_channels: bool,
-) -> TrainingParts:
+) -> tuple[TrainingParts, Teacher | None]:
     """Wrap LoRA adapters (or keep a frozen copy), make the teacher and the optimizer."""
     from napari_finetune.trainer.teacher import AdapterOffTeacher, FrozenCopyTeacher
 
     corrected = corrected_channels(classes_present, out_channels)
     want_teacher = needs_teacher(corrected, distillation, hold_other_channels)
+    teacher: Teacher | None
     if config.mode == "lora":
         from napari_finetune.model.lora import wrap_lora
 
@@ -106,4 +110,5 @@ def build_parts(
     optimizer = torch.optim.AdamW(
         params, lr=config.learning_rate, weight_decay=config.weight_decay
     )
-    return TrainingParts(model, teacher, optimizer, corrected, batchnorm_modules(model))
+    parts = TrainingParts(model, optimizer, precision, corrected, batchnorm_modules(model))
+    return parts, teacher

@@ -14,14 +14,16 @@ before the teacher is freed or the run gives up, the same step is retried
 from __future__ import annotations
 
 import gc
-import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from napari_finetune.devices import empty_device_cache
 from napari_finetune.trainer.batchnorm_floor import split_respects
+
+if TYPE_CHECKING:
+    from napari_finetune.trainer.run_state import RunState
 
 # Steps in a row without out-of-memory before one rung up is tried again.
 CLIMB_AFTER = 25
@@ -74,42 +76,42 @@ class Climb:
         self.clean_steps = 0
 
 
-def can_halve(trainer: Any) -> bool:
+def can_halve(state: RunState) -> bool:
     """Whether :func:`~napari_finetune.trainer.recovery.halve_batch` would succeed."""
-    smaller = (trainer.batch_size + 1) // 2
-    return trainer.batch_size > 1 and split_respects(
-        trainer.batchnorm_floor, trainer.samples_per_step, smaller
+    smaller = (state.batch_size + 1) // 2
+    return state.batch_size > 1 and split_respects(
+        state.batchnorm_floor, state.samples_per_step, smaller
     )
 
 
-def retry_at_bottom(trainer: Any, step: int) -> str:
+def retry_at_bottom(state: RunState, device: torch.device, step: int) -> str:
     """Empty the cache and retry at the bottom rung; the log line, or "" when used up."""
-    climb: Climb = trainer.climb
-    if can_halve(trainer) or climb.retries >= climb.bottom_retries:
+    climb = state.climb
+    if can_halve(state) or climb.retries >= climb.bottom_retries:
         return ""
     climb.retries += 1
     gc.collect()
-    empty_device_cache(torch.device(trainer.device))
+    empty_device_cache(device)
     return (
-        f"out of memory at step {step} at the bottom rung (batch {trainer.batch_size} × "
-        f"accumulation {trainer.accumulation}): emptied the cache, retrying the same step "
+        f"out of memory at step {step} at the bottom rung (batch {state.batch_size} × "
+        f"accumulation {state.accumulation}): emptied the cache, retrying the same step "
         f"({climb.retries} of {climb.bottom_retries})"
     )
 
 
-def after_applied_step(trainer: Any) -> str:
+def after_applied_step(state: RunState) -> str:
     """Count a clean step; climb one rung when enough were clean. The log line or ""."""
-    climb: Climb = trainer.climb
+    climb = state.climb
     climb.retries = 0
     climb.clean_steps += 1
     if not climb.rungs or climb.clean_steps < climb.steps_before_climbing():
         return ""
-    old = (trainer.batch_size, trainer.accumulation)
-    trainer.batch_size = climb.climbed_to = climb.rungs.pop()
-    trainer.accumulation = math.ceil(trainer.samples_per_step / trainer.batch_size)
+    old = (state.batch_size, state.accumulation)
+    climb.climbed_to = climb.rungs.pop()
+    state.use_micro_batch(climb.climbed_to)
     clean, climb.clean_steps = climb.clean_steps, 0
     return (
         f"no out-of-memory for {clean} steps: climbing back from batch {old[0]} × "
-        f"accumulation {old[1]} to {trainer.batch_size} × {trainer.accumulation} "
-        f"(effective {trainer.samples_per_step})"
+        f"accumulation {old[1]} to {state.batch_size} × {state.accumulation} "
+        f"(effective {state.samples_per_step})"
     )

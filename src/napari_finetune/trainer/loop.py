@@ -3,7 +3,8 @@
 Construction is cheap on purpose (the widget builds a :class:`Finetuner` on the
 Qt main thread): the patch sampler, the optimizer (the first AdamW costs ~1.6 s
 of lazy imports), the PEFT wrapping and the teacher are built by
-:meth:`Finetuner.build`, which :meth:`Finetuner.run` calls in the worker thread.
+:meth:`Finetuner.build` (:mod:`~napari_finetune.trainer.run_setup`), which
+:meth:`Finetuner.run` calls in the worker thread.
 
 An optimizer step draws its samples once; if it runs out of memory anywhere
 (student forward, teacher forward, backward, optimizer step) the loop leaves
@@ -17,183 +18,29 @@ twice, and the step counter only moves when the optimizer stepped.
 from __future__ import annotations
 
 import os
-import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-from napari_finetune.config import FinetuneConfig
 from napari_finetune.model.lora import describe_adapters
 from napari_finetune.trainer import record
-from napari_finetune.trainer.autobatch import AutobatchDecision
-from napari_finetune.trainer.batchnorm_floor import (
-    BatchNormFloor,
-    describe_floor,
-)
-from napari_finetune.trainer.ladder import Climb
-from napari_finetune.trainer.memory_info import MemoryInfo
-from napari_finetune.trainer.recovery import Precision
+from napari_finetune.trainer.batchnorm_floor import describe_floor
 from napari_finetune.trainer.retry import optimizer_step
-from napari_finetune.trainer.snapshot import MemoryHistory
+from napari_finetune.trainer.run_setup import RunSetup
 from napari_finetune.trainer.start import memory_aware_start
-from napari_finetune.trainer.status import Status, switch_state
-from napari_finetune.trainer.validation import Validator
+from napari_finetune.trainer.status import Status
+
+if TYPE_CHECKING:
+    pass
 
 
-class Finetuner:
+class Finetuner(RunSetup):
     """Fine-tunes ``model`` on painted corrections of ``image``.
 
-    Parameters
-    ----------
-    model : torch.nn.Module
-        The pretrained model (one logit per channel). With ``mode="lora"`` PEFT
-        wraps it in place when the run starts.
-    image, corrections : array-like
-        Raw volume and its corrections (0 unpainted, 1 background, k >= 2
-        channel k - 2), same spatial shape, ZYX or YX; numpy, zarr or dask.
-    config : FinetuneConfig
-        The run's settings.
-    metadata : dict, optional
-        The checkpoint's metadata: ``channel_names``, ``normalization``, and
-        ``run`` (a previous run's record; its degraded state is resumed).
-    source_sha256 : str, optional
-        Hash of the starting checkpoint, recorded in the export.
+    The parameters, attributes and :meth:`build` are :class:`RunSetup`'s.
     """
-
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        image: Any,
-        corrections: Any,
-        config: FinetuneConfig,
-        metadata: dict[str, Any] | None = None,
-        source_sha256: str | None = None,
-    ) -> None:
-        from napari_finetune.devices import check_model_fits_image, resolve_device
-
-        check_model_fits_image(model, tuple(np.shape(image)))
-        self.model = model
-        self.image = image
-        self.corrections = corrections
-        self.config = config
-        self.metadata = dict(metadata or {})
-        self.source_sha256 = source_sha256
-        self.device = torch.device(resolve_device(config.device))
-        self.precision = Precision(self.device, config.mixed_precision, config.cpu_bf16)
-        self.batch_size = config.batch_size
-        self.accumulation = config.accumulation
-        self.samples_per_step = config.samples_per_step
-        self.distillation = float(config.distillation)
-        self.hold_other_channels = bool(config.hold_other_channels)
-        self.teacher: Any = None
-        self.optimizer: torch.optim.Optimizer | None = None
-        self.sampler: Any = None
-        self.feed: Any = None  # the run's SampleFeed (its wait_s says how long steps waited)
-        self.corrected: torch.Tensor | None = None
-        self.steps_done = 0
-        self.last_loss: float | None = None
-        self.dropped_at_step: int | None = None
-        self.recovery_log: list[str] = []
-        self.scaler_skips = 0
-        self.ended: str | None = None  # how the run ended, when not by finishing or stop()
-        self.batchnorm_floor: BatchNormFloor | None = None  # measured by build()
-        self.validator = Validator(
-            config.validation_every, config.early_stop_checks, config.keep_best
-        )
-        self.after_build: list[Callable[[Finetuner], None]] = []
-        # The memory-aware start: the provider autobatch reads (None: the
-        # device's own; tests and benchmarks put a MemoryBudget here), what it
-        # chose, the allocator history, and the ladder's way back up.
-        self.memory_info: MemoryInfo | None = None
-        self.autobatch_decision: AutobatchDecision | None = None
-        self.memory_history = MemoryHistory(config.memory_snapshot, self.device)
-        self.climb = Climb()
-        self._painted_seen = 0
-        self._stop = threading.Event()
-        self._lock = threading.RLock()
-        self._built = False
-        self._released = False
-        self._normalization_range: tuple[float, float] | None = None
-        self._start_time = time.perf_counter()
-        self._resumed = record.apply_previous_run(self, self.metadata.get("run"))
-        if self._resumed:
-            self.recovery_log.append(self._resumed)
-
-    # --- set-up (worker thread) ----------------------------------------------------
-
-    @property
-    def normalization_range(self) -> tuple[float, float]:
-        """(low, high) intensities of this image under the checkpoint's normalisation."""
-        if self._normalization_range is None:
-            from napari_finetune.data.normalization import intensity_range
-            from napari_finetune.model.checkpoint import DEFAULT_NORMALIZATION
-
-            spec = self.metadata.get("normalization") or DEFAULT_NORMALIZATION
-            self._normalization_range = intensity_range(self.image, spec)
-        return self._normalization_range
-
-    @property
-    def out_channels(self) -> int:
-        """Output channels of the model, once the patch is checked to fit it.
-
-        Raises ``ModelShapeError`` (one line naming the sizes) when the model
-        cannot run on ``config.patch_shape``.
-        """
-        from napari_finetune.model.geometry import fit_patch
-
-        return fit_patch(self.model, self.config.patch_shape).out_channels
-
-    @property
-    def painted_voxels(self) -> int:
-        """Painted (non-zero) voxels of the corrections."""
-        return int(self._get_sampler().painted_voxels)
-
-    def _get_sampler(self) -> Any:
-        if self.sampler is None:
-            from napari_finetune.trainer.build import make_sampler
-
-            self.sampler = make_sampler(
-                self.image,
-                self.corrections,
-                self.config,
-                self.normalization_range,
-                self.out_channels,
-            )
-        return self.sampler
-
-    def build(self) -> None:
-        """Sampler, PEFT wrapping, teacher and optimizer; idempotent.
-
-        Called by :meth:`run`; call it yourself to install fault injection on
-        the built trainer (or append a callable to ``after_build``).
-        """
-        if self._built:
-            return
-        from napari_finetune.trainer.build import build_parts, measure_floor
-
-        sampler = self._get_sampler()
-        self.model.to(self.device)
-        self.batchnorm_floor, floor_line = measure_floor(
-            self.model, self.config, self.device, self.samples_per_step, self.batch_size
-        )
-        if floor_line:
-            self.recovery_log.append(floor_line)
-        parts = build_parts(
-            self.model,
-            self.config,
-            sampler.classes_present,
-            self.out_channels,
-            self.distillation,
-            self.hold_other_channels,
-        )
-        self.model, self.teacher, self.optimizer = parts.model, parts.teacher, parts.optimizer
-        self.corrected, self._bn_modules = parts.corrected, parts.batchnorm
-        self._built = True
-        for hook in self.after_build:
-            hook(self)
 
     # --- the run -------------------------------------------------------------------
 
@@ -238,7 +85,7 @@ class Finetuner:
                 self.sampler, self.config.prefetch_steps, stage_for(self.device)
             )
             while self.steps_done < total:
-                if self._stop.is_set():
+                if self.sync.any(self._stop.is_set()):  # every rank stops at the same step
                     self.feed.close()
                     yield self.status(
                         "stopped", self._with_snapshot(f"stopped after step {self.steps_done} "
@@ -247,7 +94,9 @@ class Finetuner:
                     return
                 images, labels = self.feed.next(self.samples_per_step)
                 yield from optimizer_step(self, images, labels)
-                if self.validator.early_stop():
+                # Agreed, so no rank waits for one that stopped (GPU kernels may
+                # score the held-out voxels a hair differently per rank).
+                if self.sync.any(bool(self.validator.early_stop())):
                     break
             self.feed.close()
             early = self.validator.early_stop()
@@ -255,7 +104,7 @@ class Finetuner:
                 self.ended = f"{early} after step {self.steps_done}"
             restored = self.validator.restore_best(self.model, self.steps_done)
             if restored:
-                self.recovery_log.append(restored)
+                self.state.recovery_log.append(restored)
             done = early or f"finished {total} steps"
             yield self.status("finished", self._with_snapshot(
                 f"{done}; {restored}" if restored else done
@@ -276,7 +125,7 @@ class Finetuner:
         """Passes over the painted voxels (each painted voxel seen about this often)."""
         if self.sampler is None:
             return 0
-        return self._painted_seen // max(1, int(self.sampler.painted_voxels))
+        return self.state.painted_seen // max(1, int(self.sampler.painted_voxels))
 
     def validate_if_due(self) -> str:
         """Score the held-out voxels when a check is due after this step; its log line.
@@ -289,41 +138,30 @@ class Finetuner:
         return self.validator.check(self, self.model, self.steps_done) or ""
 
     @property
-    def channel_names(self) -> list[str]:
-        """The model's output channel names (from the checkpoint, or channel-N)."""
-        from napari_finetune.model.checkpoint import channel_names_of
-
-        return channel_names_of(self.metadata, self.out_channels)
-
-    @property
     def validation(self) -> dict[str, float] | None:
         """Per-channel IoU on the held-out painted voxels at the last check."""
         return self.validator.latest
 
     def status(self, kind: str, message: str) -> Status:
         """Where the run stands now, frozen."""
-        dropped = self.dropped_at_step is not None
+        state = self.state
         return Status(
             kind=kind,
             dtype=self.precision.dtype_name,
             grad_scaler=self.precision.grad_scaler,
-            batch_size=self.batch_size,
-            accumulation=self.accumulation,
-            distillation=switch_state(
-                self.config.distillation > 0, self.distillation > 0, dropped
-            ),
-            hold_other_channels=switch_state(
-                self.config.hold_other_channels, self.hold_other_channels, dropped
-            ),
-            step=self.steps_done,
+            batch_size=state.batch_size,
+            accumulation=state.accumulation,
+            distillation=state.distillation_switch,
+            hold_other_channels=state.hold_switch,
+            step=state.steps_done,
             total_steps=self.config.steps,
             epoch=self.epoch,
-            loss=self.last_loss,
+            loss=state.last_loss,
             message=message,
-            distillation_weight=float(self.distillation),
-            dropped_at_step=self.dropped_at_step,
+            distillation_weight=float(state.distillation),
+            dropped_at_step=state.dropped_at_step,
             elapsed_s=time.perf_counter() - self._start_time,
-            samples_per_step=self.samples_per_step,
+            samples_per_step=state.samples_per_step,
             validation=self.validator.latest,
         )
 
@@ -335,9 +173,9 @@ class Finetuner:
         """
         from napari_finetune.devices import empty_device_cache
 
-        with self._lock:
-            self.optimizer = None
-            self.teacher = None
+        with self.lock:
+            self._parts = None
+            self.state.teacher = None
             self._released = True
         empty_device_cache(self.device)
 
@@ -361,7 +199,7 @@ class Finetuner:
             sampler = self.sampler
             region = self.image[region] if sampler is None else sampler.read_image(region)
         block = normalize(np.asarray(region), *self.normalization_range)
-        with self._lock:
+        with self.lock:
             return predict_block(self.model, block, device=str(self.device))
 
     def export(self, path: str | os.PathLike, ended: str | None = None) -> os.PathLike:
@@ -376,7 +214,7 @@ class Finetuner:
             step 9: ..."``); default ``"finished"`` when every step ran, else
             ``"stopped after step N"``.
         """
-        with self._lock:
+        with self.lock:
             return record.export_checkpoint(self, path, ended)
 
 

@@ -109,15 +109,16 @@ class Precision:
         after = float(self.scaler.get_scale())
         return after >= before, before, after
 
-    def reset_step_state(self) -> None:
+    def reset_step_state(self, saved: dict[str, float | int] | None = None) -> None:
         """Forget a half-done scaler step (an OOM after ``unscale``), so it can be redone.
 
-        A fresh scaler with the old one's scale and growth tracker: the scaler
+        A fresh scaler with the old one's scale and growth tracker (or those of
+        ``saved``, a ``scaler.state_dict()`` from before the step): the scaler
         has no public way to drop the per-optimizer record of an unscale.
         """
         if self.scaler.is_enabled():
             fresh = torch.amp.GradScaler(self.device.type, enabled=True)
-            fresh.load_state_dict(self.scaler.state_dict())
+            fresh.load_state_dict(saved or self.scaler.state_dict())
             self.scaler = fresh
 
     @staticmethod

@@ -8,45 +8,48 @@ should start from so it does not run out of memory the same way again.
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from napari_finetune.config import FinetuneConfig
 from napari_finetune.model.lora import adapted_layers
-from napari_finetune.trainer.status import switch_state
+from napari_finetune.trainer.precision import Precision
+from napari_finetune.trainer.run_state import RunState
+
+if TYPE_CHECKING:
+    from napari_finetune.trainer.loop import Finetuner
 
 RECORD_VERSION = 1
 
 
-def run_record(trainer: Any) -> dict[str, Any]:
+def run_record(trainer: Finetuner) -> dict[str, Any]:
     """Plain-types record of ``trainer``'s run (safe for ``weights_only`` loading)."""
     painted = trainer.painted_voxels if trainer.sampler is not None else None
-    dropped = trainer.dropped_at_step is not None
+    state = trainer.state
     return {
         "record_version": RECORD_VERSION,
-        "steps_done": int(trainer.steps_done),
+        "steps_done": int(state.steps_done),
         "total_steps": int(trainer.config.steps),
         "final_dtype": trainer.precision.dtype_name,
         "grad_scaler": bool(trainer.precision.grad_scaler),
         "mixed_precision": trainer.precision.describe(),
         "fell_back_to_fp32": bool(trainer.precision.fell_back),
-        "batch_size": int(trainer.batch_size),
-        "accumulation": int(trainer.accumulation),
-        "samples_per_step": int(trainer.samples_per_step),
-        "distillation": switch_state(
-            trainer.config.distillation > 0, trainer.distillation > 0, dropped
-        ),
-        "hold_other_channels": switch_state(
-            trainer.config.hold_other_channels, trainer.hold_other_channels, dropped
-        ),
-        "dropped_at_step": trainer.dropped_at_step,
+        "batch_size": int(state.batch_size),
+        "accumulation": int(state.accumulation),
+        "samples_per_step": int(state.samples_per_step),  # of one rank
+        "samples_per_step_all_ranks": int(state.samples_per_step * trainer.sync.world_size),
+        "distillation": state.distillation_switch,
+        "hold_other_channels": state.hold_switch,
+        "dropped_at_step": state.dropped_at_step,
         "painted_voxels": None if painted is None else int(painted),
         "source_sha256": trainer.source_sha256,
-        "final_loss": None if trainer.last_loss is None else float(trainer.last_loss),
-        "recovery_log": list(trainer.recovery_log),
+        "final_loss": None if state.last_loss is None else float(state.last_loss),
+        "recovery_log": list(state.recovery_log),
         "lora_layers": adapted_layers(trainer.model),
         "device": str(trainer.device),
+        # Processes that trained together (each its own samples; rank 0 wrote this).
+        "ranks": int(trainer.sync.world_size),
         "environment": environment_record(trainer),
         "memory": memory_record(trainer),
         "config": trainer.config.to_dict(),
@@ -54,20 +57,20 @@ def run_record(trainer: Any) -> dict[str, Any]:
         "degraded": {
             "device_type": trainer.device.type,
             "fell_back_to_fp32": bool(trainer.precision.fell_back),
-            "batch_size": int(trainer.batch_size),
-            "distillation_dropped": dropped,
+            "batch_size": int(state.batch_size),
+            "distillation_dropped": state.dropped,
         },
     }
 
 
-def environment_record(trainer: Any) -> dict[str, Any]:
+def environment_record(trainer: Finetuner) -> dict[str, Any]:
     """Python, torch and napari-finetune versions, the device and the host of the run."""
     from napari_finetune.trainer.environment import run_environment
 
     return run_environment(trainer.device)
 
 
-def memory_record(trainer: Any) -> dict[str, Any]:
+def memory_record(trainer: Finetuner) -> dict[str, Any]:
     """What the memory-aware start chose and why, and where the snapshots went."""
     decision = trainer.autobatch_decision
     return {
@@ -76,7 +79,12 @@ def memory_record(trainer: Any) -> dict[str, Any]:
     }
 
 
-def apply_previous_run(trainer: Any, run: dict[str, Any] | None) -> str:
+def apply_previous_run(
+    state: RunState,
+    precision: Precision,
+    config: FinetuneConfig,
+    run: dict[str, Any] | None,
+) -> str:
     """Start from the degraded state a previous run on the same device type ended in.
 
     The batch never grows above the new config's batch and the samples per
@@ -91,18 +99,18 @@ def apply_previous_run(trainer: Any, run: dict[str, Any] | None) -> str:
         previous run left no degraded state for this device type.
     """
     degraded = (run or {}).get("degraded") or {}
-    if not degraded or degraded.get("device_type") != trainer.device.type:
+    device_type = precision.device.type
+    if not degraded or degraded.get("device_type") != device_type:
         return ""
-    config = trainer.config
     explicit = set(config.explicit_settings)
-    batch = int(degraded.get("batch_size") or trainer.batch_size)
+    batch = int(degraded.get("batch_size") or state.batch_size)
     offered = {
         # With autobatch the micro-batch is measured anew at the start: a previous
         # run's batch (possibly autobatch's own choice) is no degradation to resume.
-        "batch": batch < trainer.batch_size and not config.autobatch_on(trainer.device.type),
-        "fp32": bool(degraded.get("fell_back_to_fp32")) and trainer.precision.enabled,
-        "distillation": bool(degraded.get("distillation_dropped")) and trainer.distillation > 0,
-        "hold": bool(degraded.get("distillation_dropped")) and trainer.hold_other_channels,
+        "batch": batch < state.batch_size and not config.autobatch_on(device_type),
+        "fp32": bool(degraded.get("fell_back_to_fp32")) and precision.enabled,
+        "distillation": bool(degraded.get("distillation_dropped")) and state.distillation > 0,
+        "hold": bool(degraded.get("distillation_dropped")) and state.hold_other_channels,
     }
     if not any(offered.values()):
         return ""
@@ -120,19 +128,18 @@ def apply_previous_run(trainer: Any, run: dict[str, Any] | None) -> str:
         return not set_by_user
 
     if resume("batch", ("batch_size",)):
-        trainer.batch_size = batch
-        trainer.accumulation = math.ceil(trainer.samples_per_step / batch)
-        changes.append(f"batch {trainer.batch_size} × accumulation {trainer.accumulation}")
+        state.use_micro_batch(batch)
+        changes.append(f"batch {state.batch_size} × accumulation {state.accumulation}")
     if resume("fp32", ("mixed_precision", "cpu_bf16")):
-        trainer.precision.fall_back_to_fp32()
+        precision.fall_back_to_fp32()
         changes.append("fp32")
     if resume("distillation", ("distillation",)):
-        trainer.distillation = 0.0
-        trainer.dropped_at_step = 0
+        state.distillation = 0.0
+        state.dropped_at_step = 0
         changes.append("distillation dropped")
     if resume("hold", ("hold_other_channels",)):
-        trainer.hold_other_channels = False
-        trainer.dropped_at_step = 0
+        state.hold_other_channels = False
+        state.dropped_at_step = 0
         changes.append("hold on the other channels dropped")
     line = "resumed the previous run's degraded state: " + (", ".join(changes) or "nothing")
     if kept:
@@ -140,7 +147,9 @@ def apply_previous_run(trainer: Any, run: dict[str, Any] | None) -> str:
     return line
 
 
-def export_checkpoint(trainer: Any, path: str | os.PathLike, ended: str | None = None) -> Path:
+def export_checkpoint(
+    trainer: Finetuner, path: str | os.PathLike, ended: str | None = None
+) -> Path:
     """Merge the adapters into a copy and save it with the record, atomically."""
     from napari_finetune.model.checkpoint import (
         DEFAULT_NORMALIZATION,

@@ -1,9 +1,9 @@
 """Stepping down instead of dying: mixed precision, out-of-memory, the probe.
 
-The functions here read and change the public attributes of a
-:class:`~napari_finetune.trainer.loop.Finetuner` (``model``, ``teacher``,
-``optimizer``, ``precision``, ``batch_size``, ``accumulation``, ``distillation``,
-``hold_other_channels``, ``device``), so the loop, the widget and outside
+The functions here change a run's :class:`~napari_finetune.trainer.run_state.RunState`
+(``batch_size``, ``accumulation``, ``distillation``, ``hold_other_channels``,
+the teacher) and clear its :class:`~napari_finetune.trainer.run_state.TrainingParts`
+(gradients, the scaler's half-done step), so the loop, the widget and outside
 tests share one set of rules (docs/architecture.md, recovery):
 
 * an out-of-memory first halves the micro-batch and raises the accumulation so
@@ -12,6 +12,9 @@ tests share one set of rules (docs/architecture.md, recovery):
 * recovery runs after the ``except`` block has been left (the traceback holds
   the failed attempt's activations), then ``gc`` and the device cache;
 * a non-finite loss or gradient under bf16/fp16 falls back to fp32 for good.
+
+With several ranks every decision here is taken by all of them at once
+(:mod:`~napari_finetune.trainer.sync`), so their ladders never differ.
 """
 
 from __future__ import annotations
@@ -19,15 +22,15 @@ from __future__ import annotations
 import gc
 import math
 from collections.abc import Iterator
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING
 
 from napari_finetune.devices import empty_device_cache
-from napari_finetune.errors import RecoveryError, is_oom_error, one_line
+from napari_finetune.errors import OOM_MESSAGES, RecoveryError, is_oom_error
 from napari_finetune.trainer import step as _step
 from napari_finetune.trainer.batchnorm_floor import split_respects
+from napari_finetune.trainer.oom import oom_line
 from napari_finetune.trainer.precision import Precision, choose_precision
+from napari_finetune.trainer.run_state import RunState, TrainingParts
 from napari_finetune.trainer.state import (
     batchnorm_state,
     grad_state,
@@ -36,8 +39,15 @@ from napari_finetune.trainer.state import (
     restore_rng,
     rng_state,
 )
+from napari_finetune.trainer.sync import LocalSync
+
+if TYPE_CHECKING:
+    from napari_finetune.data.sampling import PatchSampler
+    from napari_finetune.trainer.loop import Finetuner
+    from napari_finetune.trainer.snapshot import MemoryHistory
 
 __all__ = [
+    "OOM_MESSAGES",
     "Precision",
     "RecoveryError",
     "choose_precision",
@@ -48,57 +58,49 @@ __all__ = [
 ]
 
 
-def release_failed_attempt(trainer: Any) -> None:
+def release_failed_attempt(parts: TrainingParts) -> None:
     """Clear stale gradients and scaler state, collect garbage, empty the device cache."""
-    optimizer = getattr(trainer, "optimizer", None)
-    if optimizer is not None:
-        optimizer.zero_grad(set_to_none=True)
-    if getattr(trainer, "model", None) is not None:
-        trainer.model.zero_grad(set_to_none=True)
-    precision = getattr(trainer, "precision", None)
-    if precision is not None:
-        precision.reset_step_state()
+    parts.optimizer.zero_grad(set_to_none=True)
+    parts.model.zero_grad(set_to_none=True)
+    parts.precision.reset_step_state()
     gc.collect()
-    empty_device_cache(torch.device(getattr(trainer, "device", "cpu")))
+    empty_device_cache(parts.device)
 
 
 # --- the ladder -------------------------------------------------------------------
 
 
-def halve_batch(trainer: Any) -> bool:
+def halve_batch(state: RunState) -> bool:
     """Halve the micro-batch, keep the samples per optimizer step; False at batch 1.
 
     8 x 1 -> 4 x 2 -> 2 x 4 -> 1 x 8; an odd step of 5 goes 5 x 1 -> 3 x 2
     (3 + 2) -> 2 x 3 (2 + 2 + 1) -> 1 x 5.
     """
-    if trainer.batch_size <= 1:
+    if state.batch_size <= 1:
         return False
-    samples = getattr(trainer, "samples_per_step", trainer.batch_size * trainer.accumulation)
-    smaller = (trainer.batch_size + 1) // 2
+    smaller = (state.batch_size + 1) // 2
     # BatchNorm layers that see one value per channel per sample cannot train
     # on a micro-batch of 1: the ladder stops above that (the log said why).
-    if not split_respects(getattr(trainer, "batchnorm_floor", None), samples, smaller):
+    if not split_respects(state.batchnorm_floor, state.samples_per_step, smaller):
         return False
-    trainer.batch_size = smaller
-    trainer.accumulation = math.ceil(samples / trainer.batch_size)
+    state.use_micro_batch(smaller)
     return True
 
 
-def survive_oom(trainer: Any, epoch: int, where: str | None = None) -> bool:
+def survive_oom(state: RunState, parts: TrainingParts, where: str | None = None) -> bool:
     """Step down after an out-of-memory; call it after leaving the ``except`` block.
 
     First halve the batch; at batch 1 drop distillation and the hold on the
     other channels and free the teacher. Stale gradients are cleared, garbage
     collected and the device cache emptied. The action is appended to
-    ``trainer.recovery_log`` (a line for the log), when the trainer has one.
+    ``state.recovery_log`` (a line for the log).
 
     Parameters
     ----------
-    trainer : Finetuner
+    state : RunState
         Changed in place.
-    epoch : int
-        Where the run stands (kept in the public signature; the Status the
-        loop yields next carries it).
+    parts : TrainingParts
+        Its gradients and the scaler's half-done step are cleared.
     where : str, optional
         "at step N" by default; the probe passes "in the precision probe".
 
@@ -107,44 +109,36 @@ def survive_oom(trainer: Any, epoch: int, where: str | None = None) -> bool:
     bool
         False when nothing is left to give up.
     """
-    release_failed_attempt(trainer)
-    step = getattr(trainer, "steps_done", 0) + 1
+    release_failed_attempt(parts)
+    step = state.steps_done + 1
     where = where or f"at step {step}"
-    old = (trainer.batch_size, trainer.accumulation)
-    if halve_batch(trainer):
-        climb = getattr(trainer, "climb", None)
-        if climb is not None:  # the rung left, for the climb back (trainer.ladder)
-            climb.stepped_down(old[0], trainer.batch_size)
+    old = (state.batch_size, state.accumulation)
+    if halve_batch(state):
+        # The rung left, for the climb back (trainer.ladder).
+        state.climb.stepped_down(old[0], state.batch_size)
         message = (
-            f"out of memory {where}: batch {old[0]} → {trainer.batch_size}, accumulation "
-            f"{old[1]} → {trainer.accumulation} (effective "
-            f"{getattr(trainer, 'samples_per_step', trainer.batch_size * trainer.accumulation)})"
+            f"out of memory {where}: batch {old[0]} → {state.batch_size}, accumulation "
+            f"{old[1]} → {state.accumulation} (effective {state.samples_per_step})"
         )
-    elif trainer.teacher is not None or trainer.distillation > 0 or trainer.hold_other_channels:
-        trainer.teacher = None
-        trainer.distillation = 0.0
-        trainer.hold_other_channels = False
-        if hasattr(trainer, "dropped_at_step"):
-            trainer.dropped_at_step = step
+    elif state.has_teacher_terms:
+        state.drop_teacher(step)
         gc.collect()
-        empty_device_cache(torch.device(getattr(trainer, "device", "cpu")))
+        empty_device_cache(parts.device)
         message = (
-            f"out of memory {where} at batch {trainer.batch_size}: dropped distillation and "
+            f"out of memory {where} at batch {state.batch_size}: dropped distillation and "
             "the hold on the other channels, freed the teacher"
         )
     else:
         return False
-    log = getattr(trainer, "recovery_log", None)
-    if log is not None:
-        log.append(message)
+    state.recovery_log.append(message)
     return True
 
 
 # --- the precision probe ----------------------------------------------------------
 
 
-def probe_precision(trainer: Any) -> list[str]:
-    """Forward and backward one real micro-batch before training starts.
+def probe_precision(trainer: Finetuner) -> list[str]:
+    """Forward and backward one real micro-batch of a built trainer before training.
 
     Mixed precision falls back to fp32 when the loss or a gradient is not
     finite; an out-of-memory steps down the ladder (:func:`survive_oom`) and
@@ -163,47 +157,58 @@ def probe_precision(trainer: Any) -> list[str]:
     RecoveryError
         Out of memory with nothing left to give up.
     """
-    return [message for _, message in iter_probe(trainer)]
+    trainer.build()
+    probe = iter_probe(trainer.state, trainer.parts, trainer.sampler, trainer.memory_history)
+    return [message for _, message in probe]
 
 
-def iter_probe(trainer: Any) -> Iterator[tuple[str, str]]:
+def iter_probe(
+    state: RunState,
+    parts: TrainingParts,
+    sampler: PatchSampler,
+    history: MemoryHistory | None = None,
+    sync: LocalSync = _step.ALONE,
+) -> Iterator[tuple[str, str]]:
     """:func:`probe_precision` as it happens: ``("recovery", line)`` per step down,
     then ``("probe", verdict)``; the run yields a Status for each while the
-    trainer's state is the one the line describes.
+    state is the one the line describes. With several ranks (``sync``) an
+    out-of-memory or a non-finite result on any rank counts for all.
     """
-    if hasattr(trainer, "build"):
-        trainer.build()
-    model, precision = trainer.model, trainer.precision
-    rng = rng_state(trainer)
+    model, precision = parts.model, parts.precision
+    rng = rng_state(sampler)
     bn = batchnorm_state(model)
     grads = grad_state(model)
     try:
-        images, labels = trainer.sampler.sample(trainer.batch_size)
+        images, labels = sampler.sample(state.batch_size)
         while True:
             failure = None
+            finite = True
             try:
                 model.zero_grad(set_to_none=True)
-                n = min(trainer.batch_size, len(images))
+                n = min(state.batch_size, len(images))
                 loss = float(
                     _step.accumulate_gradients(
-                        trainer, images[:n], labels[:n], scaled=False, micro_batches=[n]
+                        parts, state, images[:n], labels[:n], scaled=False, micro_batches=[n]
                     )
                 )
                 finite = math.isfinite(loss) and precision.gradients_finite(model)
             except Exception as exc:
                 if not is_oom_error(exc):
                     raise
-                failure = one_line(exc)
-            if failure is None:
+                failure = oom_line(exc)
+            if not sync.any(failure is not None):
                 break
+            failure = sync.failure_line(failure, "another rank ran out of memory")
             restore_batchnorm(bn)
-            history = getattr(trainer, "memory_history", None)
             snapshot = history.dump_first_oom() if history is not None else ""
-            if not survive_oom(trainer, 0, where="in the precision probe"):
-                raise RecoveryError(nothing_left_message(trainer, failure, "the precision probe"))
-            yield "recovery", (trainer.recovery_log[-1] if hasattr(trainer, "recovery_log") else "")
+            if not survive_oom(state, parts, where="in the precision probe"):
+                raise RecoveryError(
+                    nothing_left_message(state, precision, failure, "the precision probe")
+                )
+            yield "recovery", state.recovery_log[-1]
             if snapshot:
                 yield "recovery", snapshot
+        finite = not sync.any(not finite)
         if precision.enabled and not finite:
             tried = precision.describe()
             precision.fall_back_to_fp32()
@@ -213,23 +218,23 @@ def iter_probe(trainer: Any) -> Iterator[tuple[str, str]]:
             )
         else:
             verdict = (
-                f"precision probe passed at batch {trainer.batch_size} × "
-                f"{trainer.accumulation}: mixed precision {precision.describe()}"
+                f"precision probe passed at batch {state.batch_size} × "
+                f"{state.accumulation}: mixed precision {precision.describe()}"
             )
     finally:
-        restore_rng(trainer, rng)
+        restore_rng(sampler, rng)
         restore_batchnorm(bn)
         restore_grads(grads)
     yield "probe", verdict
 
 
-def nothing_left_message(trainer: Any, failure: str, where: str) -> str:
+def nothing_left_message(state: RunState, precision: Precision, failure: str, where: str) -> str:
     """The final error: what failed, and every step down that was tried before."""
-    tried = list(getattr(trainer, "recovery_log", []))
+    tried = list(state.recovery_log)
     lines = [
         f"out of memory in {where} with nothing left to give up "
-        f"(batch {trainer.batch_size} × accumulation {trainer.accumulation}, mixed precision "
-        f"{trainer.precision.describe()}, distillation and hold dropped). Last error: {failure}.",
+        f"(batch {state.batch_size} × accumulation {state.accumulation}, mixed precision "
+        f"{precision.describe()}, distillation and hold dropped). Last error: {failure}.",
         "Tried, in order:" if tried else "Nothing could be tried.",
     ]
     lines += [f"  - {line}" for line in tried]

@@ -26,11 +26,15 @@ def memory_aware_start(trainer: Finetuner) -> Iterator[Status]:
     use = trainer.config.autobatch_on(trainer.device.type)
     if use:
         yield choose_micro_batch(trainer)
-    mixed, had_teacher = trainer.precision.enabled, trainer.teacher is not None
-    for kind, message in iter_probe(trainer):
+    state, precision = trainer.state, trainer.precision
+    mixed, had_teacher = precision.enabled, state.teacher is not None
+    probe = iter_probe(
+        state, trainer.parts, trainer.sampler, trainer.memory_history, trainer.sync
+    )
+    for kind, message in probe:
         yield trainer.status(kind, message)
-    fell_back = mixed and not trainer.precision.enabled
-    freed = had_teacher and trainer.teacher is None
+    fell_back = mixed and not precision.enabled
+    freed = had_teacher and state.teacher is None
     if use and (fell_back or freed):
         yield choose_micro_batch(trainer)
 
@@ -43,10 +47,17 @@ def choose_micro_batch(trainer: Finetuner, step_samples: Samples | None = None) 
     """
     from napari_finetune.trainer.autobatch import autobatch
 
+    state = trainer.state
     decision = autobatch(trainer, trainer.memory_info, step_samples)
-    trainer.autobatch_decision = decision
+    message = decision.message
+    # Several ranks train one micro-batch: the smallest any of them chose.
+    agreed = trainer.sync.smallest(state.batch_size)
+    if agreed != state.batch_size:
+        state.use_micro_batch(agreed)
+        message += f"; micro-batch {agreed} × {state.accumulation}, the smallest of the ranks"
+    state.autobatch_decision = decision
     if decision.applied:
         # The measured choice is the top rung: the ladder climbs back to it,
         # never above it to a batch the profile said does not fit.
-        trainer.climb.rungs.clear()
-    return trainer.status("probe", decision.message)
+        state.climb.rungs.clear()
+    return trainer.status("probe", message)

@@ -8,11 +8,14 @@ these helpers copy that state cheaply and put it back.
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
+
+if TYPE_CHECKING:
+    from napari_finetune.data.sampling import PatchSampler
 
 BATCHNORM_TYPES = (_BatchNorm,)
 
@@ -57,7 +60,7 @@ def restore_grads(saved: list[tuple[torch.nn.Parameter, torch.Tensor | None]]) -
         param.grad = grad
 
 
-def rng_state(trainer: Any) -> dict[str, Any]:
+def rng_state(sampler: PatchSampler | None) -> dict[str, Any]:
     """Every random state a training step consumes: torch (CPU, CUDA), numpy,
     Python's ``random`` and the patch sampler's generator."""
     state: dict[str, Any] = {
@@ -67,18 +70,17 @@ def rng_state(trainer: Any) -> dict[str, Any]:
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
-    sampler = getattr(trainer, "sampler", None)
-    if sampler is not None and hasattr(sampler, "get_state"):
+    if sampler is not None:
         state["sampler"] = sampler.get_state()
     return state
 
 
-def restore_rng(trainer: Any, state: dict[str, Any]) -> None:
+def restore_rng(sampler: PatchSampler | None, state: dict[str, Any]) -> None:
     """Put back what :func:`rng_state` saved."""
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])  # noqa: NPY002
     random.setstate(state["python"])
     if "cuda" in state:
         torch.cuda.set_rng_state_all(state["cuda"])
-    if "sampler" in state:
-        trainer.sampler.set_state(state["sampler"])
+    if sampler is not None and "sampler" in state:
+        sampler.set_state(state["sampler"])

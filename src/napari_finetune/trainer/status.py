@@ -8,14 +8,6 @@ from typing import Literal
 Switch = Literal["on", "off", "dropped"]
 
 
-def switch_state(configured: bool, current: bool, dropped: bool) -> Switch:
-    """"on" while in use; "dropped" when configured on and given up (out of memory, or a
-    resumed degraded state); "off" when never configured."""
-    if current:
-        return "on"
-    return "dropped" if configured and dropped else "off"
-
-
 @dataclass(frozen=True)
 class Status:
     """One event of :meth:`Finetuner.run`.

@@ -3,7 +3,9 @@
 The samples of a step are drawn once (``samples_per_step`` of them) and cut
 into micro-batches of at most ``trainer.batch_size``; the loss of every
 micro-batch is already divided by the whole step's counts, so the summed
-gradients do not depend on how the step was cut. Out-of-memory errors are not
+gradients do not depend on how the step was cut (nor, with several ranks,
+on how the step's samples were shared between them: the counts are the whole
+step's, and the ranks' gradients are summed). Out-of-memory errors are not
 handled here: they propagate to the loop, which recovers outside the
 ``except`` block and calls :func:`run_step` again with the same samples.
 """
@@ -12,13 +14,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 
-from napari_finetune.trainer.losses import finetune_loss, step_normalisers
-from napari_finetune.trainer.precision import clip_gradients
+from napari_finetune.errors import is_oom_error
+from napari_finetune.trainer.losses import Normalisers, finetune_loss, step_normalisers
+from napari_finetune.trainer.oom import StepOutOfMemory, oom_line
+from napari_finetune.trainer.precision import Precision, clip_gradients
+from napari_finetune.trainer.run_state import RunState, TrainingParts
+from napari_finetune.trainer.sync import LocalSync
+
+# The agreement of a step run by one process alone.
+ALONE = LocalSync()
 
 
 def split_sizes(n: int, batch_size: int) -> list[int]:
@@ -53,52 +61,69 @@ class StepOutcome:
     scale: tuple[float, float] = (1.0, 1.0)
 
 
+def teacher_terms(state: RunState) -> tuple[float, bool]:
+    """Distillation weight and hold as the step uses them (both off without a teacher)."""
+    if state.teacher is None:
+        return 0.0, False
+    return float(state.distillation), bool(state.hold_other_channels)
+
+
+def local_normalisers(parts: TrainingParts, state: RunState, labels: np.ndarray) -> Normalisers:
+    """The counts of this process's samples of the step."""
+    distillation, hold = teacher_terms(state)
+    all_labels = torch.from_numpy(np.ascontiguousarray(labels))
+    return step_normalisers(all_labels, parts.corrected, distillation, hold)
+
+
 def accumulate_gradients(
-    trainer: Any,
+    parts: TrainingParts,
+    state: RunState,
     images: np.ndarray,
     labels: np.ndarray,
     scaled: bool = True,
     micro_batches: list[int] | None = None,
+    norms: Normalisers | None = None,
 ) -> torch.Tensor:
     """Forward and backward every micro-batch of a step; returns the step loss (tensor).
 
     Parameters
     ----------
-    trainer : Finetuner
-        Reads ``model``, ``teacher``, ``precision``, ``batch_size``,
-        ``distillation``, ``hold_other_channels``, ``corrected``, ``device``.
+    parts : TrainingParts
+        The model, its precision and the corrected channels.
+    state : RunState
+        Reads ``teacher``, ``batch_size``, ``distillation``, ``hold_other_channels``.
     images, labels : numpy.ndarray
         All samples of the step: ``(n, 1, *patch)`` float32 and ``(n, *patch)`` int64.
     scaled : bool
         Scale the loss with the GradScaler (False for the precision probe,
         which looks at the raw gradients).
     micro_batches : list of int, optional
-        Sizes to cut into; default :func:`split_sizes` with ``trainer.batch_size``.
+        Sizes to cut into; default :func:`split_sizes` with ``state.batch_size``.
+    norms : Normalisers, optional
+        The step's counts; default those of ``labels`` (several ranks pass the
+        whole step's).
     """
-    device = torch.device(trainer.device)
-    precision = trainer.precision
+    device, precision = parts.device, parts.precision
     all_labels = torch.from_numpy(np.ascontiguousarray(labels))
-    teacher = trainer.teacher
-    distillation = float(trainer.distillation)
-    hold = bool(trainer.hold_other_channels)
-    if teacher is None:
-        distillation, hold = 0.0, False
-    norms = step_normalisers(all_labels, trainer.corrected, distillation, hold)
+    teacher = state.teacher
+    distillation, hold = teacher_terms(state)
+    if norms is None:
+        norms = step_normalisers(all_labels, parts.corrected, distillation, hold)
     use_teacher = teacher is not None and (norms.distillation > 0 or norms.hold > 0)
     total = torch.zeros((), device=device)
     start = 0
-    for size in micro_batches or split_sizes(len(images), trainer.batch_size):
+    for size in micro_batches or split_sizes(len(images), state.batch_size):
         x = torch.from_numpy(np.ascontiguousarray(images[start : start + size]))
         x = x.to(device, non_blocking=True)
         y = all_labels[start : start + size].to(device, non_blocking=True)
         start += size
         with precision.autocast():
-            logits = trainer.model(x)
+            logits = parts.model(x)
             teacher_probs = None
             if use_teacher:
                 with torch.no_grad():
                     teacher_probs = torch.sigmoid(teacher(x).float())
-        loss = finetune_loss(logits, y, trainer.corrected, norms, teacher_probs, distillation, hold)
+        loss = finetune_loss(logits, y, parts.corrected, norms, teacher_probs, distillation, hold)
         if scaled:
             precision.backward(loss)
         else:
@@ -109,47 +134,85 @@ def accumulate_gradients(
     return total
 
 
-def run_step(trainer: Any, images: np.ndarray, labels: np.ndarray) -> StepOutcome:
+def run_step(
+    parts: TrainingParts,
+    state: RunState,
+    images: np.ndarray,
+    labels: np.ndarray,
+    max_grad_norm: float | None = None,
+    sync: LocalSync = ALONE,
+) -> StepOutcome:
     """One attempt at an optimizer step with the given samples.
 
     Gradients are cleared first, so an attempt never sees a failed one's
     leftovers. A non-finite loss (any precision), or non-finite gradients under
     bf16 autocast, leave the weights untouched and return ``"nonfinite"``; the
     fp16 GradScaler handles its own gradients and reports ``"skipped"``.
+
+    With several ranks (``sync``), every decision is taken by all of them: an
+    out-of-memory on any rank raises :class:`StepOutOfMemory` on every rank
+    before a gradient is exchanged, so the failed attempt's gradients are never
+    summed and every rank steps down the ladder together.
+
+    Raises
+    ------
+    StepOutOfMemory
+        The forward/backward passes or the optimizer step ran out of memory
+        (here or, with several ranks, on any rank).
     """
-    optimizer = trainer.optimizer
-    precision = trainer.precision
+    optimizer, precision = parts.optimizer, parts.precision
     optimizer.zero_grad(set_to_none=True)
-    loss = float(accumulate_gradients(trainer, images, labels))
+    norms = sync.normalisers(local_normalisers(parts, state, labels))
+    own = None
+    try:
+        local = float(accumulate_gradients(parts, state, images, labels, norms=norms))
+    except Exception as exc:
+        if not is_oom_error(exc):
+            raise
+        own = oom_line(exc)  # recovered by the caller, after this block is left
+    if sync.any(own is not None):
+        optimizer.zero_grad(set_to_none=True)
+        raise StepOutOfMemory(sync.failure_line(own, "another rank ran out of memory"))
+    loss = sync.total(local)
     if not math.isfinite(loss):
         optimizer.zero_grad(set_to_none=True)
         return StepOutcome("nonfinite", loss)
+    sync.reduce_gradients([p for p in parts.model.parameters() if p.grad is not None])
     # fp16 gradients are divided by the scale first: measured and clipped as
     # they are (a no-op for the other dtypes, whose scaler is disabled).
     precision.unscale(optimizer)
+    # Under fp16 the scaler itself skips a step with inf/NaN gradients. The
+    # ranks' gradients are equal once summed, so they all see the same verdict.
     if precision.enabled and not precision.grad_scaler:
-        # Under fp16 the scaler itself skips a step with inf/NaN gradients.
-        if not precision.gradients_finite(trainer.model):
+        if not precision.gradients_finite(parts.model):
             optimizer.zero_grad(set_to_none=True)
             return StepOutcome("nonfinite", loss)
-    if trainer.config.max_grad_norm is not None:
-        clip_gradients(trainer.model, trainer.config.max_grad_norm)
-    applied, before, after = guarded_optimizer_step(optimizer, precision)
+    if max_grad_norm is not None:
+        clip_gradients(parts.model, max_grad_norm)
+    applied, before, after = guarded_optimizer_step(optimizer, precision, sync)
     optimizer.zero_grad(set_to_none=True)
     return StepOutcome("applied" if applied else "skipped", loss, (before, after))
 
 
-def guarded_optimizer_step(optimizer: torch.optim.Optimizer, precision: Any) -> tuple:
-    """``precision.step(optimizer)``, all or nothing.
+def guarded_optimizer_step(
+    optimizer: torch.optim.Optimizer, precision: Precision, sync: LocalSync = ALONE
+) -> tuple[bool, float, float]:
+    """``precision.step(optimizer)``, all or nothing (on every rank).
 
     AdamW's foreach path updates the step counters, the weights (decay) and the
     first moments before it allocates its square-root temporaries: an OOM
     there would leave half a step applied, and redoing the step would apply
-    that half twice. The trainable weights and the optimizer state are copied
-    first (small for LoRA; one model's worth for a full fine-tune) and put
-    back if the step raises. The copies are made after the micro-batches'
+    that half twice. The trainable weights, the optimizer state and the
+    scaler's state are copied first (small for LoRA; one model's worth for a
+    full fine-tune) and put back if the step runs out of memory here, or, with
+    several ranks, on any rank. The copies are made after the micro-batches'
     activations are freed, so they add to the optimizer step's peak, not to
     the forward/backward peak.
+
+    Raises
+    ------
+    StepOutOfMemory
+        The step ran out of memory here or on another rank (weights unchanged).
     """
     params = [p for group in optimizer.param_groups for p in group["params"]]
     saved_params = [p.detach().clone() for p in params]
@@ -158,15 +221,34 @@ def guarded_optimizer_step(optimizer: torch.optim.Optimizer, precision: Any) -> 
         for p in params
         if p in optimizer.state
     }
+    saved_scaler = precision.scaler.state_dict()
+    own = None
+    result = (False, 1.0, 1.0)
     try:
-        return precision.step(optimizer)
-    except BaseException:
-        with torch.no_grad():
-            for param, value in zip(params, saved_params, strict=True):
-                param.copy_(value)
-        for param in params:
-            if param in saved_state:
-                optimizer.state[param] = saved_state[param]
-            else:
-                optimizer.state.pop(param, None)
-        raise
+        result = precision.step(optimizer)
+    except BaseException as exc:
+        if not is_oom_error(exc):
+            _restore(optimizer, params, saved_params, saved_state)
+            raise
+        own = oom_line(exc)
+    if sync.any(own is not None):
+        _restore(optimizer, params, saved_params, saved_state)
+        precision.reset_step_state(saved_scaler)
+        raise StepOutOfMemory(sync.failure_line(own, "another rank ran out of memory"))
+    return result
+
+
+def _restore(
+    optimizer: torch.optim.Optimizer,
+    params: list[torch.Tensor],
+    saved_params: list[torch.Tensor],
+    saved_state: dict[torch.Tensor, dict[str, object]],
+) -> None:
+    with torch.no_grad():
+        for param, value in zip(params, saved_params, strict=True):
+            param.copy_(value)
+    for param in params:
+        if param in saved_state:
+            optimizer.state[param] = saved_state[param]
+        else:
+            optimizer.state.pop(param, None)
