@@ -74,7 +74,7 @@ def main() -> int:
     import napari
     from qtpy.QtWidgets import QApplication
 
-    from napari_finetune.trainer.faults import oom_above_batch
+    from napari_finetune.testing import build_hooks, oom_above_batch
 
     viewer = napari.Viewer()
     viewer.window._qt_window.resize(1380, 960)
@@ -84,7 +84,7 @@ def main() -> int:
     _, widget = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
     if os.environ.get("CHECKPOINT"):  # e.g. before the sample model is installed
         widget.checkpoint_edit.setText(os.environ["CHECKPOINT"])
-        widget._checkpoint_changed()
+        widget.checkpoint_edit.editingFinished.emit()  # as Return in the field does
     _wait(app, lambda: widget.state.info is not None and widget.state.running == 0)
     viewer.reset_view()  # the docked panel narrowed the canvas: fit the image again
     z = int(shape.split(",")[0]) // 2
@@ -109,7 +109,7 @@ def main() -> int:
     s.steps.setValue(int(os.environ.get("STEPS", "40")))
     s.batch_size.setValue(4)
     s.preview_interval.setValue(2.0)
-    widget._model_hook = lambda model: oom_above_batch(model, 2)  # simulated, see the guide
+    build_hooks.model.append(lambda model: oom_above_batch(model, 2))  # simulated, see the guide
     widget.finetune_button.click()
     _wait(app, lambda: widget.state.previews >= 2 or widget.state.busy is None)
     _close_toasts(viewer)
