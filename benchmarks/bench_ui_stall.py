@@ -165,11 +165,11 @@ def main(argv: list[str] | None = None) -> int:
         value = 1 + int(truth[z, y, x]) if truth is not None else 2
         layer.paint((z, y, x), value)
     s = widget.settings
-    s.steps.setValue(args.steps)
-    s.batch_size.setValue(args.batch)
-    s.mode.setCurrentIndex(0 if args.mode == "lora" else 1)
-    s.preview_interval.setValue(args.preview)
-    s.device.setCurrentText(args.device)
+    s.steps.value = args.steps
+    s.batch_size.value = args.batch
+    s.mode.value = args.mode
+    s.preview_interval.value = args.preview
+    s.device.value = args.device
 
     idle = Meter(False)
     idle.start()

@@ -106,9 +106,9 @@ def main() -> int:
         viewer.layers[name].visible = True
 
     s = widget.settings
-    s.steps.setValue(int(os.environ.get("STEPS", "40")))
-    s.batch_size.setValue(4)
-    s.preview_interval.setValue(2.0)
+    s.steps.value = int(os.environ.get("STEPS", "40"))
+    s.batch_size.value = 4
+    s.preview_interval.value = 2.0
     build_hooks.model.append(lambda model: oom_above_batch(model, 2))  # simulated, see the guide
     widget.finetune_button.click()
     _wait(app, lambda: widget.state.previews >= 2 or widget.state.busy is None)

@@ -29,11 +29,11 @@ def test_dock_lists_the_image_and_reads_the_checkpoint(docked):
     assert widget.settings.config() == FinetuneConfig()
     # The LoRA rank only means something in LoRA mode.
     settings = widget.settings
-    assert settings.lora_rank.isEnabled() == (FinetuneConfig().mode == "lora")
-    settings.mode.setCurrentIndex(settings.mode.findData("lora"))
-    assert settings.lora_rank.isEnabled() and settings.config().mode == "lora"
-    settings.mode.setCurrentIndex(settings.mode.findData("full"))
-    assert not settings.lora_rank.isEnabled()
+    assert settings.lora_rank.enabled == (FinetuneConfig().mode == "lora")
+    settings.mode.value = "lora"
+    assert settings.lora_rank.enabled and settings.config().mode == "lora"
+    settings.mode.value = "full"
+    assert not settings.lora_rank.enabled
 
 
 def test_predict_button_adds_one_layer_per_channel(docked, qtbot):

@@ -50,10 +50,10 @@ def _setup_run(viewer, widget, qtbot, steps: int, batch: int, preview_s: float =
     layer = viewer.layers["corrections"]
     _paint(layer)
     s = widget.settings
-    s.steps.setValue(steps)
-    s.batch_size.setValue(batch)
-    s.preview_interval.setValue(preview_s)
-    s.device.setCurrentText("cpu")
+    s.steps.value = steps
+    s.batch_size.value = batch
+    s.preview_interval.value = preview_s
+    s.device.value = "cpu"
     return layer
 
 
@@ -68,8 +68,8 @@ def test_finetune_refreshes_prediction_and_status_without_freezing(docked, qtbot
     wait_idle(qtbot, widget)
     before = viewer.layers["mitochondria prediction"].data.copy()
     layer = _setup_run(viewer, widget, qtbot, steps=6, batch=2, preview_s=0.05)
-    widget.settings.mode.setCurrentIndex(1)  # full fine-tune: big enough moves in 6 steps
-    widget.settings.learning_rate.setValue(0.01)
+    widget.settings.mode.value = "full"  # full fine-tune: big enough moves in 6 steps
+    widget.settings.learning_rate.value = 0.01
 
     with StallMeter() as meter:
         qtbot.mouseClick(widget.finetune_button, Qt.LeftButton)
@@ -173,7 +173,7 @@ def test_stop_keeps_weights_and_export_reloads(docked, qtbot, monkeypatch, tmp_p
 def test_nothing_painted_notifies_and_returns_to_idle(docked, qtbot):
     viewer, widget, image = docked
     qtbot.mouseClick(widget.new_corrections_button, Qt.LeftButton)
-    widget.settings.steps.setValue(2)
+    widget.settings.steps.value = 2
     before = len(_errors())
     qtbot.mouseClick(widget.finetune_button, Qt.LeftButton)
     wait_idle(qtbot, widget)
@@ -220,8 +220,8 @@ def test_a_2d_image_with_a_2d_model(make_napari_viewer, qtbot, tmp_path):
     layer.brush_size = 5
     layer.paint((24, 24), 3)
     layer.paint((8, 40), 1)
-    widget.settings.steps.setValue(2)
-    widget.settings.preview_interval.setValue(0.1)
+    widget.settings.steps.value = 2
+    widget.settings.preview_interval.value = 0.1
     qtbot.mouseClick(widget.finetune_button, Qt.LeftButton)
     wait_idle(qtbot, widget)
     assert widget.state.statuses[-1].kind == "finished", widget.state.errors

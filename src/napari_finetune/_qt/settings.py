@@ -10,6 +10,7 @@ collapsed section (superqt's ``QCollapsible``).
 from __future__ import annotations
 
 from dataclasses import fields
+from pathlib import Path
 from typing import Any
 
 from magicgui.widgets import (
@@ -33,6 +34,7 @@ DEFAULT_PREVIEW_INTERVAL_S = 5.0
 PERCENT_FIELDS = ("validation_fraction",)
 # What the user sets explicitly wins over a resumed degraded state.
 EXPLICIT_FIELDS = ("batch_size", "distillation", "hold_other_channels", "mixed_precision")
+DEFAULT_SNAPSHOT = str(Path.home() / "napari-finetune-memory-snapshot.pickle")
 AUTOBATCH_CHOICES = [("auto (on for GPUs)", None), ("on", True), ("off", False)]
 
 
@@ -74,6 +76,7 @@ class SettingsForm(QWidget):
         self.mode, self.lora_rank, self.distillation = i["mode"], i["lora_rank"], i["distillation"]
         self.validation = i["validation_fraction"]
         self.validation.native.setSuffix(" %")
+        self.validation.native.setDecimals(0)
         self.hold_other_channels, self.mixed_precision = (
             i["hold_other_channels"], i["mixed_precision"])
         self.device = ComboBox(value=d.device if d.device in DEVICES else "auto",
@@ -85,6 +88,8 @@ class SettingsForm(QWidget):
                     "(0 = never)")
         self.preview_interval.native.setPrefix("every ")
         self.preview_interval.native.setSuffix(" s")
+        self.preview_interval.native.setDecimals(1)
+        self.preview_interval.native.setButtonSymbols(QAbstractSpinBox.NoButtons)
         self.resume_degraded = CheckBox(
             value=d.resume_degraded, text="start from the checkpoint's degraded state",
             tooltip="A checkpoint from a run that stepped down (smaller batch, fp32, "
@@ -96,10 +101,14 @@ class SettingsForm(QWidget):
                                   label=FIELDS["autobatch"].label,
                                   tooltip=field_docs(FinetuneConfig)["autobatch"])
         self.memory_fraction = i["memory_fraction"]
-        self.memory_snapshot = LineEdit(value=d.memory_snapshot or "",
-                                        label=FIELDS["memory_snapshot"].label,
-                                        tooltip=field_docs(FinetuneConfig)["memory_snapshot"])
-        self.memory_snapshot.native.setPlaceholderText("off (a file, e.g. memory.pickle)")
+        tip = field_docs(FinetuneConfig)["memory_snapshot"]
+        self.record_memory = CheckBox(value=d.memory_snapshot is not None,
+                                      text=FIELDS["memory_snapshot"].label, tooltip=tip)
+        self.memory_snapshot = LineEdit(value=d.memory_snapshot or DEFAULT_SNAPSHOT,
+                                        tooltip=tip)
+        self.record_memory.changed.connect(
+            lambda on: setattr(self.memory_snapshot, "enabled", on))
+        self.memory_snapshot.enabled = self.record_memory.value
         self.max_grad_norm = field_input("max_grad_norm", d.max_grad_norm or 0.0)
         self.max_grad_norm.native.setSpecialValueText("off")  # 0 shows "off": no clipping
         self.lora_alpha, self.seed = i["lora_alpha"], i["seed"]
@@ -124,9 +133,13 @@ class SettingsForm(QWidget):
             _pair(self.mixed_precision, self.resume_degraded),
         ], labels=False)
         self.advanced = Container(widgets=[
-            _pair(self.autobatch, self.memory_fraction), _pair(self.memory_snapshot),
+            _pair(self.autobatch, self.memory_fraction),
+            _pair(self.record_memory, self.memory_snapshot),
             _pair(self.max_grad_norm, self.lora_alpha), _pair(self.patch_shape, self.seed),
         ], labels=False)
+        for box in (self.main, self.advanced):
+            box.margins = (0, 0, 0, 0)
+            box.native.layout().setSpacing(2)
         self.advanced_box = QCollapsible("Advanced")
         self.advanced_box.addWidget(self.advanced.native)
         self.advanced_box.collapse(animate=False)
@@ -150,7 +163,8 @@ class SettingsForm(QWidget):
             values[name] = self.inputs[name].value / 100
         values.update(
             patch_shape=_sizes(self.patch_shape.value),
-            memory_snapshot=self.memory_snapshot.value.strip() or None,
+            memory_snapshot=(self.memory_snapshot.value.strip() or DEFAULT_SNAPSHOT)
+            if self.record_memory.value else None,
             max_grad_norm=self.max_grad_norm.value or None,
             resume_degraded=self.resume_degraded.value,
             explicit_settings=tuple(sorted(self._explicit)),
@@ -174,7 +188,9 @@ class SettingsForm(QWidget):
 
 def _pair(*widgets: Widget) -> Container:
     """A row of inputs, each with its label on the left (check boxes carry their own)."""
-    return Container(widgets=list(widgets), layout="horizontal", labels=True)
+    row = Container(widgets=list(widgets), layout="horizontal", labels=True)
+    row.margins = (0, 0, 0, 0)
+    return row
 
 
 def _sizes(text: str) -> tuple[int, ...]:
