@@ -36,6 +36,26 @@ def test_dock_lists_the_image_and_reads_the_checkpoint(docked):
     assert not settings.lora_rank.enabled
 
 
+def test_loss_plot_follows_the_theme_and_marks_recoveries(docked, qtbot):
+    from napari.utils.theme import get_theme
+
+    from napari_finetune.trainer.status import Status
+
+    viewer, widget, image = docked
+    plot = widget.status_panel.loss_plot
+    for theme in ("light", "dark"):
+        viewer.theme = theme
+        corner = plot.grab().toImage().pixelColor(plot.width() // 2, 3)
+        assert corner.name() == get_theme(theme).background.as_hex()
+    base = dict(kind="step", dtype="float32", grad_scaler=False, batch_size=4, accumulation=1,
+                distillation="on", hold_other_channels="on", total_steps=10, epoch=0,
+                message="", distillation_weight=0.5, elapsed_s=1.0)
+    for step, batch in ((1, 4), (2, 4), (3, 2), (4, 2)):
+        widget.status_panel.show_status(Status(**{**base, "step": step, "batch_size": batch,
+                                                  "loss": 1.0 / step}))
+    assert plot.marks == [(3, "batch halved")] and len(plot.losses) == 4
+
+
 def test_predict_button_adds_one_layer_per_channel(docked, qtbot):
     viewer, widget, image = docked
     qtbot.mouseClick(widget.predict_button, Qt.LeftButton)

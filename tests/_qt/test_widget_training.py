@@ -117,6 +117,8 @@ def test_out_of_memory_shows_halved_batch_and_dropped_distillation(docked, qtbot
     assert panel.hold_label.text().startswith("dropped after out-of-memory")
     log = panel.log.toPlainText()
     assert sum(st.kind == "recovery" for st in widget.state.statuses) >= 2
+    marked = {what for _, what in panel.loss_plot.marks}  # the log's recoveries, on the curve
+    assert {"batch halved", "distillation dropped"} <= marked
     assert all(st.message in log for st in widget.state.statuses if st.kind == "recovery")
     assert not widget.state.errors  # the final prediction with the LoRA model worked too
     assert "prediction updated" in panel.progress.format()

@@ -145,7 +145,8 @@ class FinetuneWidget(QWidget):
         self.bioimageio_button.clicked.connect(self._export_bioimageio)
         self.state.events.all.connect(self._sync_buttons)  # the one place buttons follow
         layers = self.viewer.layers.events
-        self._viewer_hooks = [(self.viewer.dims.events.current_step, self._update_region),
+        self._viewer_hooks = [(self.viewer.events.theme, self._theme_changed),
+                              (self.viewer.dims.events.current_step, self._update_region),
                               (camera_of(self.viewer).events.center, self._update_region),
                               *((emitter, self.reset_choices) for emitter in (
                                   layers.inserted, layers.removed, layers.moved,
@@ -169,6 +170,7 @@ class FinetuneWidget(QWidget):
         self.destroyed.connect(destroyed)
         self._corrections_changed(self.corrections_combo.value)
         self._image_changed()
+        self._theme_changed()
         if self.checkpoint_edit.text():
             self._checkpoint_changed()
         a.warm_up()
@@ -225,6 +227,11 @@ class FinetuneWidget(QWidget):
         self.paint_next_button.setEnabled(idle and ready)
         self.bioimageio_button.setEnabled(idle and ready)
         self.finetune_button.setText("Fine-tuning…" if s.busy == "train" else "Fine-tune")
+
+    def _theme_changed(self, *_: object) -> None:
+        from napari.utils.theme import get_theme
+
+        self.status_panel.loss_plot.set_theme(get_theme(self.viewer.theme))
 
     def reset_choices(self, *_: object) -> None:
         """Refresh the layer lists (napari calls this when layers change, as do we)."""

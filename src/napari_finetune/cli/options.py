@@ -12,10 +12,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from collections.abc import Callable
 from typing import Any
 
-from napari_finetune.config import PredictConfig
+from napari_finetune.config import FinetuneConfig, PredictConfig
 from napari_finetune.config_fields import FIELDS, field_docs
 
 __all__ = ["add_config_options", "config_from_args", "field_docs", "given_options"]
@@ -35,7 +34,7 @@ def add_config_options(parser: argparse.ArgumentParser, cls: type, skip: tuple =
         flag = "--" + f.name.replace("_", "-")
         default = f.default
         shown = _OPTIONAL_SWITCHES.get(f.name, _show(default))
-        spec = FIELDS.get(f.name) if cls.__name__ == "FinetuneConfig" else None
+        spec = FIELDS.get(f.name) if cls is FinetuneConfig else None
         limits = f", {spec.range_text()}" if spec and spec.low is not None else ""
         helptext = f"{docs.get(f.name, '')} (default: {shown}{limits})"
         choices = [value for _, value in spec.choices] if spec and spec.choices else None
@@ -44,13 +43,12 @@ def add_config_options(parser: argparse.ArgumentParser, cls: type, skip: tuple =
                 flag, action=argparse.BooleanOptionalAction, default=None, help=helptext
             )
         elif isinstance(default, tuple):
-            group.add_argument(flag, type=_ranged(int, f.name, spec), nargs="+", metavar="N",
-                               default=None, help=helptext)
+            group.add_argument(flag, type=int, nargs="+", metavar="N", default=None,
+                               help=helptext)
         else:
             kind = _OPTIONAL_TYPES.get(f.name, str) if default is None else type(default)
             group.add_argument(
-                flag, type=_ranged(kind, f.name, spec), default=None, help=helptext,
-                choices=choices,
+                flag, type=kind, default=None, help=helptext, choices=choices,
             )
 
 
@@ -67,24 +65,12 @@ def config_from_args(cls: type, args: argparse.Namespace, **overrides: Any) -> A
         if value is not None:
             values[f.name] = tuple(value) if isinstance(value, list) else value
     values.update({k: v for k, v in overrides.items() if v is not None})
+    if cls is FinetuneConfig:  # the widget's ranges (ValueError: one line, as the config's)
+        for name, value in values.items():
+            if name in FIELDS and FIELDS[name].low is not None and value is not None:
+                for item in value if isinstance(value, tuple) else (value,):
+                    FIELDS[name].check(name, item)
     return cls(**values)
-
-
-def _ranged(kind: type, name: str, spec: Any) -> Callable[[str], Any]:
-    """``kind`` parsed from the command line, checked against the field's range."""
-    if spec is None or spec.low is None or kind is str:
-        return kind
-
-    def parse(text: str) -> Any:
-        value = kind(text)
-        try:
-            spec.check(name, value)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-        return value
-
-    parse.__name__ = kind.__name__  # argparse names the type in its "invalid" message
-    return parse
 
 
 def add_predict_options(parser: argparse.ArgumentParser) -> None:
