@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 from napari.utils.notifications import NotificationSeverity, notification_manager
 from qtpy.QtCore import Qt
@@ -54,6 +56,19 @@ def test_loss_plot_follows_the_theme_and_marks_recoveries(docked, qtbot):
         widget.status_panel.show_status(Status(**{**base, "step": step, "batch_size": batch,
                                                   "loss": 1.0 / step}))
     assert plot.marks == [(3, "batch halved")] and len(plot.losses) == 4
+
+
+def test_long_texts_read_in_full_or_elide_from_the_left(docked, qtbot):
+    viewer, widget, image = docked
+    qtbot.waitExposed(widget)
+    edit, mode = widget.checkpoint_edit, widget.settings.mode.native
+    path = widget.state.info.path
+    assert edit.toolTip() == path  # the whole path, whatever the field shows
+    metrics = edit.fontMetrics()
+    shown = metrics.elidedText(path, Qt.ElideLeft, edit.width())
+    assert shown.endswith(Path(path).name)  # the file name stays readable
+    mode.setCurrentText("Full fine-tune")
+    assert mode.width() >= mode.fontMetrics().horizontalAdvance("Full fine-tune") + 20
 
 
 def test_predict_button_adds_one_layer_per_channel(docked, qtbot):

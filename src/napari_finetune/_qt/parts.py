@@ -7,15 +7,49 @@ from typing import Any
 
 from magicgui.widgets import ComboBox, create_widget
 from napari.layers import Layer
+from qtpy.QtCore import Qt
+from qtpy.QtGui import QPainter, QPaintEvent, QPalette
 from qtpy.QtWidgets import (
     QComboBox,
     QGroupBox,
     QHBoxLayout,
     QLabel,
+    QLineEdit,
     QPushButton,
+    QStyle,
+    QStyleOptionFrame,
     QVBoxLayout,
     QWidget,
 )
+
+
+class PathEdit(QLineEdit):
+    """A path field that, unless being edited, shows the path elided from the left.
+
+    The file name is what tells checkpoints apart ("…/samples/synthetic_em_unet.pt");
+    the whole path is in the tooltip and comes back on focus. ``text()`` is
+    always the whole path.
+    """
+
+    def __init__(self, text: str = "") -> None:
+        super().__init__(text)
+        self.textChanged.connect(self.setToolTip)
+        self.setToolTip(text)
+
+    def paintEvent(self, event: QPaintEvent) -> None:  # noqa: N802 (Qt override)
+        if self.hasFocus() or not self.text():
+            super().paintEvent(event)
+            return
+        option = QStyleOptionFrame()
+        self.initStyleOption(option)
+        painter = QPainter(self)
+        self.style().drawPrimitive(QStyle.PE_PanelLineEdit, option, painter, self)
+        rect = self.style().subElementRect(QStyle.SE_LineEditContents, option, self)
+        rect.adjust(2, 0, -2, 0)
+        shown = self.fontMetrics().elidedText(self.text(), Qt.ElideLeft, rect.width())
+        painter.setPen(self.palette().color(QPalette.Text))
+        painter.drawText(rect, int(Qt.AlignVCenter | Qt.AlignLeft), shown)
+        painter.end()
 
 
 def preload() -> None:

@@ -22,7 +22,6 @@ from qtpy.QtWidgets import (
     QFileDialog,
     QFrame,
     QLabel,
-    QLineEdit,
     QPushButton,
     QScrollArea,
     QVBoxLayout,
@@ -34,6 +33,7 @@ from napari_finetune._qt.actions import Controller
 from napari_finetune._qt.corrections import METADATA_KEY, is_corrections_candidate, store_path_of
 from napari_finetune._qt.layers import camera_of, visible_region
 from napari_finetune._qt.parts import (
+    PathEdit,
     default_checkpoint,
     disconnect,
     group,
@@ -64,7 +64,7 @@ class FinetuneWidget(QWidget):
         self.state = RunState()
         self.actions = Controller(self)
         self.image_combo = layer_combo(napari_viewer, Image, lambda layer: True)
-        self.checkpoint_edit = QLineEdit(default_checkpoint())
+        self.checkpoint_edit = PathEdit(default_checkpoint())
         self.checkpoint_edit.setPlaceholderText("model checkpoint (.pt)")
         browse = QPushButton("…")
         browse.setToolTip("Choose a checkpoint file")
@@ -281,11 +281,7 @@ class FinetuneWidget(QWidget):
             self._checkpoint_changed()
 
     def _checkpoint_changed(self) -> None:
-        path = self.checkpoint_path()
-        # The file name is what tells checkpoints apart: show the end, the whole in the tip.
-        self.checkpoint_edit.setCursorPosition(len(self.checkpoint_edit.text()))
-        self.checkpoint_edit.setToolTip(path)
-        self.actions.load_info(path)
+        self.actions.load_info(self.checkpoint_path())
 
     def _new_corrections(self) -> None:
         layer = self.actions.new_corrections_layer()
