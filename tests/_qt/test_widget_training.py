@@ -235,7 +235,7 @@ def test_a_2d_image_with_a_2d_model(make_napari_viewer, qtbot, tmp_path):
 def test_click_returns_at_once_and_the_prediction_layers_follow(docked, qtbot):
     """Nothing predicted yet: the click adds no layer itself (napari's add_labels ~0.28 s each)."""
     viewer, widget, image = docked
-    _setup_run(viewer, widget, qtbot, steps=2, batch=1, preview_s=0.05)
+    layer = _setup_run(viewer, widget, qtbot, steps=2, batch=1, preview_s=0.05)
     names = [f"{c} prediction" for c in widget.state.info.channel_names]
     assert not any(n in viewer.layers for n in names)
     start = time.perf_counter()
@@ -244,6 +244,7 @@ def test_click_returns_at_once_and_the_prediction_layers_follow(docked, qtbot):
     assert not any(n in viewer.layers for n in names)  # added later, one per event-loop turn
     qtbot.waitUntil(lambda: all(n in viewer.layers for n in names), timeout=20_000)
     wait_idle(qtbot, widget)
+    assert viewer.layers.selection.active is layer  # strokes still go to the corrections
     assert widget.state.statuses[-1].kind == "finished", widget.state.errors
     assert not widget.state.errors
     print(f"Fine-tune click handler: {click_ms:.0f} ms")  # shown with -s
