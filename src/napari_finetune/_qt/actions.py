@@ -30,6 +30,8 @@ from napari_finetune._qt.state import CheckpointInfo, Untrusted, release_trainer
 from napari_finetune._qt.trust import ask_to_trust, info_job, refusal
 
 if TYPE_CHECKING:
+    from napari.layers import Labels
+
     from napari_finetune._qt.widget import FinetuneWidget
 
 
@@ -190,7 +192,7 @@ class Controller:
                                      else "prediction done")
         s.run_summary = ""
 
-    def new_corrections_layer(self) -> Any:
+    def new_corrections_layer(self) -> Labels | None:
         """An empty corrections layer with the model's classes, ready to paint."""
         image, info = self.w.image_layer(), self.state.info
         if image is None or info is None:
@@ -198,7 +200,7 @@ class Controller:
         return corr.add_corrections_layer(self.w.viewer, image, info.channel_names, info.colors,
                                           corr.store_path_of(image))
 
-    def follow_corrections(self, layer: Any) -> None:
+    def follow_corrections(self, layer: Labels | None) -> None:
         """Autosave ``layer`` into its (or the image's) store; stop following the previous."""
         s, label = self.state, self.w.autosave_label
         if s.autosaver is not None:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from napari import Viewer
 
 from magicgui.widgets import ComboBox, create_widget
 from napari.layers import Layer
@@ -76,7 +79,7 @@ def default_checkpoint() -> str:
         return ""
 
 
-def layer_combo(viewer: Any, kind: type[Layer], accept: Callable[[Layer], bool]) -> ComboBox:
+def layer_combo(viewer: Viewer, kind: type[Layer], accept: Callable[[Layer], bool]) -> ComboBox:
     """magicgui's combo box of the viewer's ``kind`` layers that ``accept`` takes.
 
     The choices come from this viewer (magicgui's own lookup finds the viewer

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from napari.layers import Image, Labels, Layer
 from qtpy.QtCore import QEvent, QSize, Qt
@@ -47,6 +47,9 @@ from napari_finetune._qt.state import RunState, shut_down, stop
 from napari_finetune._qt.status_panel import StatusPanel
 from napari_finetune.config import FinetuneConfig
 
+if TYPE_CHECKING:
+    from napari import Viewer
+
 
 class FinetuneWidget(QWidget):
     """Dock widget: pick an image and a checkpoint, predict, paint, fine-tune, export.
@@ -57,7 +60,7 @@ class FinetuneWidget(QWidget):
         The viewer this widget docks into.
     """
 
-    def __init__(self, napari_viewer: Any) -> None:
+    def __init__(self, napari_viewer: Viewer) -> None:
         super().__init__()
         preload()
         self.viewer = napari_viewer
