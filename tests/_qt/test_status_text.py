@@ -69,6 +69,7 @@ def test_recovery_marks_read_what_changed_from_the_fields():
 
     before = _status(dtype="bfloat16", batch_size=4)
     assert recovery_marks(None, before) == []
+    assert recovery_marks(None, before, start_batch=8) == ["batch halved"]  # in the probe
     assert recovery_marks(before, _status(dtype="bfloat16", batch_size=2)) == ["batch halved"]
     assert recovery_marks(before, _status(batch_size=4)) == ["fp32"]
     dropped = _status(dtype="bfloat16", distillation="dropped", dropped_at_step=3)

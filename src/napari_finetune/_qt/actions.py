@@ -248,7 +248,7 @@ class Controller:
         store, info = corr.store_path_of(layer, image), s.info
         release_trainer(s)
         s.statuses, s.previews, s.timings = [], 0, {}
-        self.w.status_panel.start_run(config.steps)
+        self.w.status_panel.start_run(config.steps, config.batch_size)
         s.stop_requested, s.busy = False, "train"  # the job starts after the layers
 
         def start() -> None:

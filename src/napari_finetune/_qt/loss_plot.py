@@ -20,10 +20,16 @@ from napari_finetune.trainer.status import Status
 MARKS = {"batch halved": "½", "fp32": "32", "distillation dropped": "D"}
 
 
-def recovery_marks(previous: Status | None, status: Status) -> list[str]:
-    """What ``status`` gave up compared with ``previous``: keys of :data:`MARKS`."""
+def recovery_marks(
+    previous: Status | None, status: Status, start_batch: int | None = None,
+) -> list[str]:
+    """What ``status`` gave up compared with ``previous``: keys of :data:`MARKS`.
+
+    Before the first status, ``start_batch`` (the configured batch) is the
+    reference: the precision probe may halve it before anything was reported.
+    """
     if previous is None:
-        return []
+        return ["batch halved"] if start_batch and status.batch_size < start_batch else []
     marks = []
     if status.batch_size < previous.batch_size:
         marks.append("batch halved")

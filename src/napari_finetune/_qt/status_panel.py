@@ -83,6 +83,7 @@ class StatusPanel(QWidget):
         self.validation_label = QLabel("–")
         self._last_validation: dict[str, float] | None = None
         self._previous: Status | None = None  # the last status, to see what a recovery changed
+        self._start_batch: int | None = None
         self.validation_label.setWordWrap(True)
         self.validation_label.setToolTip(
             "IoU per channel on painted voxels held out of training (validation fraction)"
@@ -136,8 +137,9 @@ class StatusPanel(QWidget):
         finally:
             bar.setUpdatesEnabled(True)  # schedules one ordinary update()
 
-    def start_run(self, total_steps: int) -> None:
-        """Reset for a new run of ``total_steps`` steps."""
+    def start_run(self, total_steps: int, batch_size: int | None = None) -> None:
+        """Reset for a new run of ``total_steps`` steps starting at ``batch_size``."""
+        self._start_batch = batch_size
         self.loss_plot.clear()
         self.validation_label.setText("–")
         self._last_validation = self._previous = None
@@ -158,7 +160,7 @@ class StatusPanel(QWidget):
             self.loss_plot.add(status.loss)
         # A recovery comes before the step it saved completes; a step status, after it.
         at = status.step + 1 if status.kind == "recovery" else status.step
-        for what in recovery_marks(self._previous, status):
+        for what in recovery_marks(self._previous, status, self._start_batch):
             self.loss_plot.add_mark(at, what)
         self._previous = status
         checked = status.validation is not None and status.validation != self._last_validation
