@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     _, widget = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
     dock_s = time.perf_counter() - t
     widget.checkpoint_edit.setText(str(ckpt))
-    widget._checkpoint_changed()
+    widget.checkpoint_edit.editingFinished.emit()  # as Return in the field does
     _wait(app, lambda: widget.state.info is not None and widget.state.running == 0)
     predict_s = float("nan")
     if not args.no_predict:
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         predict_s = time.perf_counter() - t
 
     widget.new_corrections_button.click()
-    layer = widget.corrections_combo.layer()  # the new one (the store may hold older ones)
+    layer = widget.corrections_combo.value  # the new one (the store may hold older ones)
     layer.brush_size = 7
     truth = np.asarray(viewer.layers["ground truth"].data) if "ground truth" in viewer.layers \
         else None
@@ -165,11 +165,11 @@ def main(argv: list[str] | None = None) -> int:
         value = 1 + int(truth[z, y, x]) if truth is not None else 2
         layer.paint((z, y, x), value)
     s = widget.settings
-    s.steps.setValue(args.steps)
-    s.batch_size.setValue(args.batch)
-    s.mode.setCurrentIndex(0 if args.mode == "lora" else 1)
-    s.preview_interval.setValue(args.preview)
-    s.device.setCurrentText(args.device)
+    s.steps.value = args.steps
+    s.batch_size.value = args.batch
+    s.mode.value = args.mode
+    s.preview_interval.value = args.preview
+    s.device.value = args.device
 
     idle = Meter(False)
     idle.start()

@@ -4,9 +4,12 @@
 
 Drives the real widget on the synthetic-em sample with its pretrained model:
 Predict, paint corrections from a few ground-truth disks on one slice (what a
-careful user paints), Fine-tune, and a mid-run capture. The mid-run status shows
-a simulated out-of-memory (a forward pre-hook, as in the tests) so the guide
-can show what a recovery looks like; it is labelled as such in the guide.
+careful user paints), Fine-tune, a mid-run capture, and Paint here next after
+the run (the uncertainty layer, the validation curve in the plot). The mid-run
+status shows a simulated out-of-memory (a forward pre-hook, as in the tests) so
+the guide can show what a recovery looks like; it is labelled as such in the
+guide. The window captures are taken in napari's dark theme and again in its
+light one (``*-light.png``).
 """
 
 from __future__ import annotations
@@ -36,6 +39,20 @@ def _save(image: np.ndarray, name: str) -> None:
 
     imwrite(HERE / name, image)
     print("wrote", HERE / name, image.shape)
+
+
+def _save_themes(viewer, app, name: str, canvas_only: bool = False) -> None:
+    """``name`` in the dark theme and ``<name>-light.png`` in the light one."""
+    _save(viewer.screenshot(canvas_only=canvas_only, flash=False), name)
+    if canvas_only:
+        return
+    viewer.theme = "light"
+    for _ in range(20):
+        app.processEvents()
+    _save(viewer.screenshot(canvas_only=False, flash=False), name.replace(".png", "-light.png"))
+    viewer.theme = "dark"
+    for _ in range(20):
+        app.processEvents()
 
 
 def _close_toasts(viewer) -> None:
@@ -74,7 +91,7 @@ def main() -> int:
     import napari
     from qtpy.QtWidgets import QApplication
 
-    from napari_finetune.testing import oom_above_batch
+    from napari_finetune.testing import build_hooks, oom_above_batch
 
     viewer = napari.Viewer()
     viewer.window._qt_window.resize(1380, 960)
@@ -84,7 +101,7 @@ def main() -> int:
     _, widget = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
     if os.environ.get("CHECKPOINT"):  # e.g. before the sample model is installed
         widget.checkpoint_edit.setText(os.environ["CHECKPOINT"])
-        widget._checkpoint_changed()
+        widget.checkpoint_edit.editingFinished.emit()  # as Return in the field does
     _wait(app, lambda: widget.state.info is not None and widget.state.running == 0)
     viewer.reset_view()  # the docked panel narrowed the canvas: fit the image again
     z = int(shape.split(",")[0]) // 2
@@ -92,10 +109,10 @@ def main() -> int:
 
     widget.predict_button.click()
     _wait(app, lambda: widget.state.busy is None)
-    _save(viewer.screenshot(canvas_only=False, flash=False), "01-predict.png")
+    _save_themes(viewer, app, "01-predict.png")
 
     widget.new_corrections_button.click()
-    layer = viewer.layers["corrections"]
+    layer = widget.corrections_layer()  # the new one ("corrections", or a numbered name)
     truth = np.asarray(viewer.layers["ground truth"].data)
     wrong = (truth == 1) & (viewer.layers["mitochondria prediction"].data > 0)
     _paint_disks(layer, truth, wrong, z)
@@ -106,18 +123,27 @@ def main() -> int:
         viewer.layers[name].visible = True
 
     s = widget.settings
-    s.steps.setValue(int(os.environ.get("STEPS", "40")))
-    s.batch_size.setValue(4)
-    s.preview_interval.setValue(2.0)
-    widget._model_hook = lambda model: oom_above_batch(model, 2)  # simulated, see the guide
+    s.steps.value = int(os.environ.get("STEPS", "40"))
+    s.batch_size.value = 4
+    s.preview_interval.value = 2.0
+    build_hooks.model.append(lambda model: oom_above_batch(model, 2))  # simulated, see the guide
     widget.finetune_button.click()
     _wait(app, lambda: widget.state.previews >= 2 or widget.state.busy is None)
     _close_toasts(viewer)
     _save(viewer.screenshot(canvas_only=True, flash=False), "03-preview-canvas.png")
-    _save(viewer.screenshot(canvas_only=False, flash=False), "04-finetune-running.png")
+    _save_themes(viewer, app, "04-finetune-running.png")
     _wait(app, lambda: widget.state.busy is None and widget.state.running == 0)
+    build_hooks.clear()
     layer.visible = False
-    _save(viewer.screenshot(canvas_only=False, flash=False), "05-after-finetune.png")
+    _save_themes(viewer, app, "05-after-finetune.png")
+    layer.visible = True
+    widget.paint_next_button.click()
+    _wait(app, lambda: len(widget.state.suggested) >= 1 or bool(widget.state.errors))
+    _wait(app, lambda: widget.state.busy is None and widget.state.running == 0)
+    for name in ("membrane prediction", "mitochondria prediction"):
+        viewer.layers[name].visible = False
+    _close_toasts(viewer)
+    _save_themes(viewer, app, "06-paint-here-next.png")
     print("timings", widget.state.timings, "errors", widget.state.errors)
     viewer.close()
     return 0

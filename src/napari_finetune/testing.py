@@ -245,3 +245,23 @@ class MemoryBudget(TorchDispatchMode):
         self.peak_bytes = max(self.peak_bytes, self.live_bytes)
         self._measure_peak = max(self._measure_peak, self.live_bytes)
         return out
+
+
+class BuildHooks:
+    """Fault injection for runs the widget starts (tests and benchmarks fill, then clear).
+
+    The widget's training job calls each ``model`` hook on the loaded model before the
+    trainer is built, and adds each ``trainer`` hook to ``Finetuner.after_build``.
+    """
+
+    def __init__(self) -> None:
+        self.model: list[Callable[[torch.nn.Module], Any]] = []
+        self.trainer: list[Callable[[Any], Any]] = []
+
+    def clear(self) -> None:
+        """Remove every hook."""
+        self.model.clear()
+        self.trainer.clear()
+
+
+build_hooks = BuildHooks()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from qtpy.QtCore import Qt
 
 SHAPE = (16, 64, 64)
 CHANNELS = ["membrane", "mitochondria"]
@@ -66,11 +67,18 @@ def docked(make_napari_viewer, qtbot, tiny_store, tiny_checkpoint):
     image = layers[0]
     assert image.metadata["ome_zarr_path"]
     _, widget = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
-    widget.checkpoint_edit.setText(str(tiny_checkpoint))
-    widget._checkpoint_changed()
+    choose_checkpoint(qtbot, widget, str(tiny_checkpoint))
     qtbot.waitUntil(lambda: widget.state.info is not None, timeout=20_000)
     yield viewer, widget, image
     wait_idle(qtbot, widget)
+
+
+def choose_checkpoint(qtbot, widget, path) -> None:
+    """Type ``path`` into the model field and press Return, as a user does."""
+    edit = widget.checkpoint_edit
+    edit.clear()
+    qtbot.keyClicks(edit, str(path))
+    qtbot.keyClick(edit, Qt.Key_Return)
 
 
 def wait_idle(qtbot, widget, timeout: int = 120_000) -> None:

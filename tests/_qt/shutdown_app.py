@@ -76,11 +76,11 @@ def main(case: str, store: str, checkpoint: str, out: Path) -> None:
 
     def start_run() -> None:
         s = widget.settings
-        s.steps.setValue(100_000)
-        s.batch_size.setValue(1)
-        s.mode.setCurrentIndex(s.mode.findData("full"))
-        s.device.setCurrentText("cpu")
-        s.preview_interval.setValue(0.2)
+        s.steps.value = 100_000
+        s.batch_size.value = 1
+        s.mode.value = "full"
+        s.device.value = "cpu"
+        s.preview_interval.value = 0.2
         widget.finetune_button.click()
         say("fine-tune clicked")
 

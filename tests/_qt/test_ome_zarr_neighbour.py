@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 from qtpy.QtCore import Qt
-from tests._qt.conftest import wait_idle
+from tests._qt.conftest import choose_checkpoint, wait_idle
 
 
 def test_store_opened_by_napari_ome_zarr_gets_autosaved_corrections(
@@ -18,11 +18,10 @@ def test_store_opened_by_napari_ome_zarr_gets_autosaved_corrections(
     image = viewer.open(str(tiny_store), plugin="napari-ome-zarr")[0]
     assert "ome_zarr_path" not in image.metadata
     _, widget = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
-    widget.checkpoint_edit.setText(str(tiny_checkpoint))
-    widget._checkpoint_changed()
+    choose_checkpoint(qtbot, widget, str(tiny_checkpoint))
     qtbot.waitUntil(lambda: widget.state.info is not None, timeout=20_000)
     try:
-        assert widget.image_combo.layer() is image
+        assert widget.image_combo.value is image
         assert widget.store_hint() == tiny_store
         qtbot.mouseClick(widget.new_corrections_button, Qt.LeftButton)
         layer = viewer.layers["corrections"]

@@ -62,3 +62,16 @@ def test_panel_shows_validation_scores_plots_and_logs_them_once(qtbot):
     panel.loss_plot.grab()  # paints both curves without error
     panel.start_run(20)
     assert panel.validation_label.text() == "–" and panel.loss_plot.scores == []
+
+
+def test_recovery_marks_read_what_changed_from_the_fields():
+    from napari_finetune._qt.loss_plot import recovery_marks
+
+    before = _status(dtype="bfloat16", batch_size=4)
+    assert recovery_marks(None, before) == []
+    assert recovery_marks(None, before, start_batch=8) == ["batch halved"]  # in the probe
+    assert recovery_marks(before, _status(dtype="bfloat16", batch_size=2)) == ["batch halved"]
+    assert recovery_marks(before, _status(batch_size=4)) == ["fp32"]
+    dropped = _status(dtype="bfloat16", distillation="dropped", dropped_at_step=3)
+    assert recovery_marks(before, dropped) == ["distillation dropped"]
+    assert recovery_marks(dropped, dropped) == []  # only the change is marked

@@ -14,7 +14,7 @@ import torch
 from napari.utils.notifications import NotificationSeverity, notification_manager
 from qtpy.QtCore import Qt
 from qtpy.QtWidgets import QMessageBox
-from tests._qt.conftest import CHANNELS, wait_idle
+from tests._qt.conftest import CHANNELS, choose_checkpoint, wait_idle
 
 from napari_finetune.model.checkpoint import FORMAT, FORMAT_VERSION, checkpoint_from_factory
 
@@ -39,9 +39,8 @@ def _hostile_checkpoint(path, factory: str, kwargs: dict) -> str:
     return str(path)
 
 
-def _choose(widget, path) -> None:
-    widget.checkpoint_edit.setText(str(path))
-    widget._checkpoint_changed()
+def _choose(qtbot, widget, path) -> None:
+    choose_checkpoint(qtbot, widget, str(path))
 
 
 def _warnings() -> list[str]:
@@ -64,7 +63,7 @@ def test_no_leaves_nothing_loaded_and_nothing_run(docked, qtbot, monkeypatch, tm
     asked = _answer(monkeypatch, QMessageBox.No)
     before = len(_warnings())
 
-    _choose(widget, path)
+    _choose(qtbot, widget, path)
     qtbot.waitUntil(lambda: len(_warnings()) > before, timeout=20_000)
     wait_idle(qtbot, widget)
 
@@ -93,7 +92,7 @@ def test_yes_loads_the_trusted_factory_and_predicts(docked, qtbot, monkeypatch, 
                                    {"channel_names": CHANNELS})
     asked = _answer(monkeypatch, QMessageBox.Yes)
 
-    _choose(widget, path)
+    _choose(qtbot, widget, path)
     qtbot.waitUntil(lambda: widget.state.info is not None, timeout=20_000)
     assert len(asked) == 1 and "tiny_unet" in asked[0] and "my_lab_models" in asked[0]
     assert widget.state.info.trust == ("my_lab_models:tiny_unet",)

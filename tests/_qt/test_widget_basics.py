@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 from napari.utils.notifications import NotificationSeverity, notification_manager
 from qtpy.QtCore import Qt
-from tests._qt.conftest import CHANNELS, SHAPE, wait_idle
+from tests._qt.conftest import CHANNELS, SHAPE, choose_checkpoint, wait_idle
 
 
 def _errors() -> list[str]:
@@ -17,7 +19,7 @@ def _errors() -> list[str]:
 
 def test_dock_lists_the_image_and_reads_the_checkpoint(docked):
     viewer, widget, image = docked
-    assert widget.image_combo.layer() is image
+    assert widget.image_combo.value is image
     assert widget.state.info.channel_names == CHANNELS
     assert "membrane, mitochondria" in widget.checkpoint_label.text()
     assert widget.predict_button.isEnabled()
@@ -29,11 +31,44 @@ def test_dock_lists_the_image_and_reads_the_checkpoint(docked):
     assert widget.settings.config() == FinetuneConfig()
     # The LoRA rank only means something in LoRA mode.
     settings = widget.settings
-    assert settings.lora_rank.isEnabled() == (FinetuneConfig().mode == "lora")
-    settings.mode.setCurrentIndex(settings.mode.findData("lora"))
-    assert settings.lora_rank.isEnabled() and settings.config().mode == "lora"
-    settings.mode.setCurrentIndex(settings.mode.findData("full"))
-    assert not settings.lora_rank.isEnabled()
+    assert settings.lora_rank.enabled == (FinetuneConfig().mode == "lora")
+    settings.mode.value = "lora"
+    assert settings.lora_rank.enabled and settings.config().mode == "lora"
+    settings.mode.value = "full"
+    assert not settings.lora_rank.enabled
+
+
+def test_loss_plot_follows_the_theme_and_marks_recoveries(docked, qtbot):
+    from napari.utils.theme import get_theme
+
+    from napari_finetune.trainer.status import Status
+
+    viewer, widget, image = docked
+    plot = widget.status_panel.loss_plot
+    for theme in ("light", "dark"):
+        viewer.theme = theme
+        corner = plot.grab().toImage().pixelColor(plot.width() // 2, 3)
+        assert corner.name() == get_theme(theme).background.as_hex()
+    base = dict(kind="step", dtype="float32", grad_scaler=False, batch_size=4, accumulation=1,
+                distillation="on", hold_other_channels="on", total_steps=10, epoch=0,
+                message="", distillation_weight=0.5, elapsed_s=1.0)
+    for step, batch in ((1, 4), (2, 4), (3, 2), (4, 2)):
+        widget.status_panel.show_status(Status(**{**base, "step": step, "batch_size": batch,
+                                                  "loss": 1.0 / step}))
+    assert plot.marks == [(3, "batch halved")] and len(plot.losses) == 4
+
+
+def test_long_texts_read_in_full_or_elide_from_the_left(docked, qtbot):
+    viewer, widget, image = docked
+    qtbot.waitExposed(widget)
+    edit, mode = widget.checkpoint_edit, widget.settings.mode.native
+    path = widget.state.info.path
+    assert edit.toolTip() == path  # the whole path, whatever the field shows
+    metrics = edit.fontMetrics()
+    shown = metrics.elidedText(path, Qt.ElideLeft, edit.width())
+    assert shown.endswith(Path(path).name)  # the file name stays readable
+    mode.setCurrentText("Full fine-tune")
+    assert mode.width() >= mode.fontMetrics().horizontalAdvance("Full fine-tune") + 20
 
 
 def test_predict_button_adds_one_layer_per_channel(docked, qtbot):
@@ -58,15 +93,14 @@ def test_predict_button_adds_one_layer_per_channel(docked, qtbot):
         layer = viewer.layers[name]
         assert layer.data.shape == SHAPE and layer.data.dtype == np.uint8
         np.testing.assert_array_equal(layer.data, (channel > 0.5).astype(np.uint8))
-    assert "predict" in widget.status_panel.progress.format() or "done" in (
-        widget.status_panel.progress.format())
+    assert widget.status_panel.progress.format() == "prediction done"
 
 
 def test_new_corrections_layer_names_classes_and_autosaves(docked, qtbot):
     viewer, widget, image = docked
     qtbot.mouseClick(widget.new_corrections_button, Qt.LeftButton)
     layer = viewer.layers["corrections"]
-    assert widget.corrections_combo.layer() is layer
+    assert widget.corrections_combo.value is layer
     assert viewer.layers.selection.active is layer
     assert layer.mode == "paint" and layer.selected_label == 2
     assert list(layer.features["class"]) == ["unpainted", "background", *CHANNELS]
@@ -96,15 +130,13 @@ def test_bad_checkpoint_notifies_and_keeps_the_widget_usable(docked, qtbot, tmp_
     bad = tmp_path / "broken.pt"
     bad.write_bytes(b"this is not a checkpoint")
     before = len(_errors())
-    widget.checkpoint_edit.setText(str(bad))
-    widget._checkpoint_changed()
+    choose_checkpoint(qtbot, widget, str(bad))
     qtbot.waitUntil(lambda: len(_errors()) > before, timeout=20_000)
     assert "not a readable PyTorch checkpoint" in _errors()[-1]
     assert widget.state.info is None
     assert not widget.predict_button.isEnabled()
     # Back to a good file: everything works again.
-    widget.checkpoint_edit.setText(good)
-    widget._checkpoint_changed()
+    choose_checkpoint(qtbot, widget, good)
     qtbot.waitUntil(lambda: widget.state.info is not None, timeout=20_000)
     assert widget.predict_button.isEnabled()
 
@@ -112,9 +144,9 @@ def test_bad_checkpoint_notifies_and_keeps_the_widget_usable(docked, qtbot, tmp_
 def test_corrections_combo_ignores_ground_truth_and_predictions(docked, qtbot):
     viewer, widget, image = docked
     viewer.add_labels(np.zeros(SHAPE, np.uint8), name="ground truth")
-    assert widget.corrections_combo.layer() is None
+    assert widget.corrections_combo.value is None
     viewer.add_labels(np.zeros(SHAPE, np.uint8), name="my corrections")
-    assert widget.corrections_combo.layer().name == "my corrections"
+    assert widget.corrections_combo.value.name == "my corrections"
 
 
 def test_save_predictions_writes_labels_into_the_store(docked, qtbot):
@@ -141,8 +173,8 @@ def test_open_sample_and_dock(make_napari_viewer, qtbot, tmp_path, monkeypatch):
     viewer = make_napari_viewer()
     viewer.open_sample("napari-finetune", "synthetic-em")
     _, widget = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
-    image = widget.image_combo.layer()
+    image = widget.image_combo.value
     assert image is not None and image.metadata["ome_zarr_path"].startswith(str(tmp_path))
     assert widget.store_hint() is not None
-    assert widget.corrections_combo.layer() is None  # the ground truth is not offered
+    assert widget.corrections_combo.value is None  # the ground truth is not offered
     wait_idle(qtbot, widget)

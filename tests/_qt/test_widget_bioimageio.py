@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from qtpy.QtCore import Qt
-from tests._qt.conftest import CHANNELS, make_volume, wait_idle
+from tests._qt.conftest import CHANNELS, choose_checkpoint, make_volume, wait_idle
 
 pytest.importorskip("bioimageio.spec")
 
@@ -16,8 +16,7 @@ def test_model_field_reads_a_package_and_predicts_like_the_checkpoint(docked, qt
     viewer, widget, image = docked
     checkpoint = widget.state.info.path
     package = export_bioimageio(checkpoint, tmp_path / "tiny.zip", make_volume(), check=False)
-    widget.checkpoint_edit.setText(str(package))
-    widget._checkpoint_changed()
+    choose_checkpoint(qtbot, widget, str(package))
     qtbot.waitUntil(lambda: widget.state.info is not None, timeout=20_000)
     assert widget.state.info.channel_names == CHANNELS
     assert "membrane, mitochondria" in widget.checkpoint_label.text()

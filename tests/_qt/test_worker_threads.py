@@ -16,11 +16,18 @@ from tests._qt.conftest import CHANNELS, make_volume
 
 from napari_finetune._qt import worker as jobs
 from napari_finetune._qt.corrections import save_corrections_locked
+from napari_finetune._qt.events import RunStatus, TrainerReady
 from napari_finetune.config import FinetuneConfig
 
 
 def _save_job(store, labels):
-    return jobs._guarded(jobs.call_job, save_corrections_locked, str(store), labels, CHANNELS)
+    return jobs.guarded(_call_then_wait)(save_corrections_locked, str(store), labels, CHANNELS)
+
+
+def _call_then_wait(fn, *args):
+    """A save that has written and not ended yet (it ends on the next ``next()``)."""
+    result = fn(*args)
+    yield result
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores to leave one free")
@@ -32,23 +39,44 @@ def test_saves_during_a_run_leave_training_its_threads(tiny_store, tiny_checkpoi
     corrections[6:10, 4:12, 36:44] = 1
     config = FinetuneConfig(steps=2, batch_size=1, mode="full", device="cpu",
                             patch_shape=(16, 32, 32))
-    train = jobs._guarded(jobs.train_job, str(tiny_checkpoint), make_volume(), corrections,
-                          None, CHANNELS, config, 0.0, lambda: None)
+    train = jobs.guarded(jobs.train_job)(str(tiny_checkpoint), make_volume(), corrections,
+                                         None, CHANNELS, config, 0.0, lambda: None)
 
     early_save = _save_job(tiny_store, corrections)
-    assert next(early_save)[0] == "done"  # an autosave wrote; its job has not ended yet
-    assert next(train)[0] == "trainer"  # the run built its trainer
+    next(early_save)  # an autosave wrote; its job has not ended yet
+    assert isinstance(next(train), TrainerReady)  # the run built its trainer
     assert torch.get_num_threads() == cores - 1
     for _ in early_save:  # the autosave job ends while the run goes on
         pass
-    assert next(train)[0] == "status"
+    assert isinstance(next(train), RunStatus)
     assert torch.get_num_threads() == cores - 1, "the run was handed every core back"
 
     late_save = _save_job(tiny_store, corrections)
     next(late_save)  # an autosave begins during the run...
-    kinds = [event[1].kind for event in train if event[0] == "status"]
+    kinds = [event.status.kind for event in train if isinstance(event, RunStatus)]
     assert kinds[-1] == "finished", kinds
     assert torch.get_num_threads() == cores  # the run gave its cores back
     for _ in late_save:  # ...and ends after it
         pass
     assert torch.get_num_threads() == cores, "a save left the process a core short for good"
+
+
+def test_jobs_report_results_through_returned_and_failures_through_errored(qtbot):
+    """napari's worker protocol: a torch-style RuntimeError is a failure, not a lost worker."""
+    from napari_finetune._qt.events import JobError, Progress
+
+    def failing():
+        yield Progress(1, 2, "test")
+        raise RuntimeError("boom")
+
+    def answering():
+        yield Progress(1, 1, "test")
+        return 42
+
+    got: dict[str, list] = {"events": [], "errors": [], "results": []}
+    workers = [jobs.start_job(job, on_event=got["events"].append, on_error=got["errors"].append,
+                              on_result=got["results"].append) for job in (failing, answering)]
+    qtbot.waitUntil(lambda: len(got["errors"]) + len(got["results"]) == 2, timeout=20_000)
+    assert [type(e) for e in got["errors"]] == [JobError] and "boom" in str(got["errors"][0])
+    assert got["results"] == [42] and len(got["events"]) == 2
+    assert all(worker.wait(5.0) for worker in workers)

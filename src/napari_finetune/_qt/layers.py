@@ -66,18 +66,32 @@ def add_empty_predictions_later(
     itself short. ``then`` (starting the run) comes after the last one, so a
     worker building its trainer does not compete with them for the GIL
     (measured: one layer then took up to 0.75 s). ``alive()`` False (the
-    widget closed) ends the chain without ``then``.
+    widget closed) ends the chain without ``then``. The layer that was active
+    (the one being painted) is made active again, in a turn of its own: napari
+    activates each layer it adds, and strokes during the run must not land in a
+    prediction.
     """
     from qtpy.QtCore import QTimer
 
-    pending = [(name, color) for name, color in zip(channel_names, colors, strict=True)
-               if prediction_name(name) not in viewer.layers]
+    active = viewer.layers.selection.active
+    pending: list[tuple[str, str] | None] = [
+        (name, color) for name, color in zip(channel_names, colors, strict=True)
+        if prediction_name(name) not in viewer.layers
+    ]
+    if pending:
+        pending.append(None)
 
     def add_next() -> None:
         if not alive():
             return
         if not pending:
             then()
+            return
+        if pending[0] is None:  # the layers are in: the painted layer active again
+            pending.pop(0)
+            if active is not None and active in viewer.layers:
+                viewer.layers.selection.active = active
+            QTimer.singleShot(0, add_next)
             return
         name, color = pending.pop(0)
         if prediction_name(name) not in viewer.layers:  # a prediction may have come first

@@ -1,86 +1,132 @@
-"""The 'Paint here next' and 'Export as bioimage.io model…' buttons.
+"""The result buttons: Export, Save predictions, Paint here next, bioimage.io.
 
-Both start a job (``actions.run_job``) and handle its events here; the slow
-parts (predicting the volume, writing and testing a package) run in workers.
+Both start a job through the :class:`~napari_finetune._qt.actions.Controller`
+and handle its result here; the slow parts (predicting the volume, writing
+and testing a package) run in workers.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
 
+import numpy as np
 from napari.utils.notifications import show_info
 
 from napari_finetune._qt import corrections as corr
 from napari_finetune._qt import share, suggest
+from napari_finetune._qt import worker as jobs
+from napari_finetune._qt.actions import Controller, say
+from napari_finetune._qt.layers import PREDICTION_KEY, prediction_layers
+from napari_finetune.uncertainty import Suggestion
 
 
-def _weights_key(w: Any) -> tuple:
+def _weights_key(c: Controller) -> tuple:
     """Which weights an uncertainty map belongs to (a new run or checkpoint: a new map)."""
-    s = w.state
+    s = c.state
     if s.trainer is not None:
         return ("trainer", id(s.trainer), s.trainer.steps_done)
     return ("checkpoint", s.info.path if s.info else None)
 
 
-def paint_here_next(w: Any) -> None:
+def paint_here_next(c: Controller) -> None:
     """Predict the uncertainty (once per set of weights), then suggest the next region."""
-    from napari_finetune._qt.actions import run_job
-
-    s, layer = w.state, w.image_combo.layer()
+    s, layer = c.state, c.w.image_layer()
     if layer is None or s.info is None or s.busy is not None:
         return
-    key = _weights_key(w)
+    key = _weights_key(c)
     if s.uncertainty is not None and s.uncertainty_key == key:
-        _suggest(w)
+        _suggest(c)
         return
     s.uncertainty, s.uncertainty_key, s.suggested = None, key, []
     model = s.trainer.model if s.trainer is not None else None
-    run_job(w, "predict", suggest.uncertainty_job, s.info.path, corr.image_level0(layer),
-            len(s.info.channel_names), w.settings.device.currentText(), model=model,
-            normalization=s.info.normalization, trust=s.info.trust,
-            what="Computing the uncertainty failed")
+
+    def computed(unsure: np.ndarray) -> None:
+        s.uncertainty = unsure
+        suggest.show_uncertainty(c.w.viewer, c.w.image_layer(), unsure)
+        c.w.status_panel.set_idle("uncertainty updated")
+        _suggest(c)
+
+    c.run_job("predict", suggest.uncertainty_job, s.info.path, corr.image_level0(layer),
+              len(s.info.channel_names), c.w.settings.device_name(), model=model,
+              normalization=s.info.normalization, trust=s.info.trust,
+              what="Computing the uncertainty failed", on_result=computed)
 
 
-def _suggest(w: Any) -> None:
-    from napari_finetune._qt.actions import run_job
-
-    s = w.state
-    painted = w.corrections_combo.layer()
+def _suggest(c: Controller) -> None:
+    s = c.state
+    if s.uncertainty is None:
+        return
+    painted = c.w.corrections_layer()
     corrections = None if painted is None else painted.data
     # Half a training patch: a region a few strokes cover, and a patch's context around it.
-    patch = w.settings.config().patch_shape[-s.uncertainty.ndim:]
+    patch = c.w.settings.config().patch_shape[-s.uncertainty.ndim:]
     region = tuple(max(1, p // 2) for p in patch)
-    run_job(w, None, suggest.suggest_job, s.uncertainty, corrections, region,
-            list(s.suggested), what="Suggesting a region failed")
+
+    def suggested(suggestion: Suggestion | None) -> None:
+        c.w.status_panel.append_log(suggest.describe(suggestion))
+        if suggestion is not None:
+            s.suggested.append(suggestion.box)
+            suggest.go_to(c.w.viewer, c.w.image_layer(), suggestion)
+
+    c.run_job(None, suggest.suggest_job, s.uncertainty, corrections, region,
+              list(s.suggested), what="Suggesting a region failed", on_result=suggested)
 
 
-def export_bioimageio(w: Any, path: str) -> None:
+def export_bioimageio(c: Controller, path: str) -> None:
     """Write a bioimage.io package of the fine-tuned weights (or the checkpoint's)."""
-    from napari_finetune._qt.actions import run_job
-
-    s, layer = w.state, w.image_combo.layer()
+    s, layer = c.state, c.w.image_layer()
     if layer is None or s.info is None or s.busy is not None:
         return
     source = s.trainer if s.trainer is not None else s.info.path
-    run_job(w, "export", share.bioimageio_job, source, path, corr.image_level0(layer),
-            trust=s.info.trust, what="bioimage.io export failed")
+
+    def packaged(written: str) -> None:
+        c.w.output_label.setText(f"bioimage.io package written to {written}")
+        c.w.output_label.setToolTip(written)
+        show_info(f"bioimage.io model package written to {written} (bioimage.io tests passed)")
+
+    c.run_job("export", share.bioimageio_job, source, path, corr.image_level0(layer),
+              trust=s.info.trust, what="bioimage.io export failed", on_result=packaged)
 
 
-def handle_event(w: Any, event: tuple) -> None:
-    """Main-thread side of the 'uncertainty', 'suggestion' and 'packaged' events."""
-    s, kind = w.state, event[0]
-    if kind == "uncertainty":
-        s.uncertainty = event[1]
-        suggest.show_uncertainty(w.viewer, w.image_combo.layer(), event[1])
-        w.status_panel.set_idle("uncertainty updated")
-        _suggest(w)
-    elif kind == "suggestion":
-        suggestion = event[1]
-        w.status_panel.append_log(suggest.describe(suggestion))
-        if suggestion is not None:
-            s.suggested.append(suggestion.box)
-            suggest.go_to(w.viewer, w.image_combo.layer(), suggestion)
-    elif kind == "packaged":
-        w.output_label.setText(f"bioimage.io package written to {event[1]}")
-        w.output_label.setToolTip(event[1])
-        show_info(f"bioimage.io model package written to {event[1]} (bioimage.io tests passed)")
+def default_export_path(c: Controller) -> str:
+    """``<store>/../<name>-finetuned.pt`` next to the data, else next to the checkpoint."""
+    store = c.w.store_hint()
+    if store is not None:
+        return str(store.parent / f"{store.name.split('.')[0]}-finetuned.pt")
+    info = c.state.info
+    ckpt = Path(info.path) if info else Path.home() / "model.pt"
+    return str(ckpt.with_name(f"{ckpt.stem}-finetuned.pt"))
+
+
+def export(c: Controller, path: str) -> None:
+    """``trainer.export(path)`` in a worker; the path is shown and notified."""
+    if c.state.trainer is None or c.state.busy is not None:
+        return
+    c.run_job("export", jobs.export_job, c.state.trainer, path, what="Export failed",
+              on_result=lambda written: _exported(c, written))
+
+
+def _exported(c: Controller, path: str) -> None:
+    c.state.exported = path
+    say(c.w.output_label, "exported to {}", path)
+    show_info(f"Fine-tuned checkpoint exported to {path}")
+
+
+def save_predictions(c: Controller) -> None:
+    """Write each prediction layer into the store as ``labels/prediction-<channel>``."""
+    s = c.state
+    store = corr.store_path_of(c.w.image_layer())
+    layers = prediction_layers(c.w.viewer, s.info.channel_names) if s.info else []
+    if store is None or not layers:
+        c.fail(ValueError("predict first, on an image opened from an OME-Zarr store"),
+               "Cannot save predictions")
+        return
+    arrays = [(f"prediction-{layer.metadata[PREDICTION_KEY]}",
+               np.array(layer.data, copy=True)) for layer in layers]
+
+    def written(names: list[str]) -> None:
+        c.w.output_label.setText(f"predictions written as labels: {', '.join(names)}")
+        show_info(f"Predictions saved into {store}")
+
+    c.run_job("save", jobs.save_predictions_job, store, arrays,
+              what="Saving predictions failed", on_result=written)

@@ -1,152 +1,172 @@
-"""The run's settings as plain Qt inputs, initialised from FinetuneConfig's defaults."""
+"""The run's settings: magicgui inputs generated from FinetuneConfig and its field ranges.
+
+Each input's default comes from :class:`FinetuneConfig`, its range, step and
+label from :data:`napari_finetune.config_fields.FIELDS` and its tooltip from
+the field's docstring entry: the same sources as the CLI's options, so the
+widget and the CLI accept the same values. The advanced settings sit in a
+collapsed section (superqt's ``QCollapsible``).
+"""
 
 from __future__ import annotations
 
 from dataclasses import fields
+from pathlib import Path
+from typing import Any
 
-from qtpy.QtWidgets import (
-    QAbstractSpinBox,
-    QCheckBox,
-    QComboBox,
-    QDoubleSpinBox,
-    QGridLayout,
-    QLabel,
-    QSpinBox,
-    QWidget,
+from magicgui.widgets import (
+    CheckBox,
+    ComboBox,
+    Container,
+    FloatSpinBox,
+    LineEdit,
+    SpinBox,
+    Widget,
 )
+from magicgui.widgets.bases import ValueWidget
+from qtpy.QtWidgets import QAbstractSpinBox, QComboBox, QVBoxLayout, QWidget
+from superqt import QCollapsible
 
 from napari_finetune.config import FinetuneConfig
+from napari_finetune.config_fields import DEVICES, FIELDS, field_docs
 
 DEFAULT_PREVIEW_INTERVAL_S = 5.0
-DEVICES = ["auto", "cpu", "cuda", "mps"]
+# Shown in percent in the widget (0.1 -> 10 %); the range is scaled alike.
+PERCENT_FIELDS = ("validation_fraction",)
+# What the user sets explicitly wins over a resumed degraded state.
+EXPLICIT_FIELDS = ("batch_size", "distillation", "hold_other_channels", "mixed_precision")
+DEFAULT_SNAPSHOT = str(Path.home() / "napari-finetune-memory-snapshot.pickle")
+AUTOBATCH_CHOICES = [("auto (on for GPUs)", None), ("on", True), ("off", False)]
+
+
+def field_input(name: str, value: Any) -> ValueWidget:
+    """The magicgui input of one FinetuneConfig field, from its :class:`FieldSpec`."""
+    spec, tip = FIELDS[name], field_docs(FinetuneConfig).get(name, "")
+    common = {"label": spec.label, "tooltip": tip}
+    if spec.choices:
+        return ComboBox(value=value, choices=[(text, v) for text, v in spec.choices], **common)
+    if isinstance(value, bool):
+        return CheckBox(value=value, text=spec.label, tooltip=tip)
+    scale = 100 if name in PERCENT_FIELDS else 1
+    kind = SpinBox if isinstance(value, int) else FloatSpinBox
+    box = kind(value=value * scale, min=spec.low * scale, max=spec.high * scale,
+               step=spec.step * scale, **common)
+    box.native.setButtonSymbols(QAbstractSpinBox.NoButtons)  # arrows and wheel still step
+    return box
 
 
 class SettingsForm(QWidget):
-    """Steps, learning rate, batch, mode, distillation, hold, precision, device, preview.
+    """Steps, learning rate, batch, mode, distillation, hold, precision, device, preview,
+    held-out share; under "Advanced": autobatch, memory, clipping, LoRA alpha, patch, seed.
 
-    Every default comes from :class:`FinetuneConfig`, so the widget and the
-    CLI start from the same numbers.
+    ``inputs`` maps each FinetuneConfig field shown to its magicgui input.
     """
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         d = FinetuneConfig()
-        self.steps = _spin(1, 1_000_000, d.steps, "Optimizer steps to run")
-        self.learning_rate = QDoubleSpinBox()
-        self.learning_rate.setDecimals(5)
-        self.learning_rate.setRange(1e-6, 1.0)
-        self.learning_rate.setSingleStep(1e-5)
-        self.learning_rate.setValue(d.learning_rate)
-        self.learning_rate.setToolTip(
-            "AdamW learning rate; lower it if the prediction gets worse or jumps"
-        )
-        self.batch_size = _spin(1, 512, d.batch_size,
-                                "Patches per step; halved automatically on out-of-memory")
-        self.mode = QComboBox()
-        self.mode.addItem("LoRA adapters", "lora")
-        self.mode.addItem("Full fine-tune", "full")
-        self.mode.setCurrentIndex(0 if d.mode == "lora" else 1)
-        self.lora_rank = _spin(1, 256, d.lora_rank, "LoRA rank (LoRA mode only)")
-        self.mode.currentIndexChanged.connect(
-            lambda _: self.lora_rank.setEnabled(self.mode.currentData() == "lora")
-        )
-        self.lora_rank.setEnabled(d.mode == "lora")
-        self.distillation = QDoubleSpinBox()
-        self.distillation.setRange(0.0, 100.0)
-        self.distillation.setSingleStep(0.1)
-        self.distillation.setValue(d.distillation)
-        self.distillation.setToolTip(
-            "Weight of the starting model's guidance on unpainted voxels (0 = off)"
-        )
-        self.hold_other_channels = QCheckBox()
-        self.hold_other_channels.setToolTip(
-            "Keep the channels no correction touches close to the starting model"
-        )
-        self.hold_other_channels.setChecked(d.hold_other_channels)
-        self.mixed_precision = QCheckBox()
-        self.mixed_precision.setToolTip("bf16, or fp16 with a grad scaler, on GPUs")
-        self.mixed_precision.setChecked(d.mixed_precision)
-        self.device = QComboBox()
-        self.device.addItems(DEVICES)
-        self.device.setCurrentText(d.device if d.device in DEVICES else "auto")
-        self.preview_interval = QDoubleSpinBox()
-        self.preview_interval.setRange(0.0, 3600.0)
-        self.preview_interval.setPrefix("every ")
-        self.preview_interval.setSuffix(" s")
-        self.preview_interval.setDecimals(1)
-        self.preview_interval.setValue(DEFAULT_PREVIEW_INTERVAL_S)
-        self.preview_interval.setToolTip(
-            "Refresh the prediction in view every so many seconds while training (0 = never)"
-        )
-        self.validation = QDoubleSpinBox()
-        self.validation.setRange(0.0, 50.0)
-        self.validation.setSuffix(" %")
-        self.validation.setDecimals(0)
-        self.validation.setValue(100 * d.validation_fraction)
-        self.validation.setToolTip(
-            "Share of your painting held out of training and scored every "
-            f"{d.validation_every} steps (IoU per channel); 0 trains on all of it"
-        )
-        self.resume_degraded = QCheckBox("start from the checkpoint's degraded state")
-        self.resume_degraded.setChecked(d.resume_degraded)
-        self.resume_degraded.setToolTip(
-            "A checkpoint from a run that stepped down (smaller batch, fp32, distillation "
-            "dropped) starts there again, so it does not run out of memory the same way. "
-            "Settings you change here always win; unticked, nothing is resumed."
-        )
-        self.hold_other_channels.setText("hold other channels")
-        self.mixed_precision.setText("mixed precision")
-        # What the user sets explicitly wins over a resumed degraded state; changing
-        # one of these also unticks the box (tick it again to resume the rest).
-        self._explicit: set[str] = set()
-        for name, signal in (
-            ("batch_size", self.batch_size.valueChanged),
-            ("distillation", self.distillation.valueChanged),
-            ("hold_other_channels", self.hold_other_channels.toggled),
-            ("mixed_precision", self.mixed_precision.toggled),
-        ):
-            signal.connect(lambda *_, field=name: self._set_explicitly(field))
-        # Two label/input pairs per row: the dock stays short enough to see the status.
-        grid = QGridLayout(self)
-        grid.setContentsMargins(0, 0, 0, 0)
-        pairs = [
-            ("Steps", self.steps), ("Learning rate", self.learning_rate),
-            ("Batch", self.batch_size), ("Mode", self.mode),
-            ("LoRA rank", self.lora_rank), ("Distillation", self.distillation),
-            ("Device", self.device), ("Preview", self.preview_interval),
-            ("Held out", self.validation),
-        ]
-        for i, (name, widget) in enumerate(pairs):
-            row, col = divmod(i, 2)
-            grid.addWidget(QLabel(name), row, 2 * col)
-            grid.addWidget(widget, row, 2 * col + 1)
-        grid.addWidget(self.hold_other_channels, 5, 0, 1, 2)
-        grid.addWidget(self.mixed_precision, 5, 2, 1, 2)
-        grid.addWidget(self.resume_degraded, 6, 0, 1, 4)
-        # No +/- buttons (arrow keys and the wheel still step): half the width.
-        for box in (self.steps, self.learning_rate, self.batch_size, self.lora_rank,
-                    self.distillation, self.preview_interval, self.validation):
-            box.setButtonSymbols(QAbstractSpinBox.NoButtons)
-        for box in (self.learning_rate, self.mode, self.preview_interval):
-            box.setMinimumWidth(box.sizeHint().width())
-        grid.setColumnStretch(1, 1)
-        grid.setColumnStretch(3, 1)
+        self.inputs: dict[str, ValueWidget] = {
+            name: field_input(name, getattr(d, name))
+            for name in ("steps", "learning_rate", "batch_size", "mode", "lora_rank",
+                         "distillation", "validation_fraction", "hold_other_channels",
+                         "mixed_precision", "memory_fraction", "lora_alpha", "seed")
+        }
+        i = self.inputs
+        self.steps, self.learning_rate, self.batch_size = (
+            i["steps"], i["learning_rate"], i["batch_size"])
+        self.mode, self.lora_rank, self.distillation = i["mode"], i["lora_rank"], i["distillation"]
+        self.validation = i["validation_fraction"]
+        self.validation.native.setSuffix(" %")
+        self.validation.native.setDecimals(0)
+        self.hold_other_channels, self.mixed_precision = (
+            i["hold_other_channels"], i["mixed_precision"])
+        self.device = ComboBox(value=d.device if d.device in DEVICES else "auto",
+                               choices=list(DEVICES), label="Device",
+                               tooltip=field_docs(FinetuneConfig)["device"])
+        self.preview_interval = FloatSpinBox(
+            value=DEFAULT_PREVIEW_INTERVAL_S, min=0.0, max=3600.0, step=0.5, label="Preview",
+            tooltip="Refresh the prediction in view every so many seconds while training "
+                    "(0 = never)")
+        self.preview_interval.native.setPrefix("every ")
+        self.preview_interval.native.setSuffix(" s")
+        self.preview_interval.native.setDecimals(1)
+        self.preview_interval.native.setButtonSymbols(QAbstractSpinBox.NoButtons)
+        self.resume_degraded = CheckBox(
+            value=d.resume_degraded, text="start from the checkpoint's degraded state",
+            tooltip="A checkpoint from a run that stepped down (smaller batch, fp32, "
+                    "distillation dropped) starts there again, so it does not run out of "
+                    "memory the same way. Settings you change here always win; unticked, "
+                    "nothing is resumed.")
+        # Advanced: each None-able field gets an explicit "off"/"auto" value.
+        self.autobatch = ComboBox(value=d.autobatch, choices=AUTOBATCH_CHOICES,
+                                  label=FIELDS["autobatch"].label,
+                                  tooltip=field_docs(FinetuneConfig)["autobatch"])
+        self.memory_fraction = i["memory_fraction"]
+        tip = field_docs(FinetuneConfig)["memory_snapshot"]
+        self.record_memory = CheckBox(value=d.memory_snapshot is not None,
+                                      text=FIELDS["memory_snapshot"].label, tooltip=tip)
+        self.memory_snapshot = LineEdit(value=d.memory_snapshot or DEFAULT_SNAPSHOT,
+                                        tooltip=tip)
+        self.record_memory.changed.connect(
+            lambda on: setattr(self.memory_snapshot, "enabled", on))
+        self.memory_snapshot.enabled = self.record_memory.value
+        self.max_grad_norm = field_input("max_grad_norm", d.max_grad_norm or 0.0)
+        self.max_grad_norm.native.setSpecialValueText("off")  # 0 shows "off": no clipping
+        self.lora_alpha, self.seed = i["lora_alpha"], i["seed"]
+        self.patch_shape = LineEdit(value=" ".join(str(n) for n in d.patch_shape),
+                                    label=FIELDS["patch_shape"].label,
+                                    tooltip=field_docs(FinetuneConfig)["patch_shape"])
+        self.inputs.update(autobatch=self.autobatch, memory_snapshot=self.memory_snapshot,
+                           max_grad_norm=self.max_grad_norm, patch_shape=self.patch_shape,
+                           device=self.device)
 
-    def config(self, **overrides) -> FinetuneConfig:
+        self.mode.changed.connect(self._mode_changed)
+        self._mode_changed(self.mode.value)
+        self._explicit: set[str] = set()
+        for name in EXPLICIT_FIELDS:
+            self.inputs[name].changed.connect(lambda *_, field=name: self._set_explicitly(field))
+
+        # Two inputs per row: the dock stays short enough to see the status.
+        self.main = Container(widgets=[
+            _pair(self.steps, self.learning_rate), _pair(self.batch_size, self.mode),
+            _pair(self.lora_rank, self.distillation), _pair(self.device, self.preview_interval),
+            _pair(self.validation, self.hold_other_channels),
+            _pair(self.mixed_precision, self.resume_degraded),
+        ], labels=False)
+        self.advanced = Container(widgets=[
+            _pair(self.autobatch, self.memory_fraction),
+            _pair(self.record_memory, self.memory_snapshot),
+            _pair(self.max_grad_norm, self.lora_alpha), _pair(self.patch_shape, self.seed),
+        ], labels=False)
+        for box in (self.main, self.advanced):
+            box.margins = (0, 0, 0, 0)
+            box.native.layout().setSpacing(2)
+        self.advanced_box = QCollapsible("Advanced")
+        self.advanced_box.addWidget(self.advanced.native)
+        self.advanced_box.collapse(animate=False)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.main.native)
+        layout.addWidget(self.advanced_box)
+        for combo in (self.mode, self.device, self.autobatch):
+            # The whole choice is read ("Full fine-tune", not "Full fine-tur").
+            combo.native.setSizeAdjustPolicy(QComboBox.AdjustToContents)
+
+    def _mode_changed(self, mode: str) -> None:
+        self.lora_rank.enabled = self.lora_alpha.enabled = mode == "lora"
+
+    def config(self, **overrides: Any) -> FinetuneConfig:
         """A validated :class:`FinetuneConfig` from the inputs (ValueError if invalid)."""
         values = {f.name: getattr(FinetuneConfig(), f.name) for f in fields(FinetuneConfig)}
+        for name, widget in self.inputs.items():
+            values[name] = widget.value
+        for name in PERCENT_FIELDS:
+            values[name] = self.inputs[name].value / 100
         values.update(
-            steps=self.steps.value(),
-            learning_rate=self.learning_rate.value(),
-            batch_size=self.batch_size.value(),
-            mode=self.mode.currentData(),
-            lora_rank=self.lora_rank.value(),
-            distillation=self.distillation.value(),
-            hold_other_channels=self.hold_other_channels.isChecked(),
-            mixed_precision=self.mixed_precision.isChecked(),
-            device=self.device.currentText(),
-            validation_fraction=self.validation.value() / 100,
-            resume_degraded=self.resume_degraded.isChecked(),
+            patch_shape=_sizes(self.patch_shape.value),
+            memory_snapshot=(self.memory_snapshot.value.strip() or DEFAULT_SNAPSHOT)
+            if self.record_memory.value else None,
+            max_grad_norm=self.max_grad_norm.value or None,
+            resume_degraded=self.resume_degraded.value,
             explicit_settings=tuple(sorted(self._explicit)),
         )
         values.update(overrides)
@@ -154,17 +174,34 @@ class SettingsForm(QWidget):
 
     def _set_explicitly(self, field: str) -> None:
         self._explicit.add(field)
-        self.resume_degraded.setChecked(False)
+        self.resume_degraded.value = False
+
+    def device_name(self) -> str:
+        """The chosen device ("auto", "cpu", "cuda" or "mps")."""
+        return self.device.value
 
     @property
     def preview_interval_s(self) -> float:
         """Seconds between live previews (0 = never)."""
-        return float(self.preview_interval.value())
+        return float(self.preview_interval.value)
 
 
-def _spin(low: int, high: int, value: int, tip: str) -> QSpinBox:
-    box = QSpinBox()
-    box.setRange(low, high)
-    box.setValue(value)
-    box.setToolTip(tip)
-    return box
+def _pair(*widgets: Widget) -> Container:
+    """A row of inputs, each with its label on the left (check boxes carry their own)."""
+    row = Container(widgets=list(widgets), layout="horizontal", labels=True)
+    row.margins = (0, 0, 0, 0)
+    return row
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    """ "32 64 64" (or "32, 64, 64") -> (32, 64, 64), each size checked against its range."""
+    spec = FIELDS["patch_shape"]
+    try:
+        sizes = tuple(int(part) for part in text.replace(",", " ").split())
+    except ValueError:
+        sizes = ()
+    if not sizes:
+        raise ValueError(f"Patch must be whole numbers such as '32 64 64', got {text!r}.")
+    for size in sizes:
+        spec.check("each patch size", size)
+    return sizes

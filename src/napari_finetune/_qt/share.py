@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from napari_finetune._qt.events import Progress
 from napari_finetune._qt.worker import Job, core_left_for_the_ui
 
 
-def bioimageio_job(source: Any, out_path: str, volume: Any, trust: Sequence[str] = ()) -> Job:
+def bioimageio_job(source: Any, out_path: str, volume: Any, trust: Sequence[str] = ()) -> Job[str]:
     """Write (and test, with bioimage.io's own checks) a model package off the main thread.
 
     ``source`` is the trainer after a run (its current weights) or the
@@ -16,7 +17,7 @@ def bioimageio_job(source: Any, out_path: str, volume: Any, trust: Sequence[str]
     """
     from napari_finetune.bioimageio.export import export_bioimageio
 
-    yield ("progress", 0, 1, "bioimage.io package")
+    yield Progress(0, 1, "bioimage.io package")
     with core_left_for_the_ui():
         path = export_bioimageio(source, out_path, volume, trust=tuple(trust) or None)
-    yield ("packaged", str(path))
+    return str(path)

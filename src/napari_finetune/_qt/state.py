@@ -1,13 +1,30 @@
-"""What the widget tracks between job events, and how a run is ended or released."""
+"""What the widget tracks between job events, and how a run is ended or released.
+
+:class:`RunState` is an evented dataclass (psygnal, which napari ships): the
+fields the buttons depend on (``info``, ``busy``, ``trainer``, ``closed``)
+emit on change, and the widget follows them from one connection.
+"""
 
 from __future__ import annotations
 
+import operator
+import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
+
+import numpy as np
+from psygnal import evented
 
 from napari_finetune._qt import worker as jobs
 from napari_finetune._qt.corrections import Autosaver
-from napari_finetune._qt.shutdown import end_jobs
+from napari_finetune._qt.shutdown import JobWorker, end_jobs
+
+if TYPE_CHECKING:
+    from napari_finetune.trainer.loop import Finetuner
+    from napari_finetune.trainer.status import Status
+
+# The fields a button depends on; the others change often (every step) and signal nothing.
+EVENTED_FIELDS = ("info", "busy", "trainer", "closed")
 
 
 @dataclass
@@ -22,42 +39,61 @@ class CheckpointInfo:
     trust: tuple[str, ...] = ()  # factories the user trusted for this file (the dialog's Yes)
 
 
+@dataclass(frozen=True)
+class Untrusted:
+    """The checkpoint's model factory needs the user's trust; nothing was imported."""
+
+    path: str
+    factory: str
+
+
+@evented(
+    signal_aliases=lambda name: name if name in EVENTED_FIELDS else None,
+    equality_operators={"trainer": operator.is_, "info": operator.is_},
+)
 @dataclass
 class RunState:
-    """Everything the widget tracks between events."""
+    """Everything the widget tracks between events; ``state.events`` signals changes of
+    ``info``, ``busy``, ``trainer`` and ``closed``."""
 
     info: CheckpointInfo | None = None
     busy: str | None = None  # "predict", "train", "export", "save" or None
-    trainer: Any = None  # kept after a run, for Export and Predict
-    worker: Any = None
+    trainer: Finetuner | None = None  # kept after a run, for Export and Predict
+    worker: JobWorker | None = None
     autosaver: Autosaver | None = None
     retired_savers: list[Autosaver] = field(default_factory=list)  # layers followed before
     region: tuple[slice, ...] | None = None
     clicked_at: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
-    statuses: list[Any] = field(default_factory=list)
+    statuses: list[Status] = field(default_factory=list)
     previews: int = 0
     errors: list[str] = field(default_factory=list)
     exported: str | None = None
     running: int = 0  # jobs started and not finished (autosaves included)
     run_summary: str = ""  # how the last run ended, kept on the bar after the final predict
-    jobs: list[Any] = field(default_factory=list)  # the widget's workers not yet finished
+    jobs: list[JobWorker] = field(default_factory=list)  # the widget's workers not yet finished
     closed: bool = False  # the dock or the viewer closed: events only update this state
-    stop_requested: bool = False  # Stop pressed before the run's job started
+    stop_requested: bool = False  # Stop pressed (before the run's job started, or during)
     # "Paint here next": the uncertainty map of the current weights (key: which weights),
     # and the regions suggested since, skipped when asked again.
-    uncertainty: Any = None
+    uncertainty: np.ndarray | None = None
     uncertainty_key: tuple | None = None
     suggested: list[tuple[slice, ...]] = field(default_factory=list)
 
+    def mark(self, name: str) -> None:
+        """Record the first time ``name`` happened, in seconds after the Fine-tune click."""
+        self.timings.setdefault(name, time.perf_counter() - self.clicked_at)
+
 
 def stop(s: RunState) -> None:
-    """Stop at the next step (the weights of the last completed step are kept)."""
+    """End the running job at its next event (napari's ``worker.quit()``).
+
+    A run's events come after whole optimizer steps or recoveries, so the
+    weights of the last completed step are kept.
+    """
     s.stop_requested = True
-    if s.trainer is not None:
-        s.trainer.stop()
-    elif s.worker is not None:
-        s.worker.quit()  # still saving or building: end before training starts
+    if s.worker is not None:
+        s.worker.quit()
 
 
 def shut_down(s: RunState, wait_s: float) -> bool:

@@ -7,20 +7,17 @@ function (``*_text``) so it can be checked without a display.
 
 from __future__ import annotations
 
-import math
-
-from qtpy.QtCore import QPointF, Qt
-from qtpy.QtGui import QColor, QPainter, QPen, QPolygonF
+from qtpy.QtCore import Qt
 from qtpy.QtWidgets import (
     QFormLayout,
     QLabel,
     QPlainTextEdit,
     QProgressBar,
-    QSizePolicy,
     QVBoxLayout,
     QWidget,
 )
 
+from napari_finetune._qt.loss_plot import LossPlot, recovery_marks
 from napari_finetune.trainer.status import Status
 
 MAX_LOG_LINES = 500
@@ -74,79 +71,6 @@ def eta_text(status: Status) -> str:
     return text
 
 
-class LossPlot(QWidget):
-    """A polyline of the loss per step; repainting costs microseconds, not a figure."""
-
-    def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.losses: list[float] = []
-        self.scores: list[tuple[int, float]] = []  # (step, mean held-out IoU)
-        self.setMinimumHeight(70)
-        self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
-        self.setToolTip(
-            "Blue: training loss per optimizer step. Orange: mean IoU on the held-out "
-            "strokes (0 to 1) at each validation check."
-        )
-
-    def clear(self) -> None:
-        """Forget the curves."""
-        self.losses.clear()
-        self.scores.clear()
-        self.update()
-
-    def add_score(self, step: int, scores: dict[str, float]) -> None:
-        """Append one validation check (its mean IoU over the channels)."""
-        if scores:
-            self.scores.append((step, sum(scores.values()) / len(scores)))
-            self.update()
-
-    def add(self, loss: float | None) -> None:
-        """Append one step's loss (non-finite values are skipped) and schedule a repaint."""
-        if loss is not None and math.isfinite(loss):
-            self.losses.append(float(loss))
-            self.update()
-
-    def paintEvent(self, event) -> None:  # noqa: N802 (Qt's name)
-        painter = QPainter(self)
-        painter.fillRect(self.rect(), QColor(38, 41, 48))
-        width, height = self.width(), self.height()
-        if len(self.losses) < 2:
-            painter.setPen(QColor(150, 150, 150))
-            painter.drawText(self.rect(), Qt.AlignCenter, "loss")
-            painter.end()
-            return
-        # At most one point per pixel column: the cost stays flat on long runs.
-        stride = max(1, len(self.losses) // max(width, 1))
-        values = self.losses[::stride]
-        low, high = min(values), max(values)
-        span = (high - low) or 1.0
-        margin = 6
-        polygon = QPolygonF()
-        for i, value in enumerate(values):
-            x = margin + i * (width - 2 * margin) / (len(values) - 1)
-            y = margin + (high - value) / span * (height - 2 * margin - 12)
-            polygon.append(QPointF(x, y))
-        painter.setRenderHint(QPainter.Antialiasing)
-        painter.setPen(QPen(QColor(90, 200, 250), 1.5))
-        painter.drawPolyline(polygon)
-        text = f"loss {self.losses[-1]:.4g}  (min {low:.3g})"
-        if self.scores:
-            # The score shares the x axis (steps) with the loss; its y axis is 0..1.
-            steps = max(len(self.losses), self.scores[-1][0])
-            scored = QPolygonF()
-            for step, score in self.scores:
-                x = margin + (step - 1) * (width - 2 * margin) / max(steps - 1, 1)
-                scored.append(QPointF(x, margin + (1 - score) * (height - 2 * margin - 12)))
-            painter.setPen(QPen(QColor(250, 160, 60), 1.5))
-            painter.drawPolyline(scored)
-            for i in range(scored.size()):
-                painter.drawEllipse(scored.at(i), 2.0, 2.0)
-            text += f"   IoU {self.scores[-1][1]:.2f}"
-        painter.setPen(QColor(200, 200, 200))
-        painter.drawText(margin, height - 3, text)
-        painter.end()
-
-
 class StatusPanel(QWidget):
     """Labels for dtype, batch, distillation and hold; progress with ETA; loss plot; log."""
 
@@ -158,6 +82,8 @@ class StatusPanel(QWidget):
         self.hold_label = QLabel("–")
         self.validation_label = QLabel("–")
         self._last_validation: dict[str, float] | None = None
+        self._previous: Status | None = None  # the last status, to see what a recovery changed
+        self._start_batch: int | None = None
         self.validation_label.setWordWrap(True)
         self.validation_label.setToolTip(
             "IoU per channel on painted voxels held out of training (validation fraction)"
@@ -211,11 +137,12 @@ class StatusPanel(QWidget):
         finally:
             bar.setUpdatesEnabled(True)  # schedules one ordinary update()
 
-    def start_run(self, total_steps: int) -> None:
-        """Reset for a new run of ``total_steps`` steps."""
+    def start_run(self, total_steps: int, batch_size: int | None = None) -> None:
+        """Reset for a new run of ``total_steps`` steps starting at ``batch_size``."""
+        self._start_batch = batch_size
         self.loss_plot.clear()
         self.validation_label.setText("–")
-        self._last_validation = None
+        self._last_validation = self._previous = None
         self._set_bar(0, total_steps, "starting…")
 
     def show_status(self, status: Status) -> None:
@@ -231,6 +158,11 @@ class StatusPanel(QWidget):
         self._set_bar(status.step, status.total_steps, eta_text(status))
         if status.kind == "step":
             self.loss_plot.add(status.loss)
+        # A recovery comes before the step it saved completes; a step status, after it.
+        at = status.step + 1 if status.kind == "recovery" else status.step
+        for what in recovery_marks(self._previous, status, self._start_batch):
+            self.loss_plot.add_mark(at, what)
+        self._previous = status
         checked = status.validation is not None and status.validation != self._last_validation
         if checked:
             self._last_validation = status.validation

@@ -35,7 +35,7 @@ def uncertainty_job(
     model: Any = None,
     normalization: dict | None = None,
     trust: Sequence[str] = (),
-) -> Job:
+) -> Job[np.ndarray]:
     """Whole-volume probabilities, blockwise, turned into the entropy of each voxel."""
     from napari_finetune.config import PredictConfig
     from napari_finetune.predict import predict_volume
@@ -56,7 +56,7 @@ def uncertainty_job(
     unsure = np.zeros(shape, np.float32)
     for channel in probabilities:  # channel by channel: one temporary volume, not C
         np.maximum(unsure, entropy(channel[None]), out=unsure)
-    yield ("uncertainty", unsure)
+    return unsure
 
 
 def suggest_job(
@@ -64,9 +64,10 @@ def suggest_job(
     corrections: Any,
     region_shape: Sequence[int],
     exclude: Sequence[tuple[slice, ...]],
-) -> Job:
+) -> Job[Suggestion | None]:
     """The next region to paint (None: everything is painted or was suggested)."""
-    yield ("suggestion", suggest_region(unsure, corrections, region_shape, exclude))
+    yield from ()
+    return suggest_region(unsure, corrections, region_shape, exclude)
 
 
 def show_uncertainty(viewer: Any, image_layer: Any, unsure: np.ndarray) -> Any:

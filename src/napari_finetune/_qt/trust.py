@@ -12,8 +12,13 @@ name trusted.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from qtpy.QtWidgets import QMessageBox, QWidget
+
+from napari_finetune._qt.state import CheckpointInfo, Untrusted
+from napari_finetune._qt.worker import Job
+from napari_finetune.palette import channel_colors
 
 
 def untrusted_factory(path: str | os.PathLike, trust: tuple[str, ...] = ()) -> str | None:
@@ -67,3 +72,32 @@ def ask_to_trust(parent: QWidget, path: str, factory: str) -> bool:
         QMessageBox.No,
     )
     return answer == QMessageBox.Yes
+
+
+def refusal(path: str, factory: str) -> str:
+    """What the log says after a No: which factory was refused, and what to do."""
+    package, _ = describe_factory(factory)
+    return (f"{Path(path).name} was not loaded: its model is built by {factory} "
+            f"(package '{package}'), which you did not trust. Nothing from it was "
+            "imported or run; choose another checkpoint.")
+
+
+def info_job(path: str, trust: tuple[str, ...] = ()) -> Job[CheckpointInfo | Untrusted]:
+    """Read what the widget shows of a checkpoint, or the factory it needs trusted."""
+    from napari_finetune.model.checkpoint import CheckpointError, load_checkpoint
+
+    yield from ()
+    try:
+        # The allow-list is checked on the factory's name before anything is imported.
+        ckpt = load_checkpoint(path, trust=trust)
+    except CheckpointError:
+        factory = untrusted_factory(path, trust)
+        if factory is None:
+            raise
+        return Untrusted(path, factory)  # the widget asks the user; nothing was imported
+    names = ckpt.channel_names
+    return CheckpointInfo(
+        path=path, channel_names=names, colors=channel_colors(names, ckpt.metadata),
+        normalization=ckpt.normalization, dims=int(getattr(ckpt.model, "dims", 3)),
+        trust=tuple(trust),
+    )

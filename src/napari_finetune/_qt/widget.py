@@ -1,66 +1,54 @@
 """The Fine-tune dock widget: a view of the engine and of napari's layers.
 
 Every button starts a job from :mod:`napari_finetune._qt.worker` in a napari
-``thread_worker`` and returns at once; the job's events come back to
-:meth:`FinetuneWidget._on_event` on the main thread, which only assigns
-labels and layer data. No training logic lives here.
+``thread_worker`` (through :class:`~napari_finetune._qt.actions.Controller`)
+and returns at once; the job's events come back on the main thread, which
+only assigns labels and layer data. The buttons follow the evented
+:class:`~napari_finetune._qt.state.RunState` from one connection. No
+training logic lives here.
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
+from napari.layers import Image, Labels, Layer
 from qtpy.QtCore import QEvent, QSize, Qt
 from qtpy.QtGui import QShowEvent
 from qtpy.QtWidgets import (
     QApplication,
     QFileDialog,
     QFrame,
-    QGroupBox,
-    QHBoxLayout,
     QLabel,
-    QLineEdit,
     QPushButton,
     QScrollArea,
     QVBoxLayout,
     QWidget,
 )
 
-from napari_finetune._qt import actions, results
-from napari_finetune._qt.corrections import METADATA_KEY, is_corrections_candidate
-from napari_finetune._qt.layer_combo import LayerCombo
+from napari_finetune._qt import results
+from napari_finetune._qt.actions import Controller
+from napari_finetune._qt.corrections import METADATA_KEY, is_corrections_candidate, store_path_of
 from napari_finetune._qt.layers import camera_of, visible_region
+from napari_finetune._qt.parts import (
+    PathEdit,
+    default_checkpoint,
+    disconnect,
+    group,
+    layer_combo,
+    preload,
+    row,
+)
 from napari_finetune._qt.settings import SettingsForm
 from napari_finetune._qt.shutdown import CLOSE_WAIT_S, WindowCloseWatcher
 from napari_finetune._qt.state import RunState, shut_down, stop
 from napari_finetune._qt.status_panel import StatusPanel
 from napari_finetune.config import FinetuneConfig
 
-
-def preload() -> None:
-    """Pay the lazy-import costs now, while the dock opens, not mid-run.
-
-    An import holds the GIL; done in the worker it freezes the canvas
-    (measured on a 2-core machine: napari.qt.threading ~1.7 s, the first AdamW ~1.6 s).
-    """
-    import napari.qt.threading  # noqa: F401
-    import torch
-    import torch.optim
-
-    torch.optim.AdamW([torch.zeros(1, requires_grad=True)], lr=1e-4)
-
-
-def default_checkpoint() -> str:
-    """The pretrained sample model, when the sample is installed."""
-    try:
-        from napari_finetune.samples.synthetic_em import sample_checkpoint_path
-
-        path = sample_checkpoint_path()
-        return str(path) if path.is_file() else ""
-    except Exception:  # the sample is optional; the user picks a file
-        return ""
+if TYPE_CHECKING:
+    from napari import Viewer
 
 
 class FinetuneWidget(QWidget):
@@ -72,19 +60,14 @@ class FinetuneWidget(QWidget):
         The viewer this widget docks into.
     """
 
-    def __init__(self, napari_viewer: Any) -> None:
+    def __init__(self, napari_viewer: Viewer) -> None:
         super().__init__()
         preload()
-        from napari.layers import Image, Labels
-
         self.viewer = napari_viewer
-        # Fault injection for tests and benchmarks, applied inside the worker:
-        # _model_hook(model) before the trainer exists, _trainer_hook(trainer) once built.
-        self._model_hook = None
-        self._trainer_hook = None
         self.state = RunState()
-        self.image_combo = LayerCombo(napari_viewer, Image)
-        self.checkpoint_edit = QLineEdit(default_checkpoint())
+        self.actions = Controller(self)
+        self.image_combo = layer_combo(napari_viewer, Image, lambda layer: True)
+        self.checkpoint_edit = PathEdit(default_checkpoint())
         self.checkpoint_edit.setPlaceholderText("model checkpoint (.pt)")
         browse = QPushButton("…")
         browse.setToolTip("Choose a checkpoint file")
@@ -93,9 +76,7 @@ class FinetuneWidget(QWidget):
         self.checkpoint_label.setWordWrap(True)
         self.predict_button = QPushButton("Predict")
         self.predict_button.setToolTip("Predict the whole volume with the model")
-        self.corrections_combo = LayerCombo(
-            napari_viewer, Labels, accept=is_corrections_candidate
-        )
+        self.corrections_combo = layer_combo(napari_viewer, Labels, is_corrections_candidate)
         self.new_corrections_button = QPushButton("New corrections layer")
         self.autosave_label = QLabel("corrections: not saved yet")
         self.autosave_label.setWordWrap(True)
@@ -120,20 +101,20 @@ class FinetuneWidget(QWidget):
         self.output_label = QLabel("")
         self.output_label.setWordWrap(True)
 
-        model_box = _group("Data and model", [
-            _row(QLabel("Image:"), self.image_combo),
-            _row(QLabel("Model:"), self.checkpoint_edit, browse),
+        model_box = group("Data and model", [
+            row(QLabel("Image:"), self.image_combo.native),
+            row(QLabel("Model:"), self.checkpoint_edit, browse),
             self.checkpoint_label, self.predict_button,
         ])
-        paint_box = _group("Corrections", [
-            _row(QLabel("Layer:"), self.corrections_combo),
-            _row(self.new_corrections_button, self.paint_next_button), self.autosave_label,
+        paint_box = group("Corrections", [
+            row(QLabel("Layer:"), self.corrections_combo.native),
+            row(self.new_corrections_button, self.paint_next_button), self.autosave_label,
         ])
-        train_box = _group("Fine-tune", [
-            self.settings, _row(self.finetune_button, self.stop_button), self.status_panel,
+        train_box = group("Fine-tune", [
+            self.settings, row(self.finetune_button, self.stop_button), self.status_panel,
         ])
-        out_box = _group("Results", [
-            _row(self.export_button, self.save_predictions_button), self.bioimageio_button,
+        out_box = group("Results", [
+            row(self.export_button, self.save_predictions_button), self.bioimageio_button,
             self.output_label,
         ])
         content = QWidget()
@@ -153,21 +134,28 @@ class FinetuneWidget(QWidget):
         scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self._scroll = scroll
 
+        a = self.actions
         self.checkpoint_edit.editingFinished.connect(self._checkpoint_changed)
-        self.predict_button.clicked.connect(self._predict)
+        self.predict_button.clicked.connect(a.predict)
         self.new_corrections_button.clicked.connect(self._new_corrections)
-        self.corrections_combo.layer_changed.connect(self._corrections_changed)
-        self.image_combo.layer_changed.connect(lambda _: self._update_region())
+        self.corrections_combo.changed.connect(self._corrections_changed)
+        self.image_combo.changed.connect(self._image_changed)
         self.finetune_button.clicked.connect(self._finetune)
-        self.stop_button.clicked.connect(self._stop)
+        self.stop_button.clicked.connect(lambda: stop(self.state))
         self.export_button.clicked.connect(self._export)
-        self.save_predictions_button.clicked.connect(self._save_predictions)
-        self.paint_next_button.clicked.connect(lambda: results.paint_here_next(self))
+        self.save_predictions_button.clicked.connect(lambda: results.save_predictions(a))
+        self.paint_next_button.clicked.connect(lambda: results.paint_here_next(a))
         self.bioimageio_button.clicked.connect(self._export_bioimageio)
-        self._viewer_hooks = [self.viewer.dims.events.current_step,
-                              camera_of(self.viewer).events.center]
-        for emitter in self._viewer_hooks:
-            emitter.connect(self._update_region)
+        self.state.events.all.connect(self._sync_buttons)  # the one place buttons follow
+        layers = self.viewer.layers.events
+        self._viewer_hooks = [(self.viewer.events.theme, self._theme_changed),
+                              (self.viewer.dims.events.current_step, self._update_region),
+                              (camera_of(self.viewer).events.center, self._update_region),
+                              *((emitter, self.reset_choices) for emitter in (
+                                  layers.inserted, layers.removed, layers.moved,
+                                  layers.reordered, layers.renamed))]
+        for emitter, slot in self._viewer_hooks:
+            emitter.connect(slot)
         # Closing: the viewer's window, the app, the dock removed, or the widget deleted.
         state, app = self.state, QApplication.instance()
         self._quit_hook = lambda: shut_down(state, CLOSE_WAIT_S)  # the state, not the widget
@@ -178,16 +166,17 @@ class FinetuneWidget(QWidget):
         def destroyed(*_: object) -> None:
             # Deleted with its window (viewer.close() deletes it at once, shown or not):
             # wait there too; this touches only the state, and the worker never the widget.
+            state.events.all.disconnect()
             shut_down(state, CLOSE_WAIT_S)
-            _disconnect(app.aboutToQuit, quit_hook)  # nothing keeps the state alive after
+            disconnect(app.aboutToQuit, quit_hook)  # nothing keeps the state alive after
 
         self.destroyed.connect(destroyed)
-        self._corrections_changed(self.corrections_combo.layer())
-        self._update_region()
-        self._refresh_buttons()
+        self._corrections_changed(self.corrections_combo.value)
+        self._image_changed()
+        self._theme_changed()
         if self.checkpoint_edit.text():
             self._checkpoint_changed()
-        actions.warm_up(self)
+        a.warm_up()
 
     def sizeHint(self) -> QSize:  # noqa: N802 (Qt override)
         """Wide enough for the inputs: napari sizes the dock from this."""
@@ -218,38 +207,71 @@ class FinetuneWidget(QWidget):
         """
         if self.state.closed:
             return True
-        for emitter in self._viewer_hooks:
-            emitter.disconnect(self._update_region)
-        _disconnect(QApplication.instance().aboutToQuit, self._quit_hook)
+        for emitter, slot in self._viewer_hooks:
+            emitter.disconnect(slot)
+        self.state.events.all.disconnect(self._sync_buttons)
+        disconnect(QApplication.instance().aboutToQuit, self._quit_hook)
         return shut_down(self.state, wait_s)
 
-    # -- state -------------------------------------------------------------------------------
-    def _refresh_buttons(self) -> None:
-        """Enable what makes sense now; called after every state change."""
+    # -- what the user sees follows the state ------------------------------------------------
+    def _sync_buttons(self, *_: object) -> None:
+        """Enable what makes sense now (connected to every change of the state)."""
         s = self.state
-        has_image = self.image_combo.layer() is not None
+        if s.closed:
+            return
+        ready = self.image_layer() is not None and s.info is not None
         idle = s.busy is None
-        self.predict_button.setEnabled(idle and has_image and s.info is not None)
-        self.new_corrections_button.setEnabled(has_image and s.info is not None)
-        self.finetune_button.setEnabled(
-            idle and has_image and s.info is not None and self.corrections_combo.layer() is not None
-        )
+        self.predict_button.setEnabled(idle and ready)
+        self.new_corrections_button.setEnabled(ready)
+        self.finetune_button.setEnabled(idle and ready and self.corrections_layer() is not None)
         self.stop_button.setEnabled(s.busy == "train")
         self.export_button.setEnabled(idle and s.trainer is not None)
         self.save_predictions_button.setEnabled(idle and s.info is not None)
-        self.paint_next_button.setEnabled(idle and has_image and s.info is not None)
-        self.bioimageio_button.setEnabled(idle and has_image and s.info is not None)
+        self.paint_next_button.setEnabled(idle and ready)
+        self.bioimageio_button.setEnabled(idle and ready)
         self.finetune_button.setText("Fine-tuning…" if s.busy == "train" else "Fine-tune")
 
-    def _update_region(self, event: Any = None) -> None:
+    def _theme_changed(self, *_: object) -> None:
+        from napari.utils.theme import get_theme
+
+        self.status_panel.loss_plot.set_theme(get_theme(self.viewer.theme))
+
+    def reset_choices(self, *_: object) -> None:
+        """Refresh the layer lists (napari calls this when layers change, as do we)."""
+        for combo in (self.image_combo, self.corrections_combo):
+            combo.reset_choices()
+
+    def _update_region(self, event: object = None) -> None:
         """Cache the region in view for the training worker's live preview."""
         context = max(1, FinetuneConfig().patch_shape[0] // 2)
-        layer = self.image_combo.layer()
+        layer = self.image_layer()
         try:
             ndim = len(layer.data[0].shape if layer.multiscale else layer.data.shape)
             self.state.region = visible_region(self.viewer, layer, (context,) * ndim)
         except Exception:  # no layer, or a transient state while layers change
             self.state.region = None
+
+    # -- public views the controller reads ---------------------------------------------------
+    def image_layer(self) -> Image | None:
+        """The chosen image layer."""
+        return self.image_combo.value
+
+    def corrections_layer(self) -> Labels | None:
+        """The chosen corrections layer."""
+        return self.corrections_combo.value
+
+    def checkpoint_path(self) -> str:
+        """The checkpoint path as typed."""
+        return self.checkpoint_edit.text().strip()
+
+    def is_corrections_layer(self, layer: Layer) -> bool:
+        """Whether ``layer`` was made by this widget."""
+        return bool(layer.metadata.get(METADATA_KEY))
+
+    def store_hint(self) -> Path | None:
+        """The OME-Zarr store of the chosen image, if it came from one."""
+        path = store_path_of(self.image_layer())
+        return Path(path) if path else None
 
     # -- callbacks (thin: each starts a job or updates a label) ------------------------------
     def _browse_checkpoint(self) -> None:
@@ -262,80 +284,38 @@ class FinetuneWidget(QWidget):
             self._checkpoint_changed()
 
     def _checkpoint_changed(self) -> None:
-        actions.load_info(self, self.checkpoint_edit.text().strip())
-
-    def _predict(self) -> None:
-        actions.predict(self)
+        self.actions.load_info(self.checkpoint_path())
 
     def _new_corrections(self) -> None:
-        layer = actions.new_corrections_layer(self)
+        layer = self.actions.new_corrections_layer()
         if layer is not None:
-            self.corrections_combo.set_layer(layer)
+            self.corrections_combo.reset_choices()
+            self.corrections_combo.value = layer
 
-    def _corrections_changed(self, layer: Any) -> None:
-        actions.follow_corrections(self, layer)
-        self._refresh_buttons()
+    def _corrections_changed(self, layer: Labels | None) -> None:
+        self.actions.follow_corrections(layer)
+        self._sync_buttons()
+
+    def _image_changed(self, *_: object) -> None:
+        self._update_region()
+        self._sync_buttons()
 
     def _finetune(self) -> None:
         self.state.clicked_at = time.perf_counter()
-        actions.finetune(self)
-
-    def _stop(self) -> None:
-        stop(self.state)
+        self.actions.finetune()
 
     def _export(self) -> None:
-        default = actions.default_export_path(self)
+        default = results.default_export_path(self.actions)
         path, _ = QFileDialog.getSaveFileName(
             self, "Export fine-tuned checkpoint", default, "Checkpoints (*.pt)"
         )
         if path:
-            actions.export(self, path)
+            results.export(self.actions, path)
 
     def _export_bioimageio(self) -> None:
-        default = str(Path(actions.default_export_path(self)).with_suffix(".zip"))
+        default = str(Path(results.default_export_path(self.actions)).with_suffix(".zip"))
         path, _ = QFileDialog.getSaveFileName(
             self, "Export as a bioimage.io model package", default, "bioimage.io (*.zip)"
         )
         if path:
-            results.export_bioimageio(self, path)
-
-    def _save_predictions(self) -> None:
-        actions.save_predictions(self)
-
-    def is_corrections_layer(self, layer: Any) -> bool:
-        """Whether ``layer`` was made by this widget."""
-        return bool(layer.metadata.get(METADATA_KEY))
-
-    def store_hint(self) -> Path | None:
-        """The OME-Zarr store of the chosen image, if it came from one."""
-        from napari_finetune._qt.corrections import store_path_of
-
-        path = store_path_of(self.image_combo.layer())
-        return Path(path) if path else None
-
-
-def _disconnect(signal: Any, slot: Any) -> None:
-    try:
-        signal.disconnect(slot)
-    except (TypeError, RuntimeError):  # already disconnected
-        pass
-
-
-def _row(*widgets: QWidget) -> QWidget:
-    row = QWidget()
-    layout = QHBoxLayout(row)
-    layout.setContentsMargins(0, 0, 0, 0)
-    for widget in widgets:
-        narrow = isinstance(widget, QLabel) or (
-            isinstance(widget, QPushButton) and widget.text() == "…"
-        )
-        layout.addWidget(widget, 0 if narrow else 1)
-    return row
-
-
-def _group(title: str, widgets: list[QWidget]) -> QGroupBox:
-    box = QGroupBox(title)
-    layout = QVBoxLayout(box)
-    for widget in widgets:
-        layout.addWidget(widget)
-    return box
+            results.export_bioimageio(self.actions, path)

@@ -1,27 +1,19 @@
 """Thread-worker glue: the jobs the widget runs off the main thread.
 
-Each job is a generator of events (tuples whose first item names them) that
-napari's ``thread_worker`` machinery delivers to the main thread:
-
-``("progress", done, total, what)``  a block of a prediction was computed
-``("prediction", masks)``            one uint8 mask per channel, whole volume
-``("saved", store_path)``            corrections written into the store
-``("untrusted", path, factory)``   the checkpoint's factory needs the user's trust
-``("trainer", trainer)``             the Finetuner exists (the widget may stop it)
-``("status", Status)``               one event of ``Finetuner.run()``
-``("preview", region, probs)``       probabilities of ``region`` with the current weights
-``("exported", path)`` / ``("written", names)``
-``("error", exc)``                   the job failed; the message is the engine's
-
-Errors are turned into an event (not raised) so the widget shows the
-engine's own message once, and is back to a usable state, instead of a
-traceback dialog. Every heavy object (checkpoint, model, trainer) is built
-inside the job, in the worker thread: a click never waits for it.
+Each job is a generator run by napari's generator worker: it yields typed
+events (:mod:`napari_finetune._qt.events`) that arrive on the main thread
+through ``yielded``, returns its result through ``returned`` and fails
+through ``errored`` (napari marks the task failed; the widget shows the
+engine's own message once and is back to a usable state). ``worker.quit()``
+ends a job at its next yield. Every heavy object (checkpoint, model,
+trainer) is built inside the job, in the worker thread: a click never waits
+for it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import os
 import queue
@@ -29,63 +21,86 @@ import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
+from napari_finetune._qt.events import (
+    Event,
+    JobError,
+    Preview,
+    Progress,
+    RunStatus,
+    Saved,
+    TrainerReady,
+)
 from napari_finetune.data.patch_shape import fit_patch_shape
 
-Event = tuple
-Job = Generator[Event, None, Any]
+if TYPE_CHECKING:
+    from napari_finetune._qt.shutdown import JobWorker
+
+R = TypeVar("R")
+Job = Generator[Event, None, R]
 
 
 def start_job(
-    job: Callable[..., Job], *args: Any, on_event: Callable[[Event], None],
-    on_finished: Callable[[], None] | None = None, **kwargs: Any,
-):
-    """Run ``job(*args, **kwargs)`` in a napari ``thread_worker``; events go to ``on_event``.
+    job: Callable[..., Job], *args: Any, on_error: Callable[[Exception], None],
+    on_event: Callable[[Event], None] | None = None,
+    on_result: Callable[[Any], None] | None = None,
+    on_finished: Callable[[], None] | None = None,
+    on_aborted: Callable[[], None] | None = None, **kwargs: Any,
+) -> JobWorker:
+    """Run ``job(*args, **kwargs)`` in a napari generator worker and start it.
 
-    Returns the :class:`~napari_finetune._qt.shutdown.JobWorker`, which a
-    closing widget can wait for.
+    Events go to ``on_event``, the job's return value to ``on_result``, a
+    failure to ``on_error`` (napari's task status shows it failed),
+    ``quit()`` taking effect to ``on_aborted``; ``on_finished`` comes last
+    whichever way it ended. Returns the
+    :class:`~napari_finetune._qt.shutdown.JobWorker`, which a closing widget
+    can wait for.
     """
     from napari.qt.threading import create_worker
 
     from napari_finetune._qt.shutdown import JobWorker
 
-    worker = create_worker(_guarded, job, *args, _start_thread=False, _worker_class=JobWorker,
-                           **kwargs)
-    worker.yielded.connect(on_event)
-    if on_finished is not None:
-        worker.finished.connect(on_finished)
+    worker = create_worker(guarded(job), *args, _start_thread=False, _worker_class=JobWorker,
+                           _connect={"errored": on_error}, **kwargs)
+    for signal, slot in ((worker.yielded, on_event), (worker.returned, on_result),
+                         (worker.aborted, on_aborted), (worker.finished, on_finished)):
+        if slot is not None:
+            signal.connect(slot)
     worker.start()
     return worker
 
 
-def call_job(fn: Callable[..., Any], *args: Any) -> Job:
-    """``fn(*args)`` as a job: one ``("done", result)`` event."""
-    yield ("done", fn(*args))
+def call_job(fn: Callable[..., R], *args: Any) -> Job[R]:
+    """``fn(*args)`` as a job that yields nothing and returns its result."""
+    yield from ()  # a generator, so the worker honours quit() before it begins
+    return fn(*args)
 
 
 def start_call(
     fn: Callable[..., Any], *args: Any, on_done: Callable[[Any], None],
     on_error: Callable[[Exception], None],
-):
+) -> JobWorker:
     """Run a plain function in a worker: ``on_done(result)`` or ``on_error(exc)``."""
-
-    def relay(event: Event) -> None:
-        (on_done if event[0] == "done" else on_error)(event[1])
-
-    return start_job(call_job, fn, *args, on_event=relay)
+    return start_job(call_job, fn, *args, on_result=on_done, on_error=on_error)
 
 
-def _guarded(job: Callable[..., Job], *args: Any, **kwargs: Any) -> Job:
-    try:
-        return (yield from job(*args, **kwargs))
-    except Exception as exc:  # every failure becomes one notification
-        yield ("error", exc)
-        return None
-    finally:
-        release_memory()
+def guarded(job: Callable[..., Job]) -> Callable[..., Job]:
+    """``job`` that gives device memory back however it ends and never fails with a
+    ``RuntimeError`` (napari's worker would take it for a deleted worker)."""
+
+    @functools.wraps(job)
+    def run(*args: Any, **kwargs: Any) -> Job:
+        try:
+            return (yield from job(*args, **kwargs))
+        except RuntimeError as exc:
+            raise JobError(str(exc)) from exc
+        finally:
+            release_memory()
+
+    return run
 
 
 @contextmanager
@@ -149,14 +164,14 @@ def with_progress(fn: Callable[[Callable[[int, int], None]], Any], what: str) ->
     thread = threading.Thread(target=target, name=f"napari-finetune-{what}", daemon=True)
     thread.start()
     while (item := events.get()) is not None:
-        yield ("progress", item[0], item[1], what)
+        yield Progress(item[0], item[1], what)
     thread.join()
     if "error" in outcome:
         raise outcome["error"]
     return outcome.get("result")
 
 
-def warm_up_job() -> Job:
+def warm_up_job() -> Job[None]:
     """Import the engine and PEFT (~6 s) in the background while the user looks and paints.
 
     An import holds the GIL in bursts (~250 ms UI stalls measured), so it is
@@ -169,7 +184,7 @@ def warm_up_job() -> Job:
         import peft  # noqa: F401
     except ImportError:  # a full fine-tune works without it
         pass
-    yield ("warm", True)
+    yield from ()
 
 
 def model_to_predict(
@@ -192,8 +207,9 @@ def model_to_predict(
 def predict_job(
     checkpoint_path: str, image: Any, channel_count: int | None, device: str,
     model: Any = None, normalization: dict | None = None, trust: Sequence[str] = (),
-) -> Job:
-    """Whole-volume prediction, blockwise; ``model`` (a fine-tuned one) skips loading."""
+) -> Job[list[np.ndarray]]:
+    """Whole-volume prediction, blockwise, returning one uint8 mask per channel;
+    ``model`` (a fine-tuned one) skips loading."""
     from napari_finetune.config import PredictConfig
     from napari_finetune.predict import predict_volume
 
@@ -209,46 +225,47 @@ def predict_job(
                                             progress=progress),
             "predict",
         )
-    yield ("prediction", masks)
+    return masks
 
 
 def train_job(
     checkpoint_path: str, image: Any, corrections: np.ndarray, store_path: str | None,
     channel_names: Sequence[str], config: Any, preview_interval_s: float,
-    region: Callable[[], tuple[slice, ...] | None],
-    model_hook: Callable[[Any], Any] | None = None,
-    trainer_hook: Callable[[Any], Any] | None = None, trust: Sequence[str] = (),
+    region: Callable[[], tuple[slice, ...] | None], trust: Sequence[str] = (),
     snapshot: int | None = None,
-) -> Job:
+) -> Job[None]:
     """Save the corrections, build model and trainer here, run, yield previews between steps.
 
     The first preview comes after the first optimizer step (the user sees the
     model move at once), then every ``preview_interval_s`` seconds (0: never).
+    ``worker.quit()`` ends the run at its next event: every event comes after
+    a whole optimizer step or a recovery, so the weights are those of the
+    last completed step.
     """
     if store_path:
         from napari_finetune._qt.corrections import save_corrections_locked
 
         # Before anything can fail; ``snapshot`` keeps a later, newer save from being undone.
         save_corrections_locked(store_path, corrections, channel_names, snapshot)
-        yield ("saved", store_path)
+        yield Saved(store_path)
     with core_left_for_the_ui():  # from the build to the end of the run, whatever else runs
         yield from _build_and_run(checkpoint_path, image, corrections, config,
-                                  preview_interval_s, region, model_hook, trainer_hook, trust)
+                                  preview_interval_s, region, trust)
 
 
 def _build_and_run(
     checkpoint_path: str, image: Any, corrections: np.ndarray, config: Any,
     preview_interval_s: float, region: Callable[[], tuple[slice, ...] | None],
-    model_hook: Callable[[Any], Any] | None, trainer_hook: Callable[[Any], Any] | None,
     trust: Sequence[str],
-) -> Job:
+) -> Job[None]:
     from napari_finetune.model.checkpoint import load_checkpoint
     from napari_finetune.predict import shape_multiple
+    from napari_finetune.testing import build_hooks
     from napari_finetune.trainer.loop import Finetuner
 
     ckpt = load_checkpoint(checkpoint_path, trust=tuple(trust))  # as the user answered
-    if model_hook is not None:
-        model_hook(ckpt.model)  # fault injection for the tests and the benchmark
+    for hook in build_hooks.model:
+        hook(ckpt.model)  # fault injection of the tests and the benchmark
     multiple = shape_multiple(ckpt.model, image.ndim)
     config = dataclasses.replace(
         config, patch_shape=fit_patch_shape(config.patch_shape, image.shape, multiple)
@@ -256,42 +273,43 @@ def _build_and_run(
     trainer = Finetuner(ckpt.model, image, corrections, config, metadata=ckpt.metadata,
                         source_sha256=ckpt.sha256)
     del ckpt
-    if trainer_hook is not None:
-        trainer.after_build.append(trainer_hook)  # e.g. an OOM in the teacher
-    yield ("trainer", trainer)
+    trainer.after_build.extend(build_hooks.trainer)  # e.g. an OOM in the teacher
+    yield TrainerReady(trainer)
     last_preview: float | None = None
+    run = trainer.run()
     try:
-        for status in _statuses(trainer):
-            yield ("status", status)
+        for status in run:
+            yield RunStatus(status)
             now = time.monotonic()
             due = last_preview is None or now - last_preview >= preview_interval_s
             if preview_interval_s > 0 and status.kind == "step" and due:
                 where = region()
                 if where is not None:
-                    yield ("preview", where, np.asarray(trainer.predict(where)))
+                    yield Preview(where, np.asarray(trainer.predict(where)))
                 last_preview = time.monotonic()
     finally:
-        # However the run ended, give back the optimizer state and the teacher;
-        # the weights stay for Export and Predict.
+        # However the run ended (a quit() included), close the run here, in this thread
+        # (its sample feed), and give back the optimizer state and the teacher; the
+        # weights stay for Export and Predict.
+        run.close()
         trainer.release()
 
 
-def _statuses(trainer: Any) -> Iterator[Any]:
-    yield from trainer.run()
+def export_job(trainer: Any, path: str) -> Job[str]:
+    """``trainer.export(path)`` off the main thread; returns where it was written."""
+    yield from ()
+    return str(trainer.export(path))
 
 
-def export_job(trainer: Any, path: str) -> Job:
-    """``trainer.export(path)`` off the main thread."""
-    yield ("exported", str(trainer.export(path)))
-
-
-def save_predictions_job(store_path: str, arrays: Sequence[tuple[str, np.ndarray]]) -> Job:
-    """Write each ``(name, mask)`` into ``<store>/labels/<name>``."""
+def save_predictions_job(
+    store_path: str, arrays: Sequence[tuple[str, np.ndarray]],
+) -> Job[list[str]]:
+    """Write each ``(name, mask)`` into ``<store>/labels/<name>``; returns the names."""
     from napari_finetune.io.omezarr import write_labels
 
     names = []
     for i, (name, array) in enumerate(arrays):
         write_labels(store_path, name, array)
         names.append(name)
-        yield ("progress", i + 1, len(arrays), "save predictions")
-    yield ("written", names)
+        yield Progress(i + 1, len(arrays), "save predictions")
+    return names

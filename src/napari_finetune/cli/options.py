@@ -2,43 +2,26 @@
 
 Every :class:`~napari_finetune.config.FinetuneConfig` field becomes an option
 (``batch_size`` -> ``--batch-size``) whose help text is the field's own
-docstring entry, so the CLI and the dataclass cannot drift apart.
+docstring entry, so the CLI and the dataclass cannot drift apart; ranges and
+choices come from :mod:`napari_finetune.config_fields`, which the widget's
+settings form is built from too.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import re
 import sys
 from typing import Any
 
-from napari_finetune.config import PredictConfig
+from napari_finetune.config import FinetuneConfig, PredictConfig
+from napari_finetune.config_fields import FIELDS, field_docs
 
-_CHOICES = {"mode": ["lora", "full"]}
+__all__ = ["add_config_options", "config_from_args", "field_docs", "given_options"]
 # Fields whose default is None: the type their option parses.
 _OPTIONAL_TYPES: dict[str, type] = {"max_grad_norm": float, "memory_snapshot": str}
 # Switches whose default None means "decided by the device": --x / --no-x.
 _OPTIONAL_SWITCHES = {"autobatch": "on for cuda/mps, off on the cpu"}
-
-
-def field_docs(cls: type) -> dict[str, str]:
-    """``{field: first sentence of its description}`` from a numpy-style docstring."""
-    docs: dict[str, str] = {}
-    lines = (cls.__doc__ or "").splitlines()
-    for i, line in enumerate(lines):
-        match = re.match(r"^\s{4}(\w+(?:, \w+)*) : ", line)
-        if not match:
-            continue
-        text = []
-        for follow in lines[i + 1 :]:
-            if not follow.startswith(" " * 8):
-                break
-            text.append(follow.strip())
-        sentence = " ".join(text).split(". ")[0].rstrip(".")
-        for name in match.group(1).split(", "):
-            docs[name] = sentence
-    return docs
 
 
 def add_config_options(parser: argparse.ArgumentParser, cls: type, skip: tuple = ()) -> None:
@@ -51,17 +34,21 @@ def add_config_options(parser: argparse.ArgumentParser, cls: type, skip: tuple =
         flag = "--" + f.name.replace("_", "-")
         default = f.default
         shown = _OPTIONAL_SWITCHES.get(f.name, _show(default))
-        helptext = f"{docs.get(f.name, '')} (default: {shown})"
+        spec = FIELDS.get(f.name) if cls is FinetuneConfig else None
+        limits = f", {spec.range_text()}" if spec and spec.low is not None else ""
+        helptext = f"{docs.get(f.name, '')} (default: {shown}{limits})"
+        choices = [value for _, value in spec.choices] if spec and spec.choices else None
         if isinstance(default, bool) or f.name in _OPTIONAL_SWITCHES:
             group.add_argument(
                 flag, action=argparse.BooleanOptionalAction, default=None, help=helptext
             )
         elif isinstance(default, tuple):
-            group.add_argument(flag, type=int, nargs="+", metavar="N", default=None, help=helptext)
+            group.add_argument(flag, type=int, nargs="+", metavar="N", default=None,
+                               help=helptext)
         else:
             kind = _OPTIONAL_TYPES.get(f.name, str) if default is None else type(default)
             group.add_argument(
-                flag, type=kind, default=None, help=helptext, choices=_CHOICES.get(f.name)
+                flag, type=kind, default=None, help=helptext, choices=choices,
             )
 
 
@@ -78,6 +65,11 @@ def config_from_args(cls: type, args: argparse.Namespace, **overrides: Any) -> A
         if value is not None:
             values[f.name] = tuple(value) if isinstance(value, list) else value
     values.update({k: v for k, v in overrides.items() if v is not None})
+    if cls is FinetuneConfig:  # the widget's ranges (ValueError: one line, as the config's)
+        for name, value in values.items():
+            if name in FIELDS and FIELDS[name].low is not None and value is not None:
+                for item in value if isinstance(value, tuple) else (value,):
+                    FIELDS[name].check(name, item)
     return cls(**values)
 
 

@@ -1,0 +1,66 @@
+"""What the widget's jobs report while they run (napari's ``yielded`` signal).
+
+A job yields these typed events; its result comes through the worker's
+``returned`` signal and a failure through ``errored`` (napari then marks the
+task as failed). The widget dispatches on the event's type, never on text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from napari_finetune.trainer.loop import Finetuner
+    from napari_finetune.trainer.status import Status
+
+
+@dataclass(frozen=True)
+class Progress:
+    """``done`` of ``total`` blocks of ``what`` ("predict", "save predictions"...)."""
+
+    done: int
+    total: int
+    what: str
+
+
+@dataclass(frozen=True)
+class Saved:
+    """The corrections were written into ``store`` (before training)."""
+
+    store: str
+
+
+@dataclass(frozen=True)
+class TrainerReady:
+    """The run's :class:`Finetuner` exists; kept for Export and Predict after the run."""
+
+    trainer: Finetuner
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """One event of ``Finetuner.run()``: the probe, a step, a recovery, the end."""
+
+    status: Status
+
+
+@dataclass(frozen=True)
+class Preview:
+    """Probabilities of ``region`` with the current weights (channels first)."""
+
+    region: tuple[slice, ...]
+    probs: np.ndarray
+
+
+Event = Progress | Saved | TrainerReady | RunStatus | Preview
+
+
+class JobError(Exception):
+    """A job's ``RuntimeError``, re-raised under a type napari's worker reports.
+
+    The generator worker takes a ``RuntimeError`` for "this worker was deleted"
+    and only warns about it; torch raises most of its failures as one.
+    """
