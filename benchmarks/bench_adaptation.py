@@ -18,7 +18,7 @@ Appearances:
 
 - ``sample``: the demo's target domain (``samples/synthetic_em.py``), the one
   the defaults were tuned on;
-- ``unseen``: another microscope nobody tuned anything on (:data:`UNSEEN`):
+- ``unseen``: another microscope nobody tuned anything on (:func:`unseen_appearance`):
   strong blur in z, a contrast curve that darkens, more noise, coarse grain,
   and another geometry seed.
 
@@ -41,9 +41,14 @@ import platform
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from napari_finetune.config import FinetuneConfig
+    from napari_finetune.model.checkpoint import Checkpoint
+    from napari_finetune.samples.synthetic_em import Appearance
 
 os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
 
@@ -53,7 +58,7 @@ UNSEEN_SEED = 7
 UNSEEN_SHAPE = (48, 256, 256)
 
 
-def unseen_appearance() -> Any:
+def unseen_appearance() -> Appearance:
     """A microscope the defaults were never tuned on (designed for issue 12, item 5)."""
     from napari_finetune.samples.synthetic_em import Appearance
 
@@ -68,9 +73,9 @@ class Volume:
     """One appearance: image, ground truth, the pretrained checkpoint's path."""
 
     name: str
-    image: Any
+    image: Any  # numpy, or the sample store's dask array
     truth: np.ndarray
-    checkpoint: Any
+    checkpoint: Checkpoint
 
 
 def load_volume(name: str) -> Volume:
@@ -86,7 +91,9 @@ def load_volume(name: str) -> Volume:
     return Volume(name, image, truth, load_checkpoint(sample_checkpoint_path()))
 
 
-def finetune(volume: Volume, corrections: np.ndarray, config: Any, out: Path) -> dict:
+def finetune(
+    volume: Volume, corrections: np.ndarray, config: FinetuneConfig, out: Path
+) -> dict:
     """Fine-tune a fresh copy of the checkpoint for ``config.steps`` steps; export to ``out``."""
     from napari_finetune.model.checkpoint import load_checkpoint
     from napari_finetune.trainer.loop import Finetuner
