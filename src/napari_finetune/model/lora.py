@@ -14,7 +14,9 @@ shift are where a new microscope's contrast and blur are cheapest to undo, they
 hold a few hundred numbers, and PEFT keeps the originals beside the trained
 copies, so ``disable_adapter()`` (the LoRA teacher) still runs the starting
 model and BatchNorm running statistics of the base model are never touched.
-Every adapted layer with a bias gets a LoRA bias (PEFT's ``lora_bias``).
+Adapted layers get a LoRA bias, zero at the start and merged into their bias:
+PEFT's ``lora_bias`` when every layer PEFT adapts has a bias (it cannot merge
+one into a layer without), ours wherever the layer has one.
 
 PEFT is imported only inside :func:`wrap_lora` (``import peft`` takes seconds
 and pulls in transformers).
@@ -58,7 +60,8 @@ def trained_norms(model: nn.Module) -> list[str]:
     ]
     # PEFT finds modules_to_save by the end of their names: leave out a norm
     # whose name also ends another module's name ("1" ends "encoders.1").
-    others = [name for name, _ in model.named_modules() if name not in set(names)]
+    chosen = set(names)
+    others = [name for name, _ in model.named_modules() if name not in chosen]
     return [name for name in names if not any(other.endswith(name) for other in others)]
 
 
