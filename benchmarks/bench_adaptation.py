@@ -113,7 +113,7 @@ def finetune(
     return {"steps": step, "train_s": round(seconds, 1), "validation": validation}
 
 
-def run_one(volume: Volume, run: str, before: np.ndarray, steps: int) -> dict:
+def run_one(volume: Volume, run: str, before: np.ndarray | None, steps: int) -> dict:
     """One row: ``before``, ``full``, ``lora`` (sparse painting) or ``dense``."""
     from napari_finetune.cli.demo import demo_config, predict_all
     from napari_finetune.cli.simulate import foreground_iou, simulate_corrections, split_slices
@@ -202,7 +202,9 @@ def main() -> None:
     for name in args.appearances:
         volume = load_volume(name)
         ckpt = volume.checkpoint
-        before = predict_all(ckpt.model, volume.image, ckpt, "cpu")
+        # The painting is simulated from the pretrained model's errors.
+        sparse = {"before", "full", "lora"} & set(args.runs)
+        before = predict_all(ckpt.model, volume.image, ckpt, "cpu") if sparse else None
         for run in args.runs:
             steps = {"full": args.steps_full, "lora": args.steps_lora,
                      "dense": args.steps_dense}.get(run, 0)
