@@ -29,8 +29,8 @@ def _monai_unet():
 def _move_adapters(wrapped):
     with torch.no_grad():  # away from their zero start, so merging has something to do
         for name, param in wrapped.named_parameters():
-            if "lora_B" in name:
-                param.normal_(0, 0.1)
+            if "lora_B" in name or "modules_to_save" in name:
+                param.add_(torch.randn_like(param), alpha=0.1)
 
 
 def test_targets_include_the_pointwise_head():
@@ -46,7 +46,7 @@ def test_wrap_merge_matches_unmerged_outputs_3d_and_2d():
         wrapped = wrap_lora(UNet(dims=dims, depth=2, features=4), rank=4, alpha=8, seed=1)
         assert is_lora(wrapped)
         trainable = [n for n, p in wrapped.named_parameters() if p.requires_grad]
-        assert trainable and all("lora_" in n for n in trainable)
+        assert trainable and all("lora_" in n or "modules_to_save" in n for n in trainable)
         _move_adapters(wrapped)
         wrapped.eval()
         x = torch.rand(*shape)

@@ -8,6 +8,16 @@ which it merges wrongly: huggingface/peft #3768) get
 :class:`~napari_finetune.model.lora_layers.ConvLora`, which PEFT's
 ``disable_adapter()`` and ``merge_and_unload()`` handle like its own layers.
 
+The normalisation layers (GroupNorm, BatchNorm, InstanceNorm, LayerNorm with
+affine parameters) train in full, as PEFT ``modules_to_save``: their scale and
+shift are where a new microscope's contrast and blur are cheapest to undo, they
+hold a few hundred numbers, and PEFT keeps the originals beside the trained
+copies, so ``disable_adapter()`` (the LoRA teacher) still runs the starting
+model and BatchNorm running statistics of the base model are never touched.
+Adapted layers get a LoRA bias, zero at the start and merged into their bias:
+PEFT's ``lora_bias`` when every layer PEFT adapts has a bias (it cannot merge
+one into a layer without), ours wherever the layer has one.
+
 PEFT is imported only inside :func:`wrap_lora` (``import peft`` takes seconds
 and pulls in transformers).
 """
@@ -22,6 +32,10 @@ import torch
 from torch import nn
 
 _ADAPTABLE = (nn.Conv2d, nn.Conv3d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+_NORMS = (
+    nn.GroupNorm, nn.LayerNorm, nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm,
+    nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d,
+)
 
 
 def lora_targets(model: nn.Module) -> list[str]:
@@ -33,13 +47,67 @@ def lora_targets(model: nn.Module) -> list[str]:
     ]
 
 
+def trained_norms(model: nn.Module) -> list[str]:
+    """Qualified names of the normalisation layers a LoRA run trains in full.
+
+    Every GroupNorm, LayerNorm, BatchNorm and InstanceNorm with parameters
+    (affine); the others have nothing to train.
+    """
+    names = [
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, _NORMS) and any(True for _ in module.parameters(recurse=False))
+    ]
+    # PEFT finds modules_to_save by the end of their names: leave out a norm
+    # whose name also ends another module's name ("1" ends "encoders.1").
+    chosen = set(names)
+    others = [name for name, _ in model.named_modules() if name not in chosen]
+    return [name for name in names if not any(other.endswith(name) for other in others)]
+
+
+def adapter_overhead(model: nn.Module, rank: int) -> float:
+    """Weights LoRA of ``rank`` adds, as a share of the weights of the layers it adapts.
+
+    A convolution's adapter ``A`` has ``in * rank * kernel`` weights against the
+    layer's ``in * out * kernel``, and costs the same share of the layer's work,
+    so this is also about what adapters add to a step (``B`` is pointwise).
+    """
+    modules = dict(model.named_modules())
+    added = adapted = 0
+    for name in lora_targets(model):
+        layer = modules[name]
+        weight = layer.weight
+        kernel = weight[0, 0].numel()
+        in_channels = layer.in_channels // layer.groups
+        added += in_channels * rank * kernel + rank * layer.out_channels
+        adapted += weight.numel()
+    return added / adapted if adapted else 0.0
+
+
+def lora_advice(model: nn.Module, rank: int) -> str:
+    """One line to show when the user picks LoRA for ``model`` ("" when LoRA suits it).
+
+    On a narrow network (sample UNet: 8 features in the first level) rank-``rank``
+    adapters are not small next to the layers they adapt: a LoRA step is no
+    cheaper than a full fine-tune's, so in a fixed time LoRA trains fewer steps.
+    """
+    share = adapter_overhead(model, rank)
+    if share < 0.2:
+        return ""
+    return (
+        f"LoRA rank {rank} adds {100 * share:.0f}% to the weights it adapts on this small "
+        "network, so its steps are slower than a full fine-tune's; pick Full unless "
+        "memory is short."
+    )
+
+
 def is_lora(model: nn.Module) -> bool:
     """Whether ``model`` is a PEFT model (checked without importing peft)."""
     return type(model).__module__.startswith("peft") and hasattr(model, "merge_and_unload")
 
 
 def wrap_lora(model: nn.Module, rank: int, alpha: float, seed: int = 0) -> nn.Module:
-    """Wrap ``model`` in LoRA adapters; only the adapters are trainable.
+    """Wrap ``model`` in LoRA adapters; only they and the normalisation layers train.
 
     Parameters
     ----------
@@ -64,6 +132,7 @@ def wrap_lora(model: nn.Module, rank: int, alpha: float, seed: int = 0) -> nn.Mo
     targets = lora_targets(model)
     own = [name for name in targets if needs_own_lora(modules[name])]
     by_peft = [name for name in targets if name not in own]
+    norms = trained_norms(model)
     if not by_peft:
         raise ValueError(
             f"{type(model).__name__} has no Conv2d, or Conv3d with a kernel larger than 1, "
@@ -72,7 +141,13 @@ def wrap_lora(model: nn.Module, rank: int, alpha: float, seed: int = 0) -> nn.Mo
     # A full-match pattern: a list would also match names that merely end the same.
     pattern = "|".join(re.escape(name) for name in by_peft)
     config = LoraConfig(
-        r=int(rank), lora_alpha=float(alpha), lora_dropout=0.0, target_modules=f"^(?:{pattern})$"
+        r=int(rank),
+        lora_alpha=float(alpha),
+        lora_dropout=0.0,
+        target_modules=f"^(?:{pattern})$",
+        # PEFT merges a LoRA bias only into a layer that has a bias.
+        lora_bias=all(modules[name].bias is not None for name in by_peft),
+        modules_to_save=norms or None,
     )
     devices = [model_device(model)] if model_device(model).type == "cuda" else []
     with torch.random.fork_rng(devices=devices):

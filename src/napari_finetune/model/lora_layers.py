@@ -12,7 +12,10 @@ size of tensor b (4)", huggingface/peft #3768), and it has no LoRA for
 and the base layer's kernel, stride, padding, dilation (and output padding);
 ``B`` a pointwise ``rank -> out`` convolution, zero at the start, so training
 starts from the base model's output. Both are linear, so the merged weight is
-the base weight plus ``scale * B @ A`` contracted over the rank.
+the base weight plus ``scale * B @ A`` contracted over the rank. When the base
+layer has a bias, ``B`` has one too (zero at the start, PEFT's ``lora_bias``):
+an output head's bias sets each class's threshold, which a new microscope
+shifts.
 
 The layer takes part in PEFT's machinery: it is a PEFT ``BaseTunerLayer``, so
 ``disable_adapter()`` (the LoRA teacher) switches it off, and
@@ -57,12 +60,17 @@ class ConvLora(nn.Module, BaseTunerLayer):
     rank : int
     alpha : float
         The update is scaled by ``alpha / rank``, as PEFT does.
+    bias : bool
+        Give ``B`` a bias (zero at the start), merged into the base bias; only
+        for a base layer that has one.
     """
 
     adapter_layer_names = ("lora_A", "lora_B")
     other_param_names = ("rank", "scaling")
 
-    def __init__(self, base_layer: nn.Module, rank: int, alpha: float) -> None:
+    def __init__(
+        self, base_layer: nn.Module, rank: int, alpha: float, bias: bool = False
+    ) -> None:
         super().__init__()
         if not needs_own_lora(base_layer) and not isinstance(base_layer, (nn.Conv2d, nn.Conv3d)):
             raise TypeError(f"ConvLora does not adapt {type(base_layer).__name__}")
@@ -84,10 +92,14 @@ class ConvLora(nn.Module, BaseTunerLayer):
         if self.transposed:
             geometry["output_padding"] = base_layer.output_padding
         down = type(base_layer)(base_layer.in_channels, self.rank, **geometry)
-        up = _CONV[dims](self.rank, base_layer.out_channels, 1, bias=False)
+        if bias and base_layer.bias is None:
+            raise ValueError("a LoRA bias needs a base layer with a bias, to merge into")
+        up = _CONV[dims](self.rank, base_layer.out_channels, 1, bias=bias)
         # A as PEFT initialises it (Kaiming uniform), B zero: no change at the start.
         nn.init.kaiming_uniform_(down.weight, a=math.sqrt(5))
         nn.init.zeros_(up.weight)
+        if up.bias is not None:
+            nn.init.zeros_(up.bias)
         weight = base_layer.weight
         self.lora_A = nn.ModuleDict({ADAPTER: down.to(weight.device, weight.dtype)})
         self.lora_B = nn.ModuleDict({ADAPTER: up.to(weight.device, weight.dtype)})
@@ -118,23 +130,34 @@ class ConvLora(nn.Module, BaseTunerLayer):
             delta = torch.einsum("or,ri...->oi...", b, a)
         return delta * self.scaling[adapter]
 
+    def get_delta_bias(self, adapter: str = ADAPTER) -> torch.Tensor | None:
+        """The change of the base bias (None when ``B`` has no bias)."""
+        bias = self.lora_B[adapter].bias
+        return None if bias is None else bias.float() * self.scaling[adapter]
+
+    def _shift(self, sign: float) -> None:
+        """Add (sign 1) or take out (sign -1) the update from the base weight and bias."""
+        weight = self.base_layer.weight
+        weight.data = weight.data + sign * self.get_delta_weight().to(weight.device, weight.dtype)
+        delta_bias = self.get_delta_bias()
+        if delta_bias is not None:
+            bias = self.base_layer.bias
+            bias.data = bias.data + sign * delta_bias.to(bias.device, bias.dtype)
+
     def merge(self, safe_merge: bool = False, adapter_names: list[str] | None = None) -> None:
         """Add the update to the base weight (once)."""
         if self.merged:
             return
-        weight = self.base_layer.weight
-        merged = weight.data + self.get_delta_weight().to(weight.device, weight.dtype)
-        if safe_merge and not torch.isfinite(merged).all():
+        if safe_merge and not torch.isfinite(self.get_delta_weight()).all():
             raise ValueError("NaNs detected in the merged weights of a LoRA layer")
-        weight.data = merged
+        self._shift(1.0)
         self.merged_adapters.append(ADAPTER)
 
     def unmerge(self) -> None:
         """Take the update back out of the base weight."""
         if not self.merged:
             return
-        weight = self.base_layer.weight
-        weight.data = weight.data - self.get_delta_weight().to(weight.device, weight.dtype)
+        self._shift(-1.0)
         self.merged_adapters.clear()
 
     def unload_and_optionally_merge_module(
@@ -149,11 +172,16 @@ class ConvLora(nn.Module, BaseTunerLayer):
 
 
 def replace_with_own_lora(
-    model: nn.Module, names: list[str], rank: int, alpha: float
+    model: nn.Module, names: list[str], rank: int, alpha: float, bias: bool = True
 ) -> None:
-    """Wrap the named submodules of ``model`` in :class:`ConvLora`, in place."""
+    """Wrap the named submodules of ``model`` in :class:`ConvLora`, in place.
+
+    With ``bias``, every layer that has a bias gets a LoRA bias.
+    """
     modules = dict(model.named_modules())
     for name in names:
         parent_name, _, child = name.rpartition(".")
         parent = modules[parent_name] if parent_name else model
-        setattr(parent, child, ConvLora(modules[name], rank, alpha))
+        layer = modules[name]
+        with_bias = bias and getattr(layer, "bias", None) is not None
+        setattr(parent, child, ConvLora(layer, rank, alpha, bias=with_bias))

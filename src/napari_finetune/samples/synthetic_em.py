@@ -176,7 +176,10 @@ def _vesicles(rng, shape, truth) -> np.ndarray:
 
 
 def generate_volume(
-    shape: tuple[int, int, int] = DEFAULT_SHAPE, seed: int | None = None, domain: str = "target"
+    shape: tuple[int, int, int] = DEFAULT_SHAPE,
+    seed: int | None = None,
+    domain: str = "target",
+    appearance: Appearance | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Generate one volume and its ground truth.
 
@@ -188,7 +191,9 @@ def generate_volume(
         Geometry seed; same seed -> same cells in both domains. Defaults to
         ``DEFAULT_SEEDS[domain]``.
     domain : {"source", "target"}
-        Appearance of the acquisition.
+        Appearance of the acquisition (and a stream of its noise).
+    appearance : Appearance, optional
+        Another microscope than the domain's (benchmarks on unseen appearances).
 
     Returns
     -------
@@ -198,7 +203,7 @@ def generate_volume(
     """
     shape = _check(shape, domain)
     seed = DEFAULT_SEEDS[domain] if seed is None else int(seed)
-    look = APPEARANCES[domain]
+    look = APPEARANCES[domain] if appearance is None else appearance
     truth, cristae, vesicles = _geometry(shape, seed)
     rng = np.random.default_rng([seed, DOMAINS.index(domain), 0xA11])
     grey = np.full(shape, CYTOPLASM, np.float32)
