@@ -119,3 +119,19 @@ def test_advanced_settings_start_collapsed_and_reach_the_config(qtbot):
     with pytest.raises(ValueError, match="whole numbers"):
         form.patch_shape.value = "32 x"
         form.config()
+
+
+def test_lora_on_a_network_it_does_not_suit_says_so_and_follows_the_rank(qtbot):
+    form = SettingsForm()
+    qtbot.addWidget(form)
+    form.set_lora_share(0.03)  # rank 8 adds 24 % to the adapted weights
+    assert form.lora_advice.text() == ""  # Full fine-tune is picked
+    form.mode.value = "lora"
+    form.lora_rank.value = 8
+    assert "LoRA rank 8 adds 24%" in form.lora_advice.text()
+    assert "pick Full" in form.lora_advice.text()
+    form.lora_rank.value = 4  # 12 %: small enough, nothing to say
+    assert form.lora_advice.text() == ""
+    form.lora_rank.value = 16
+    form.mode.value = "full"
+    assert form.lora_advice.text() == ""

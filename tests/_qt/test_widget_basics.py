@@ -34,8 +34,12 @@ def test_dock_lists_the_image_and_reads_the_checkpoint(docked):
     assert settings.lora_rank.enabled == (FinetuneConfig().mode == "lora")
     settings.mode.value = "lora"
     assert settings.lora_rank.enabled and settings.config().mode == "lora"
+    # The model was read in a worker: picking LoRA on this tiny UNet says it does not suit it.
+    assert widget.state.info.lora_share_per_rank > 0
+    assert "pick Full" in settings.lora_advice.text()
     settings.mode.value = "full"
     assert not settings.lora_rank.enabled
+    assert settings.lora_advice.text() == ""
 
 
 def test_loss_plot_follows_the_theme_and_marks_recoveries(docked, qtbot):

@@ -143,6 +143,7 @@ class Controller:
             return
         release_trainer(s)  # a new model: the old run's weights no longer apply
         s.info = None
+        self.w.settings.set_lora_share(0.0)
         self.w.checkpoint_label.setText("reading checkpoint…")
         self.run_job(None, info_job, path, trust, what="Cannot use this checkpoint",
                      on_result=self._info_read, on_failed=lambda: self.w.checkpoint_label.setText(
@@ -155,6 +156,7 @@ class Controller:
             self.answer_untrusted(result)
             return
         self.state.info = result
+        self.w.settings.set_lora_share(result.lora_share_per_rank)
         self.w.checkpoint_label.setText(
             f"{Path(result.path).name}: {result.dims}D, channels {', '.join(result.channel_names)}"
         )

@@ -23,11 +23,12 @@ from magicgui.widgets import (
     Widget,
 )
 from magicgui.widgets.bases import ValueWidget
-from qtpy.QtWidgets import QAbstractSpinBox, QComboBox, QVBoxLayout, QWidget
+from qtpy.QtWidgets import QAbstractSpinBox, QComboBox, QLabel, QVBoxLayout, QWidget
 from superqt import QCollapsible
 
 from napari_finetune.config import FinetuneConfig
 from napari_finetune.config_fields import DEVICES, FIELDS, field_docs
+from napari_finetune.model.lora import advice_for_share
 
 DEFAULT_PREVIEW_INTERVAL_S = 5.0
 # Shown in percent in the widget (0.1 -> 10 %); the range is scaled alike.
@@ -119,7 +120,11 @@ class SettingsForm(QWidget):
                            max_grad_norm=self.max_grad_norm, patch_shape=self.patch_shape,
                            device=self.device)
 
+        self._lora_share_per_rank = 0.0
+        self.lora_advice = QLabel()
+        self.lora_advice.setWordWrap(True)
         self.mode.changed.connect(self._mode_changed)
+        self.lora_rank.changed.connect(lambda *_: self._show_lora_advice())
         self._mode_changed(self.mode.value)
         self._explicit: set[str] = set()
         for name in EXPLICIT_FIELDS:
@@ -146,6 +151,7 @@ class SettingsForm(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.main.native)
+        layout.addWidget(self.lora_advice)
         layout.addWidget(self.advanced_box)
         for combo in (self.mode, self.device, self.autobatch):
             # The whole choice is read ("Full fine-tune", not "Full fine-tur").
@@ -153,6 +159,19 @@ class SettingsForm(QWidget):
 
     def _mode_changed(self, mode: str) -> None:
         self.lora_rank.enabled = self.lora_alpha.enabled = mode == "lora"
+        self._show_lora_advice()
+
+    def set_lora_share(self, share_per_rank: float) -> None:
+        """The chosen model's LoRA weights per unit of rank (0 when no model is read)."""
+        self._lora_share_per_rank = share_per_rank
+        self._show_lora_advice()
+
+    def _show_lora_advice(self) -> None:
+        # The advice only speaks when LoRA is picked for a network it does not suit.
+        rank = int(self.lora_rank.value)
+        text = advice_for_share(self._lora_share_per_rank * rank, rank)
+        self.lora_advice.setText(text if self.mode.value == "lora" else "")
+        self.lora_advice.setVisible(bool(self.lora_advice.text()))
 
     def config(self, **overrides: Any) -> FinetuneConfig:
         """A validated :class:`FinetuneConfig` from the inputs (ValueError if invalid)."""

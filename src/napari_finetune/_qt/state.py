@@ -37,6 +37,7 @@ class CheckpointInfo:
     normalization: dict
     dims: int
     trust: tuple[str, ...] = ()  # factories the user trusted for this file (the dialog's Yes)
+    lora_share_per_rank: float = 0.0  # weights LoRA adds per unit of rank (model.lora)
 
 
 @dataclass(frozen=True)

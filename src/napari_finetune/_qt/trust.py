@@ -95,9 +95,11 @@ def info_job(path: str, trust: tuple[str, ...] = ()) -> Job[CheckpointInfo | Unt
         if factory is None:
             raise
         return Untrusted(path, factory)  # the widget asks the user; nothing was imported
+    from napari_finetune.model.lora import adapter_overhead
+
     names = ckpt.channel_names
     return CheckpointInfo(
         path=path, channel_names=names, colors=channel_colors(names, ckpt.metadata),
         normalization=ckpt.normalization, dims=int(getattr(ckpt.model, "dims", 3)),
-        trust=tuple(trust),
+        trust=tuple(trust), lora_share_per_rank=adapter_overhead(ckpt.model, 1),
     )

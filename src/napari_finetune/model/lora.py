@@ -91,7 +91,16 @@ def lora_advice(model: nn.Module, rank: int) -> str:
     adapters are not small next to the layers they adapt: a LoRA step is no
     cheaper than a full fine-tune's, so in a fixed time LoRA trains fewer steps.
     """
-    share = adapter_overhead(model, rank)
+    return advice_for_share(adapter_overhead(model, rank), rank)
+
+
+def advice_for_share(share: float, rank: int) -> str:
+    """:func:`lora_advice` from :func:`adapter_overhead`'s ``share`` at ``rank``.
+
+    The share grows linearly with the rank, so a caller that knows the share at
+    rank 1 (the widget, which reads the model once in a worker) follows the rank
+    box without touching the model.
+    """
     if share < 0.2:
         return ""
     return (
