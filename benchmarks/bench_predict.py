@@ -248,8 +248,8 @@ def cluster_table(args: argparse.Namespace) -> None:
     print(f"dask.distributed LocalCluster, 1 task thread + 1 torch thread per worker; "
           f"load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     table, line = rows(checkpoint, shapes, volume)
-    print_table(["workers", "volume", "regions", "s", "Mvox/s", "speedup",
-                 "peak MiB per worker (+ over warm)"], table)
+    print_table(["workers", "volume", "regions", "s", "Mvox/s", "speedup", "CPU s per worker",
+                 "Mvox per CPU s", "peak MiB per worker (+ over warm)"], table)
     print(line)
     load = os.getloadavg()
     print(f"load average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")

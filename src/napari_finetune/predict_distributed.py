@@ -4,8 +4,9 @@ The client (:func:`predict_on_cluster`) cuts level 0 into regions that are a
 whole number of the labels' output chunks
 (:func:`~napari_finetune.predict_tiling.chunk_aligned_block`), so no two
 tasks ever write the same chunk and the workers need no lock. Each task
-(:func:`predict_region`) reads its region plus halo lazily from the store,
-predicts it with :class:`~napari_finetune.predict_regions.RegionPredictor`
+(:func:`~napari_finetune.predict_tasks.predict_region`) reads its region plus
+halo lazily from the store, predicts it with
+:class:`~napari_finetune.predict_regions.RegionPredictor`
 (the in-process path's code, OOM step-down included), writes the uint8
 decisions straight into the job's labels arrays, and only then marks the
 region done (:mod:`napari_finetune.predict_job`). A rerun skips marked

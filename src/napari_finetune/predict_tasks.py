@@ -14,10 +14,15 @@ import threading
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from napari_finetune.predict import write_probs
 from napari_finetune.predict_job import JobSpec, labels_array_path, mark_done
+
+if TYPE_CHECKING:  # torch is imported at the first task, not with this module
+    import torch
+
+    from napari_finetune.predict_regions import RegionPredictor
 
 
 @dataclass(frozen=True)
@@ -50,12 +55,12 @@ class RegionTask:
 
 _LOCK = threading.Lock()  # a worker may run several task threads
 # One model and one job's predictor per process at a time: a new one replaces them.
-_MODELS: dict[tuple, Any] = {}
-_PREDICTORS: dict[tuple, Any] = {}
+_MODELS: dict[tuple, torch.nn.Module] = {}
+_PREDICTORS: dict[tuple, RegionPredictor] = {}
 _LOADS: Counter = Counter()
 
 
-def _model(task: RegionTask, device: str) -> Any:
+def _model(task: RegionTask, device: str) -> torch.nn.Module:
     """The checkpoint's model on ``device``, loaded at this process's first task (caller
     holds the lock)."""
     from napari_finetune.model.checkpoint import load_checkpoint
@@ -74,7 +79,7 @@ def _model(task: RegionTask, device: str) -> Any:
     return _MODELS[key]
 
 
-def _predictor(task: RegionTask) -> Any:
+def _predictor(task: RegionTask) -> RegionPredictor:
     """This process's RegionPredictor for ``task``'s job."""
     from napari_finetune.devices import resolve_device
     from napari_finetune.io.volume import open_volume

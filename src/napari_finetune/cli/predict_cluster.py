@@ -12,9 +12,13 @@ from __future__ import annotations
 import argparse
 import sys
 from contextlib import ExitStack
-from typing import Any
+from typing import TYPE_CHECKING
 
 from napari_finetune.config import PredictConfig
+
+if TYPE_CHECKING:  # imported when the command runs, not with the CLI
+    from distributed import Client
+    from tqdm import tqdm
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
@@ -75,7 +79,7 @@ def run(args: argparse.Namespace, config: PredictConfig) -> int:
     return 0
 
 
-def _connect(args: argparse.Namespace, stack: ExitStack) -> tuple[Any, int | None]:
+def _connect(args: argparse.Namespace, stack: ExitStack) -> tuple[Client, int | None]:
     """A client of a new local cluster or of ``--scheduler``, and torch threads per worker."""
     from distributed import Client
 
@@ -107,7 +111,7 @@ class _Bar:
 
     def __init__(self, quiet: bool) -> None:
         self.quiet = quiet
-        self.bar: Any = None
+        self.bar: tqdm | None = None
 
     def update(self, done: int, total: int) -> None:
         from tqdm import tqdm
