@@ -160,7 +160,6 @@ def test_autobatch_takes_the_smallest_micro_batch_of_the_ranks():
     assert status.message.endswith("micro-batch 1 × 8, the smallest of the ranks")
 
 
-@pytest.mark.slow
 def test_a_nan_on_one_rank_sends_every_rank_to_fp32(tmp_path):
     ranks = run_ranks(tmp_path, "nan")
     assert ranks[0]["fired"] >= 1 and ranks[1]["fired"] == 0  # rank 0's NaN alone
@@ -179,7 +178,6 @@ def _read_lines(stream, lines: list[str]) -> None:
         lines.append(line)
 
 
-@pytest.mark.slow
 def test_a_killed_rank_ends_the_other_with_one_line_not_a_hang(tmp_path, painted_store, checkpoint):
     out = tmp_path / "tuned.pt"
     port = _free_port()
