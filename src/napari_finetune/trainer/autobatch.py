@@ -34,14 +34,7 @@ from napari_finetune.trainer import step as _step
 from napari_finetune.trainer.batchnorm_floor import split_respects
 from napari_finetune.trainer.memory_info import MemoryInfo, format_bytes, memory_info_for
 from napari_finetune.trainer.run_state import RunState, TrainingParts
-from napari_finetune.trainer.state import (
-    batchnorm_state,
-    grad_state,
-    restore_batchnorm,
-    restore_grads,
-    restore_rng,
-    rng_state,
-)
+from napari_finetune.trainer.state import left_as_it_was, restore_batchnorm
 
 if TYPE_CHECKING:
     from napari_finetune.data.sampling import PatchSampler
@@ -233,31 +226,25 @@ def measure(
     model = parts.model
     # Mid-run the sample feed owns the sampler: its state is neither read nor restored.
     own_sampler = sampler if step_samples is None else None
-    rng = rng_state(own_sampler)
-    bn = batchnorm_state(model)
-    grads = grad_state(model)
     handle = model.register_forward_hook(lambda *_: memory.observe())
     points: list[tuple[int, int]] = []
     failed_at = None
     try:
-        images, labels = step_samples or sampler.sample(samples)
-        sizes = profile_sizes(samples, smallest)
-        for size in sizes:
-            fit = fit_line(points)
-            # Stop before a size the points so far already say cannot fit.
-            if not isinstance(fit, str) and fit[0] + fit[1] * size > budget():
-                break
-            peak = _measure_one(parts, state, memory, images[:size], labels[:size])
-            restore_batchnorm(bn)
-            if peak is None:  # out of memory: the profile ends here
-                failed_at = size
-                break
-            points.append((size, peak))
+        with left_as_it_was(model, own_sampler) as bn:
+            images, labels = step_samples or sampler.sample(samples)
+            for size in profile_sizes(samples, smallest):
+                fit = fit_line(points)
+                # Stop before a size the points so far already say cannot fit.
+                if not isinstance(fit, str) and fit[0] + fit[1] * size > budget():
+                    break
+                peak = _measure_one(parts, state, memory, images[:size], labels[:size])
+                restore_batchnorm(bn)
+                if peak is None:  # out of memory: the profile ends here
+                    failed_at = size
+                    break
+                points.append((size, peak))
     finally:
         handle.remove()
-        restore_rng(own_sampler, rng)
-        restore_batchnorm(bn)
-        restore_grads(grads)
         gc.collect()
         empty_device_cache(parts.device)
     return points, failed_at

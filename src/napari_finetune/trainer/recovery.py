@@ -31,14 +31,7 @@ from napari_finetune.trainer.batchnorm_floor import split_respects
 from napari_finetune.trainer.oom import oom_line
 from napari_finetune.trainer.precision import Precision, choose_precision
 from napari_finetune.trainer.run_state import RunState, TrainingParts
-from napari_finetune.trainer.state import (
-    batchnorm_state,
-    grad_state,
-    restore_batchnorm,
-    restore_grads,
-    restore_rng,
-    rng_state,
-)
+from napari_finetune.trainer.state import left_as_it_was, restore_batchnorm
 from napari_finetune.trainer.sync import LocalSync
 
 if TYPE_CHECKING:
@@ -175,10 +168,7 @@ def iter_probe(
     out-of-memory or a non-finite result on any rank counts for all.
     """
     model, precision = parts.model, parts.precision
-    rng = rng_state(sampler)
-    bn = batchnorm_state(model)
-    grads = grad_state(model)
-    try:
+    with left_as_it_was(model, sampler) as bn:
         images, labels = sampler.sample(state.batch_size)
         while True:
             failure = None
@@ -221,10 +211,6 @@ def iter_probe(
                 f"precision probe passed at batch {state.batch_size} × "
                 f"{state.accumulation}: mixed precision {precision.describe()}"
             )
-    finally:
-        restore_rng(sampler, rng)
-        restore_batchnorm(bn)
-        restore_grads(grads)
     yield "probe", verdict
 
 

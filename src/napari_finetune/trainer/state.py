@@ -8,6 +8,8 @@ these helpers copy that state cheaply and put it back.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -84,3 +86,25 @@ def restore_rng(sampler: PatchSampler | None, state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
     if sampler is not None and "sampler" in state:
         sampler.set_state(state["sampler"])
+
+
+@contextmanager
+def left_as_it_was(
+    model: torch.nn.Module, sampler: PatchSampler | None
+) -> Iterator[BatchNormState]:
+    """Random states, BatchNorm statistics and gradients as on entry, however the block ends.
+
+    For the measurements before step 1 (autobatch's profile, the precision
+    probe), which run real training micro-steps that must change nothing.
+    Yields the saved BatchNorm state, so a block that runs several attempts
+    can put the statistics back between them.
+    """
+    rng = rng_state(sampler)
+    bn = batchnorm_state(model)
+    grads = grad_state(model)
+    try:
+        yield bn
+    finally:
+        restore_rng(sampler, rng)
+        restore_batchnorm(bn)
+        restore_grads(grads)
