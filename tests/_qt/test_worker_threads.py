@@ -80,3 +80,26 @@ def test_jobs_report_results_through_returned_and_failures_through_errored(qtbot
     assert [type(e) for e in got["errors"]] == [JobError] and "boom" in str(got["errors"][0])
     assert got["results"] == [42] and len(got["events"]) == 2
     assert all(worker.wait(5.0) for worker in workers)
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores to leave one free")
+def test_overlapping_computing_jobs_share_one_setting(tiny_checkpoint):
+    """A prediction that begins during a run and ends after it: while either computes,
+    torch keeps a core free; when both have ended, the process has every core back."""
+    cores = os.cpu_count()
+    torch.set_num_threads(cores)
+    corrections = np.zeros((16, 64, 64), np.uint8)
+    corrections[6:10, 20:28, 20:28] = 3
+    config = FinetuneConfig(steps=2, batch_size=1, mode="full", device="cpu",
+                            patch_shape=(16, 32, 32))
+    train = jobs.guarded(jobs.train_job)(str(tiny_checkpoint), make_volume(), corrections,
+                                         None, CHANNELS, config, 0.0, lambda: None)
+    assert isinstance(next(train), TrainerReady)
+    predict = jobs.guarded(jobs.predict_job)(str(tiny_checkpoint), make_volume(), 2, "cpu")
+    next(predict)  # the prediction computes...
+    for _ in train:  # ...while the run ends
+        pass
+    assert torch.get_num_threads() == cores - 1, "the run's end handed the prediction every core"
+    for _ in predict:
+        pass
+    assert torch.get_num_threads() == cores, "a job left the process a core short for good"

@@ -20,7 +20,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -103,25 +103,47 @@ def guarded(job: Callable[..., Job]) -> Callable[..., Job]:
     return run
 
 
-@contextmanager
-def core_left_for_the_ui() -> Iterator[None]:
-    """Run torch on all cores but one for the duration of a computing job.
+class _CoreForTheUi:
+    """The process-wide torch thread count while computing jobs run, counted across jobs.
 
-    Measured on 2 shared cores: torch on both starved Qt and Xvfb (1.1 s
-    stalls) and was slower too (oversubscribed). ``torch.set_num_threads`` is
-    process-wide, so only the jobs that compute (a run, a prediction; the
-    widget runs one at a time) set and restore it: a save or a checkpoint
-    read that began or ended meanwhile would otherwise hand the run all
-    cores back, or keep one from it for good.
+    ``torch.set_num_threads`` is process-wide. Measured on 2 shared cores:
+    torch on both starved Qt and Xvfb (1.1 s stalls) and was slower too
+    (oversubscribed). So the first computing job to begin (a run, a
+    prediction, a package's test) leaves one core to the UI and the last to
+    end gives it back: however the jobs overlap, none hands another every
+    core, and none leaves the process a core short for good. Jobs that only
+    save or read (the autosave, a checkpoint's channels) never touch it.
     """
-    import torch
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(max(1, min(before, (os.cpu_count() or 2) - 1)))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._computing = 0
+        self._before = 0
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        import torch
+
+        with self._lock:
+            if self._computing == 0:
+                self._before = torch.get_num_threads()
+                torch.set_num_threads(max(1, min(self._before, (os.cpu_count() or 2) - 1)))
+            self._computing += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._computing -= 1
+                if self._computing == 0:
+                    torch.set_num_threads(self._before)
+
+
+_core_for_the_ui = _CoreForTheUi()
+
+
+def core_left_for_the_ui() -> AbstractContextManager[None]:
+    """Run torch on all cores but one while this computing job runs (see ``_CoreForTheUi``)."""
+    return _core_for_the_ui.held()
 
 
 def release_memory() -> None:
