@@ -154,8 +154,21 @@ def main(argv: list[str] | None = None) -> int:
         _wait(app, lambda: widget.state.busy is None)
         predict_s = time.perf_counter() - t
 
+    names = [f"{c} prediction" for c in widget.state.info.channel_names]
+    had_layers = all(n in viewer.layers for n in names)
+    corrections_meter = Meter(False)
+    corrections_meter.start()
+    t = time.perf_counter()
     widget.new_corrections_button.click()
+    new_layer_ms = (time.perf_counter() - t) * 1000
     layer = widget.corrections_combo.value  # the new one (the store may hold older ones)
+    # The widget adds the prediction layers now (one per event-loop turn), not at the click.
+    _wait(app, lambda: all(n in viewer.layers for n in names)
+          and viewer.layers.selection.active is layer)
+    ready = time.perf_counter()
+    _wait(app, lambda: time.perf_counter() - ready > 0.5)  # the turns after the last layer
+    corrections_meter.stop()
+    corrections_gaps = corrections_meter.gaps_ms()
     layer.brush_size = 7
     truth = np.asarray(viewer.layers["ground truth"].data) if "ground truth" in viewer.layers \
         else None
@@ -199,6 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = [
         ("dock the widget (pre-imports)", f"{dock_s * 1000:.0f} ms"),
         ("whole-volume Predict", f"{predict_s:.2f} s"),
+        ("New corrections layer: click handler", f"{new_layer_ms:.0f} ms"),
+        ("  then: longest gap" + ("" if had_layers else " (adds the prediction layers)"),
+         f"{np.sort(corrections_gaps)[-1]:.1f} ms (next: "
+         f"{', '.join(f'{g:.0f}' for g in np.sort(corrections_gaps)[-4:-1][::-1])} ms)"),
         ("Fine-tune click handler", f"{click_ms:.0f} ms"),
         ("click -> first Status", f"{timings.get('first_status_s', float('nan')):.2f} s"),
         ("click -> first refreshed preview",

@@ -13,6 +13,10 @@ from typing import Any
 import numpy as np
 
 PREDICTION_KEY = "napari_finetune_prediction"
+# Between two layer additions: time for Qt to paint and take input. With 0 ms the next
+# addition could run before any repaint (measured: the corrections layer and the first
+# prediction layer made one 0.46 s freeze).
+TURN_GAP_MS = 30
 
 
 def prediction_name(channel: str) -> str:
@@ -30,7 +34,11 @@ def show_predictions(
     viewer: Any, image_layer: Any, channel_names: Sequence[str], colors: Sequence[str],
     masks: Sequence[np.ndarray], store_path: str | None,
 ) -> list[Any]:
-    """Create or update one Labels layer per channel with the whole-volume masks."""
+    """Create or update one Labels layer per channel with the whole-volume masks.
+
+    A new layer goes just above ``image_layer`` (below what is painted on it),
+    with the image's scale and translation.
+    """
     layers = []
     for name, color, mask in zip(channel_names, colors, masks, strict=True):
         layer_name = prediction_name(name)
@@ -39,16 +47,21 @@ def show_predictions(
             if layer.data.shape == mask.shape:
                 layer.data[...] = mask
                 layer.refresh()
-            else:
+            else:  # another image: the layer follows it
                 layer.data = mask
+                layer.scale, layer.translate = image_layer.scale, image_layer.translate
         else:
+            from napari.layers import Labels
+
             metadata = {PREDICTION_KEY: name}
             if store_path:
                 metadata["ome_zarr_path"] = store_path
-            layer = viewer.add_labels(
+            layer = Labels(
                 mask, name=layer_name, scale=image_layer.scale, translate=image_layer.translate,
                 colormap=_colormap(color), opacity=0.5, metadata=metadata,
             )
+            above = viewer.layers.index(image_layer) + 1 if image_layer in viewer.layers else None
+            viewer.layers.insert(len(viewer.layers) if above is None else above, layer)
         layers.append(layer)
     return layers
 
@@ -58,48 +71,55 @@ def add_empty_predictions_later(
     shape: tuple[int, ...], store_path: str | None, alive: Callable[[], bool],
     then: Callable[[], None],
 ) -> None:
-    """Add the missing prediction layers, empty, one per event-loop turn, then call ``then()``.
+    """Make the prediction layers fit ``shape``, one per event-loop turn, then call ``then()``.
 
-    napari's ``add_labels`` costs ~0.28 s a layer (vispy overlays under
-    Mesa/Xvfb, whatever the size): added in the click handler, two layers froze
-    the UI ~0.6 s. One per turn keeps each stall to one layer and the click
-    itself short. ``then`` (starting the run) comes after the last one, so a
-    worker building its trainer does not compete with them for the GIL
-    (measured: one layer then took up to 0.75 s). ``alive()`` False (the
-    widget closed) ends the chain without ``then``. The layer that was active
-    (the one being painted) is made active again, in a turn of its own: napari
-    activates each layer it adds, and strokes during the run must not land in a
-    prediction.
+    Missing layers are added empty, and layers of another shape (another
+    image) emptied to this one. napari's ``add_labels`` costs 0.15-0.4 s a
+    layer (vispy overlays under Mesa/Xvfb, whatever the size): two in one
+    handler froze the UI ~0.6 s. One per turn keeps each stall to one layer.
+    The widget calls this when a corrections layer is chosen, before any
+    Fine-tune click, so that a run finds them there; ``then`` comes after the
+    last one (a worker starting meanwhile would compete with them for the
+    GIL: one layer then took up to 0.75 s). ``alive()`` False (the widget
+    closed) ends the chain without ``then``. The layer that was active (the
+    one being painted) is made active again, in a turn of its own: napari
+    activates each layer it adds, and strokes must not land in a prediction.
     """
     from qtpy.QtCore import QTimer
 
-    active = viewer.layers.selection.active
+    def fits(name: str) -> bool:
+        layer_name = prediction_name(name)
+        return layer_name in viewer.layers and tuple(viewer.layers[layer_name].data.shape) == shape
+
     pending: list[tuple[str, str] | None] = [
         (name, color) for name, color in zip(channel_names, colors, strict=True)
-        if prediction_name(name) not in viewer.layers
+        if not fits(name)
     ]
     if pending:
         pending.append(None)
+    active: list[Any] = []  # read in the first turn: a layer being inserted is active by then
 
     def add_next() -> None:
         if not alive():
             return
+        if not active:
+            active.append(viewer.layers.selection.active)
         if not pending:
             then()
             return
         if pending[0] is None:  # the layers are in: the painted layer active again
             pending.pop(0)
-            if active is not None and active in viewer.layers:
-                viewer.layers.selection.active = active
-            QTimer.singleShot(0, add_next)
+            if active[0] is not None and active[0] in viewer.layers:
+                viewer.layers.selection.active = active[0]
+            QTimer.singleShot(TURN_GAP_MS, add_next)
             return
         name, color = pending.pop(0)
-        if prediction_name(name) not in viewer.layers:  # a prediction may have come first
+        if not fits(name):  # a prediction (or another chain) may have come first
             show_predictions(viewer, image_layer, [name], [color],
                              [np.zeros(shape, dtype=np.uint8)], store_path)
-        QTimer.singleShot(0, add_next)
+        QTimer.singleShot(TURN_GAP_MS, add_next)
 
-    QTimer.singleShot(0, add_next)
+    QTimer.singleShot(TURN_GAP_MS, add_next)
 
 
 def prediction_layers(viewer: Any, channel_names: Sequence[str]) -> list[Any]:

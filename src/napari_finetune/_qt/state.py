@@ -58,7 +58,7 @@ class RunState:
     ``info``, ``busy``, ``trainer`` and ``closed``."""
 
     info: CheckpointInfo | None = None
-    busy: str | None = None  # "predict", "train", "export", "save" or None
+    busy: str | None = None  # "predict", "show" (its layers), "train", "export", "save" or None
     trainer: Finetuner | None = None  # kept after a run, for Export and Predict
     worker: JobWorker | None = None
     autosaver: Autosaver | None = None
