@@ -147,12 +147,16 @@ def main(argv: list[str] | None = None) -> int:
     widget.checkpoint_edit.setText(str(ckpt))
     widget.checkpoint_edit.editingFinished.emit()  # as Return in the field does
     _wait(app, lambda: widget.state.info is not None and widget.state.running == 0)
-    predict_s = float("nan")
+    predict_s, predict_gap = float("nan"), float("nan")
     if not args.no_predict:
+        predict_meter = Meter(False)
+        predict_meter.start()
         t = time.perf_counter()
         widget.predict_button.click()
         _wait(app, lambda: widget.state.busy is None)
         predict_s = time.perf_counter() - t
+        predict_meter.stop()
+        predict_gap = float(predict_meter.gaps_ms().max())
 
     names = [f"{c} prediction" for c in widget.state.info.channel_names]
     had_layers = all(n in viewer.layers for n in names)
@@ -211,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
           f"load average {os.getloadavg()[0]:.1f}")
     rows = [
         ("dock the widget (pre-imports)", f"{dock_s * 1000:.0f} ms"),
-        ("whole-volume Predict", f"{predict_s:.2f} s"),
+        ("whole-volume Predict (adds the prediction layers)",
+         f"{predict_s:.2f} s, longest gap {predict_gap:.0f} ms"),
         ("New corrections layer: click handler", f"{new_layer_ms:.0f} ms"),
         ("  then: longest gap" + ("" if had_layers else " (adds the prediction layers)"),
          f"{np.sort(corrections_gaps)[-1]:.1f} ms (next: "
