@@ -233,15 +233,16 @@ def test_a_2d_image_with_a_2d_model(make_napari_viewer, qtbot, tmp_path):
 
 
 def test_the_prediction_layers_come_with_the_corrections_not_with_the_click(docked, qtbot):
-    """Nothing predicted yet: the layers are added when a corrections layer is chosen, one per
-    event-loop turn, below it; the click adds none (napari's add_labels: 0.15-0.4 s each)."""
+    """Nothing predicted yet: the layers are added when a corrections layer is chosen, one
+    per event-loop turn, below it (strokes on top); the click adds none (napari's
+    add_labels: 0.2-0.4 s each)."""
     viewer, widget, image = docked
     layer = _setup_run(viewer, widget, qtbot, steps=2, batch=1, preview_s=0.05)
     names = [f"{c} prediction" for c in widget.state.info.channel_names]
     qtbot.waitUntil(lambda: all(n in viewer.layers for n in names), timeout=20_000)
     qtbot.waitUntil(lambda: viewer.layers.selection.active is layer, timeout=5_000)
     order = [lay.name for lay in viewer.layers]
-    assert order.index(image.name) < min(map(order.index, names)) < order.index(layer.name)
+    assert order.index(image.name) < max(map(order.index, names)) < order.index(layer.name)
     added: list[str] = []
     viewer.layers.events.inserted.connect(lambda event: added.append(event.value.name))
     with StallMeter() as meter:

@@ -193,7 +193,7 @@ class Controller:
 
         def show() -> None:  # into layers that are there, so no stall of two add_labels
             show_predictions(self.w.viewer, image, info.channel_names, info.colors, masks,
-                             corr.store_path_of(image))
+                             corr.store_path_of(image), below=self.w.corrections_layer())
             self.w.status_panel.set_idle(f"{s.run_summary}; prediction updated"
                                          if s.run_summary else "prediction done")
             s.run_summary = ""
@@ -209,7 +209,7 @@ class Controller:
         add_empty_predictions_later(
             self.w.viewer, image, s.info.channel_names, s.info.colors,
             tuple(int(n) for n in corr.image_level0(image).shape), corr.store_path_of(image),
-            alive=lambda: not s.closed, then=then)
+            alive=lambda: not s.closed, then=then, below=self.w.corrections_layer())
 
     def new_corrections_layer(self) -> Labels | None:
         """An empty corrections layer with the model's classes, ready to paint."""

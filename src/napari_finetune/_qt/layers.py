@@ -32,12 +32,12 @@ def _colormap(color: str):
 
 def show_predictions(
     viewer: Any, image_layer: Any, channel_names: Sequence[str], colors: Sequence[str],
-    masks: Sequence[np.ndarray], store_path: str | None,
+    masks: Sequence[np.ndarray], store_path: str | None, below: Any = None,
 ) -> list[Any]:
     """Create or update one Labels layer per channel with the whole-volume masks.
 
-    A new layer goes just above ``image_layer`` (below what is painted on it),
-    with the image's scale and translation.
+    A new layer gets the image's scale and translation and goes just below
+    ``below`` (the corrections layer: strokes stay on top), else on top.
     """
     layers = []
     for name, color, mask in zip(channel_names, colors, masks, strict=True):
@@ -60,8 +60,8 @@ def show_predictions(
                 mask, name=layer_name, scale=image_layer.scale, translate=image_layer.translate,
                 colormap=_colormap(color), opacity=0.5, metadata=metadata,
             )
-            above = viewer.layers.index(image_layer) + 1 if image_layer in viewer.layers else None
-            viewer.layers.insert(len(viewer.layers) if above is None else above, layer)
+            at = viewer.layers.index(below) if below in viewer.layers else len(viewer.layers)
+            viewer.layers.insert(at, layer)
         layers.append(layer)
     return layers
 
@@ -69,7 +69,7 @@ def show_predictions(
 def add_empty_predictions_later(
     viewer: Any, image_layer: Any, channel_names: Sequence[str], colors: Sequence[str],
     shape: tuple[int, ...], store_path: str | None, alive: Callable[[], bool],
-    then: Callable[[], None],
+    then: Callable[[], None], below: Any = None,
 ) -> None:
     """Make the prediction layers fit ``shape``, one per event-loop turn, then call ``then()``.
 
@@ -116,7 +116,7 @@ def add_empty_predictions_later(
         name, color = pending.pop(0)
         if not fits(name):  # a prediction (or another chain) may have come first
             show_predictions(viewer, image_layer, [name], [color],
-                             [np.zeros(shape, dtype=np.uint8)], store_path)
+                             [np.zeros(shape, dtype=np.uint8)], store_path, below)
         QTimer.singleShot(TURN_GAP_MS, add_next)
 
     QTimer.singleShot(TURN_GAP_MS, add_next)
