@@ -158,3 +158,36 @@ def test_predictions_are_valid_ngff_with_the_image_levels(tmp_path, checkpoint, 
         levels = open_volume(store / "labels" / name).levels
         assert len(levels) == len(scale_factors) + 1  # values: tests/io/test_pyramid.py
         assert np.asarray(levels[0]).any()
+
+
+def test_missing_voxels_are_background_in_the_store_as_in_memory(tmp_path):
+    """NaN voxels are missing: the store's labels say background there, as predict_volume
+    does, even for a model that calls everything foreground (dark input included)."""
+    import torch
+    import zarr
+    from ome_zarr.io import parse_url
+    from ome_zarr.writer import write_image
+
+    from napari_finetune.data.normalization import intensity_range
+    from napari_finetune.io.omezarr import open_volume
+    from napari_finetune.predict import predict_volume
+
+    rng = np.random.default_rng(0)
+    image = (rng.random(SHAPE) * 200 + 20).astype(np.float32)
+    image[5:9, 10:30, 4:20] = np.nan  # a masked region, across block borders
+    path = tmp_path / "float.zarr"
+    write_image(image, zarr.group(store=parse_url(str(path), mode="w").store), axes="zyx",
+                scale_factors=[])
+    model = UNet(dims=3, depth=2, features=4, out_channels=2)
+    with torch.no_grad():
+        model.head.bias.fill_(20.0)  # foreground wherever it looks
+    ckpt = save_checkpoint(tmp_path / "all_foreground.pt", model, {"channel_names": CHANNELS})
+
+    assert predict_to_omezarr(ckpt, path, config=CONFIG) == NAMES
+    loaded = load_checkpoint(ckpt)
+    low_high = intensity_range(image, loaded.normalization)
+    expected = predict_volume(loaded.model, image, low_high, CONFIG) > 0.5
+    for name, channel in zip(NAMES, expected, strict=True):
+        written = np.asarray(open_volume(path / "labels" / name).data)
+        assert not written[5:9, 10:30, 4:20].any(), f"{name}: foreground where the image is NaN"
+        np.testing.assert_array_equal(written, channel.astype(np.uint8))

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from napari_finetune.data.normalization import normalize
+from napari_finetune.data.normalization import missing_mask, normalize
 from napari_finetune.devices import empty_device_cache
 from napari_finetune.predict import predict_batch, spatial_multiple
 
@@ -85,8 +85,12 @@ class RegionPredictor:
             ]
             read = tuple(r for r, _ in spans)
             inner = tuple(i for _, i in spans)
-            block_in = normalize(np.asarray(self.image[read]), self.low, self.high)
-            probs = predict_batch(self.model, block_in[None], self.device)[0]
+            raw = np.asarray(self.image[read])
+            probs = predict_batch(self.model, normalize(raw, self.low, self.high)[None],
+                                  self.device)[0]
+            missing = missing_mask(raw[inner])
+            if missing is not None:
+                probs[(slice(None),) + inner][:, missing] = 0.0  # no image value: background
             if out is None:
                 out = np.empty((probs.shape[0], *sizes), np.float32)
             where = tuple(
