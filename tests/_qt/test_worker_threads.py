@@ -14,14 +14,14 @@ import pytest
 import torch
 from tests._qt.conftest import CHANNELS, make_volume
 
-from napari_finetune._qt import worker as jobs
+from napari_finetune._qt import jobs, worker
 from napari_finetune._qt.corrections import save_corrections_locked
 from napari_finetune._qt.events import RunStatus, TrainerReady
 from napari_finetune.config import FinetuneConfig
 
 
 def _save_job(store, labels):
-    return jobs.guarded(_call_then_wait)(save_corrections_locked, str(store), labels, CHANNELS)
+    return worker.guarded(_call_then_wait)(save_corrections_locked, str(store), labels, CHANNELS)
 
 
 def _call_then_wait(fn, *args):
@@ -39,7 +39,7 @@ def test_saves_during_a_run_leave_training_its_threads(tiny_store, tiny_checkpoi
     corrections[6:10, 4:12, 36:44] = 1
     config = FinetuneConfig(steps=2, batch_size=1, mode="full", device="cpu",
                             patch_shape=(16, 32, 32))
-    train = jobs.guarded(jobs.train_job)(str(tiny_checkpoint), make_volume(), corrections,
+    train = worker.guarded(jobs.train_job)(str(tiny_checkpoint), make_volume(), corrections,
                                          None, CHANNELS, config, 0.0, lambda: None)
 
     early_save = _save_job(tiny_store, corrections)
@@ -74,7 +74,7 @@ def test_jobs_report_results_through_returned_and_failures_through_errored(qtbot
         return 42
 
     got: dict[str, list] = {"events": [], "errors": [], "results": []}
-    workers = [jobs.start_job(job, on_event=got["events"].append, on_error=got["errors"].append,
+    workers = [worker.start_job(job, on_event=got["events"].append, on_error=got["errors"].append,
                               on_result=got["results"].append) for job in (failing, answering)]
     qtbot.waitUntil(lambda: len(got["errors"]) + len(got["results"]) == 2, timeout=20_000)
     assert [type(e) for e in got["errors"]] == [JobError] and "boom" in str(got["errors"][0])
@@ -92,10 +92,10 @@ def test_overlapping_computing_jobs_share_one_setting(tiny_checkpoint):
     corrections[6:10, 20:28, 20:28] = 3
     config = FinetuneConfig(steps=2, batch_size=1, mode="full", device="cpu",
                             patch_shape=(16, 32, 32))
-    train = jobs.guarded(jobs.train_job)(str(tiny_checkpoint), make_volume(), corrections,
+    train = worker.guarded(jobs.train_job)(str(tiny_checkpoint), make_volume(), corrections,
                                          None, CHANNELS, config, 0.0, lambda: None)
     assert isinstance(next(train), TrainerReady)
-    predict = jobs.guarded(jobs.predict_job)(str(tiny_checkpoint), make_volume(), 2, "cpu")
+    predict = worker.guarded(jobs.predict_job)(str(tiny_checkpoint), make_volume(), 2, "cpu")
     next(predict)  # the prediction computes...
     for _ in train:  # ...while the run ends
         pass

@@ -18,7 +18,7 @@ from napari.utils.notifications import show_error, show_warning
 from qtpy.QtWidgets import QLabel
 
 from napari_finetune._qt import corrections as corr
-from napari_finetune._qt import worker as jobs
+from napari_finetune._qt import jobs
 from napari_finetune._qt.events import Event, Preview, Progress, RunStatus, Saved, TrainerReady
 from napari_finetune._qt.layers import (
     add_empty_predictions_later,
@@ -28,6 +28,7 @@ from napari_finetune._qt.layers import (
 )
 from napari_finetune._qt.state import CheckpointInfo, Untrusted, release_trainer, shut_down
 from napari_finetune._qt.trust import ask_to_trust, info_job, refusal
+from napari_finetune._qt.worker import Job, start_call, start_job
 
 if TYPE_CHECKING:
     from napari.layers import Image, Labels
@@ -56,7 +57,7 @@ class Controller:
         show_error(message)
 
     def run_job(
-        self, busy: str | None, job: Callable[..., jobs.Job], *args: Any, what: str,
+        self, busy: str | None, job: Callable[..., Job], *args: Any, what: str,
         on_result: Callable[[Any], None] | None = None,
         on_failed: Callable[[], None] | None = None, **kwargs: Any,
     ) -> None:
@@ -104,7 +105,7 @@ class Controller:
                 self.after_training(stopped=bool(aborted))
 
         s.running += 1
-        worker = jobs.start_job(job, *args, on_event=on_event, on_result=on_returned,
+        worker = start_job(job, *args, on_event=on_event, on_result=on_returned,
                                 on_error=on_error, on_aborted=lambda: aborted.append(True),
                                 on_finished=on_finished, **kwargs)
         if busy is not None:
@@ -244,7 +245,7 @@ class Controller:
             return
         names = layer.metadata.get("channel_names") or (s.info.channel_names if s.info else [])
         s.autosaver = corr.Autosaver(
-            layer, store, names, jobs.start_call,
+            layer, store, names, start_call,
             on_saved=lambda p: say(label, "corrections autosaved into {}", p),
             on_error=lambda exc: self.fail(exc, "Autosave of the corrections failed"),
         )

@@ -13,8 +13,7 @@ import numpy as np
 from napari.utils.notifications import show_info
 
 from napari_finetune._qt import corrections as corr
-from napari_finetune._qt import share, suggest
-from napari_finetune._qt import worker as jobs
+from napari_finetune._qt import jobs, share, suggest
 from napari_finetune._qt.actions import Controller, say
 from napari_finetune._qt.layers import PREDICTION_KEY, prediction_layers
 from napari_finetune.uncertainty import Suggestion

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from psygnal import evented
 
-from napari_finetune._qt import worker as jobs
+from napari_finetune._qt import worker
 from napari_finetune._qt.corrections import Autosaver
 from napari_finetune._qt.shutdown import JobWorker, end_jobs
 
@@ -121,4 +121,4 @@ def release_trainer(s: RunState) -> None:
     """Drop the previous run's trainer and give its device memory back."""
     if s.trainer is not None:
         s.trainer = None
-        jobs.release_memory()
+        worker.release_memory()

@@ -15,13 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from napari_finetune._qt.jobs import model_to_predict
 from napari_finetune._qt.layers import camera_of
-from napari_finetune._qt.worker import (
-    Job,
-    core_left_for_the_ui,
-    model_to_predict,
-    with_progress,
-)
+from napari_finetune._qt.worker import Job, core_left_for_the_ui, with_progress
 from napari_finetune.uncertainty import Suggestion, entropy, suggest_region
 
 LAYER_NAME = "uncertainty"

@@ -1,6 +1,6 @@
 """The Fine-tune dock widget: a view of the engine and of napari's layers.
 
-Every button starts a job from :mod:`napari_finetune._qt.worker` in a napari
+Every button starts a job from :mod:`napari_finetune._qt.jobs` in a napari
 ``thread_worker`` (through :class:`~napari_finetune._qt.actions.Controller`)
 and returns at once; the job's events come back on the main thread, which
 only assigns labels and layer data. The buttons follow the evented
