@@ -16,7 +16,8 @@ from qtpy.QtCore import Qt
 from qtpy.QtWidgets import QMessageBox
 from tests._qt.conftest import CHANNELS, choose_checkpoint, wait_idle
 
-from napari_finetune.model.checkpoint import FORMAT, FORMAT_VERSION, checkpoint_from_factory
+from napari_finetune.model.bring_your_own import checkpoint_from_factory
+from napari_finetune.model.checkpoint import FORMAT, FORMAT_VERSION
 
 
 def _answer(monkeypatch, button) -> list[str]:

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from napari_finetune.model import checkpoint as ckpt_module
+from napari_finetune.model.bring_your_own import checkpoint_from_factory
 from napari_finetune.model.checkpoint import (
     CheckpointError,
-    checkpoint_from_factory,
     describe_checkpoint,
     load_checkpoint,
     save_checkpoint,

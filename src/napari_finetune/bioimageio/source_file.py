@@ -22,7 +22,7 @@ from typing import Any
 from torch import nn
 
 from napari_finetune.model.architectures import Trust, trusted_names
-from napari_finetune.model.checkpoint import CheckpointError, call_factory
+from napari_finetune.model.factory import CheckpointError, call_factory
 
 # Where package files are imported: one module per file content.
 MODULE_PREFIX = "napari_finetune_package_"

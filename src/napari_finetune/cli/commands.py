@@ -228,11 +228,8 @@ def predict(args: argparse.Namespace) -> int:
 
 def export(args: argparse.Namespace) -> int:
     """Wrap a state dict into a checkpoint, re-save a checkpoint, write TorchScript."""
-    from napari_finetune.model.checkpoint import (
-        checkpoint_from_factory,
-        load_checkpoint,
-        save_checkpoint,
-    )
+    from napari_finetune.model.bring_your_own import checkpoint_from_factory
+    from napari_finetune.model.checkpoint import load_checkpoint, save_checkpoint
 
     if args.bioimageio is not None and not (args.factory or args.out or args.torchscript):
         return bioimageio_export.run(args, args.source)  # SOURCE may be a package folder

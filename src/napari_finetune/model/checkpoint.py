@@ -10,7 +10,8 @@ weights_only=True)`` reads it)::
                   "normalization": {...}, "run": {...}}}
 
 A model the user brings is accepted through the same layout: a factory whose
-keyword arguments rebuild it (see :func:`checkpoint_from_factory`). The factory
+keyword arguments rebuild it (see
+:func:`napari_finetune.model.bring_your_own.checkpoint_from_factory`). The factory
 is called only when it is on the allow-list of
 :mod:`napari_finetune.model.architectures` or trusted by the user (``trust=``):
 a file must never make the loader run code.
@@ -21,7 +22,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,17 +31,14 @@ from torch import nn
 
 from napari_finetune import palette
 from napari_finetune.errors import one_line
-from napari_finetune.model.architectures import FactoryNotAllowed, Trust, resolve_factory
+from napari_finetune.model.architectures import Trust
 from napari_finetune.model.atomic_write import write_atomically
-from napari_finetune.model.plain_kwargs import from_plain
+from napari_finetune.model.factory import CheckpointError, build_model
+from napari_finetune.model.state_dict_fit import mismatch_line
 
 FORMAT = "napari-finetune-checkpoint"
 FORMAT_VERSION = 1
 DEFAULT_NORMALIZATION = {"method": "percentile", "low": 1.0, "high": 99.0}
-
-
-class CheckpointError(ValueError):
-    """A checkpoint file is missing, corrupt or does not match its architecture."""
 
 
 @dataclass
@@ -246,7 +243,7 @@ def load_checkpoint(
     except RuntimeError as exc:
         raise CheckpointError(
             f"the weights in {path} do not fit its architecture "
-            f"{architecture['factory']}: {_mismatch(model, payload['state_dict'], exc)}"
+            f"{architecture['factory']}: {mismatch_line(model, payload['state_dict'], exc)}"
         ) from None
     model.to(device).eval()
     return Checkpoint(
@@ -256,95 +253,6 @@ def load_checkpoint(
         path=path,
         sha256=hashlib.sha256(data).hexdigest(),
     )
-
-
-def build_model(architecture: dict[str, Any], trust: Trust = None) -> nn.Module:
-    """Call ``architecture["factory"]`` (``"module:callable"``) with its kwargs.
-
-    Only factories on the allow-list (or in ``trust``) are imported and called;
-    the classes or functions named under ``callable_kwargs`` pass the same check.
-    """
-    factory = str(architecture.get("factory", ""))
-    kwargs = architecture.get("kwargs", {})
-    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
-        raise CheckpointError(
-            f"the architecture's 'kwargs' must be a dict of named arguments, got {kwargs!r}"
-        )
-    try:
-        fn = resolve_factory(factory, trust)
-        kwargs = from_plain(kwargs, list(architecture.get("callable_kwargs") or ()), trust)
-    except FactoryNotAllowed as exc:
-        raise CheckpointError(str(exc)) from None
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise CheckpointError(
-            f"cannot import the model factory {factory!r} ({exc}); install the package "
-            "that defines it."
-        ) from None
-    return call_factory(fn, factory, kwargs)
-
-
-def call_factory(fn: Callable[..., object], factory: str, kwargs: dict[str, Any]) -> nn.Module:
-    """``fn(**kwargs)``, checked to be a module and marked with how to build it again.
-
-    The model gets ``init_kwargs`` (unless it records its own) and ``factory``,
-    which :func:`architecture_of` reads back at export. A factory that rejects
-    its arguments or returns something else is a one-line :class:`CheckpointError`.
-    """
-    try:
-        model = fn(**kwargs)
-    except TypeError as exc:
-        raise CheckpointError(
-            f"the model factory {factory!r} rejected its arguments: {exc}"
-        ) from None
-    if not isinstance(model, nn.Module):
-        raise CheckpointError(
-            f"the model factory {factory!r} returned a {type(model).__name__}, "
-            "not a torch.nn.Module."
-        )
-    if not hasattr(model, "init_kwargs"):
-        model.init_kwargs = dict(kwargs)
-    model.factory = factory
-    return model
-
-
-def checkpoint_from_factory(
-    path: str | os.PathLike,
-    factory: str,
-    kwargs: dict[str, Any],
-    state_dict: dict[str, torch.Tensor] | str | os.PathLike,
-    metadata: dict[str, Any] | None = None,
-) -> Path:
-    """Wrap a model the user brings into a napari-finetune checkpoint.
-
-    Parameters
-    ----------
-    factory : str
-        ``"package.module:callable"`` returning the model from ``kwargs``.
-    state_dict : dict or path-like
-        The weights, or a file holding them (read with ``weights_only=True``).
-
-    The caller names ``factory`` itself, so it is trusted here; loading the
-    written file needs the same trust unless the factory is on the allow-list.
-    """
-    architecture = {"factory": factory, "kwargs": dict(kwargs)}
-    model = build_model(architecture, trust=[factory])
-    if not isinstance(state_dict, dict):
-        state_dict = torch.load(state_dict, map_location="cpu", weights_only=True)
-    try:
-        model.load_state_dict(state_dict)
-    except RuntimeError as exc:
-        raise CheckpointError(
-            f"the weights do not fit {factory}({kwargs}): {_mismatch(model, state_dict, exc)}"
-        ) from None
-    return save_checkpoint(path, model, metadata, architecture=architecture)
-
-
-def _mismatch(model: torch.nn.Module, state_dict: object, exc: RuntimeError) -> str:
-    """The key names that do not fit, on one line (torch's own text if none is found)."""
-    from napari_finetune.model.state_dict_fit import describe_mismatch
-
-    line = describe_mismatch(model, state_dict) if isinstance(state_dict, dict) else ""
-    return line or " ".join(str(exc).split())
 
 
 def channel_names_of(metadata: dict[str, Any], out_channels: int | None) -> list[str]:

@@ -43,6 +43,12 @@ def describe_mismatch(model: torch.nn.Module, state_dict: Mapping[str, object]) 
     return "; ".join(part for part in parts if part)
 
 
+def mismatch_line(model: torch.nn.Module, state_dict: object, exc: RuntimeError) -> str:
+    """The key names that do not fit, on one line (torch's own text if none is found)."""
+    line = describe_mismatch(model, state_dict) if isinstance(state_dict, dict) else ""
+    return line or " ".join(str(exc).split())
+
+
 def _shape(shape: Sequence[int] | str) -> str:
     return shape if isinstance(shape, str) else "[" + ", ".join(str(s) for s in shape) + "]"
 
