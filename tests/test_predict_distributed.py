@@ -20,15 +20,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from napari_finetune import palette
 from napari_finetune.config import PredictConfig
 from napari_finetune.io.omezarr import list_labels, load_corrections
-from napari_finetune.model.checkpoint import save_checkpoint
+from napari_finetune.model.checkpoint import load_checkpoint, save_checkpoint
 from napari_finetune.model.unet import UNet
 from napari_finetune.predict import predict_to_omezarr
 from napari_finetune.predict_job import done_regions, job_dir
 from napari_finetune.predict_tiling import region_grid
 from ngff_validation import validate_with_ome_zarr_models
 from test_cli import make_store
+from test_predict_store import image_label
 
 pytest.importorskip("distributed")
 
@@ -174,6 +176,10 @@ def test_cli_on_an_existing_scheduler(tmp_path, client, checkpoint, reference):
     assert result.returncode == 0, result.stderr
     assert f"{REGIONS} regions computed, 0 already written" in result.stdout
     _assert_equals_reference(store, reference)
+    colors = load_checkpoint(checkpoint).channel_colors  # as in-process prediction writes
+    for name, channel, color in zip(NAMES, CHANNELS, colors, strict=True):
+        assert image_label(store / "labels" / name)["colors"] == [
+            {"label-value": 1, "rgba": palette.rgba(color)}], channel
 
 
 def test_a_worker_killed_mid_run_does_not_stop_the_job(tmp_path, client, checkpoint, reference):

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from napari_finetune import palette
 from napari_finetune.config import PredictConfig
 from napari_finetune.io.omezarr import list_labels, load_corrections
 from napari_finetune.model.checkpoint import load_checkpoint, save_checkpoint
@@ -154,10 +155,23 @@ def test_predictions_are_valid_ngff_with_the_image_levels(tmp_path, checkpoint, 
     assert predict_to_omezarr(checkpoint, store, config=CONFIG) == NAMES
     assert_valid_ngff(store)
     assert_napari_ome_zarr_reads_labels(store, NAMES)
-    for name in NAMES:
+    colors = load_checkpoint(checkpoint).channel_colors
+    for name, channel, color in zip(NAMES, CHANNELS, colors, strict=True):
         levels = open_volume(store / "labels" / name).levels
         assert len(levels) == len(scale_factors) + 1  # values: tests/io/test_pyramid.py
         assert np.asarray(levels[0]).any()
+        assert image_label(store / "labels" / name) == {  # as napari shows the channel
+            "colors": [{"label-value": 1, "rgba": palette.rgba(color)}],
+            "properties": [{"label-value": 1, "class": channel}]}
+
+
+def image_label(group: Path) -> dict:
+    """The NGFF image-label colors and properties of a labels image (0.4 or 0.5)."""
+    import zarr
+
+    attrs = dict(zarr.open_group(str(group), mode="r").attrs)
+    label = attrs.get("ome", attrs)["image-label"]
+    return {key: label[key] for key in ("colors", "properties")}
 
 
 def test_missing_voxels_are_background_in_the_store_as_in_memory(tmp_path):

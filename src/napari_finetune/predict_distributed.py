@@ -197,7 +197,8 @@ def predict_on_cluster(
     names = tuple(f"{name_prefix}-{channel}" for channel in ckpt.channel_names)
     spec = JobSpec(str(path), mtime, size, names, shape, region_shape, tuple(halo), low, high)
     store = volume.path.resolve()  # workers elsewhere have another working directory
-    folder, resumed = open_job(store, name_prefix, spec, chunks)
+    classes = list(zip(ckpt.channel_names, ckpt.channel_colors, strict=True))
+    folder, resumed = open_job(store, name_prefix, spec, chunks, classes)
     done = done_regions(folder)
     if resumed and log is not None:
         log(f"resuming: {len(done)} of {len(regions)} regions already written, not recomputed")

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -81,7 +82,8 @@ def checkpoint_version(path: Path) -> tuple[int, int]:
 
 
 def open_job(
-    store: Path, name_prefix: str, spec: JobSpec, chunks: tuple[int, ...]
+    store: Path, name_prefix: str, spec: JobSpec, chunks: tuple[int, ...],
+    classes: Sequence[tuple[str, str]] = (),
 ) -> tuple[Path, bool]:
     """The job folder for ``spec``, resumed when a matching one is there, else made afresh.
 
@@ -95,21 +97,26 @@ def open_job(
         What the job computes.
     chunks : tuple of int
         Level-0 chunks of the labels images (a fresh job creates them).
+    classes : sequence of (channel, colour)
+        Per labels image, the class name and colour its value 1 gets in the
+        NGFF metadata (none: no colours).
 
     Returns
     -------
     (Path, bool)
         The folder, and whether an earlier job's done regions were kept.
     """
-    from napari_finetune.io.labels import create_labels_array
+    from napari_finetune.io.labels import create_labels_array, prediction_metadata
 
     folder = job_dir(store, name_prefix)
     if _resumable(folder, spec):
         return folder, True
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir()
-    for name in spec.names:
-        create_labels_array(store, name, spec.shape, np.uint8, chunks, staging=folder)
+    metadata = [prediction_metadata(*c) for c in classes] or [(None, None)] * len(spec.names)
+    for name, (colors, properties) in zip(spec.names, metadata, strict=True):
+        create_labels_array(store, name, spec.shape, np.uint8, chunks, colors, properties,
+                            staging=folder)
     (folder / "done").mkdir()
     # Written last: a folder without it (killed while being made) is never resumed.
     _atomic_write(folder / "job.json", spec.to_json())

@@ -72,6 +72,7 @@ def predict_to_omezarr(
     import zarr
 
     from napari_finetune.data.normalization import intensity_range
+    from napari_finetune.io.labels import prediction_metadata
     from napari_finetune.io.omezarr import create_labels_array, open_volume
     from napari_finetune.io.pyramid import fill_pyramid
     from napari_finetune.io.staging import staged_replace
@@ -92,13 +93,13 @@ def predict_to_omezarr(
     with ExitStack() as stack:
         # Entered in order, left in reverse: all are swapped in only after the body.
         targets, pyramids = [], []
-        for name in names:
+        classes = zip(names, ckpt.channel_names, ckpt.channel_colors, strict=True)
+        for name, channel, color in classes:
             staging = stack.enter_context(staged_replace(volume.path, name))
-            targets.append(
-                create_labels_array(
-                    store_path, name, tuple(image.shape), np.uint8, chunks, staging=staging
-                )
-            )
+            targets.append(create_labels_array(
+                store_path, name, tuple(image.shape), np.uint8, chunks,
+                *prediction_metadata(channel, color), staging=staging,
+            ))
             pyramids.append(staging / "labels" / name)
         _predict_regions(ckpt.model, image, (low, high), halo, device, regions, targets,
                          progress, log)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 from napari.utils.notifications import NotificationSeverity, notification_manager
 from qtpy.QtCore import Qt
 from tests._qt.conftest import CHANNELS, SHAPE, choose_checkpoint, wait_idle
@@ -182,3 +183,51 @@ def test_open_sample_and_dock(make_napari_viewer, qtbot, tmp_path, monkeypatch):
     assert widget.store_hint() is not None
     assert widget.corrections_combo.value is None  # the ground truth is not offered
     wait_idle(qtbot, widget)
+
+
+def _store_colors(store: Path, name: str) -> dict[int, list[int]]:
+    import json
+
+    attrs = json.loads((store / "labels" / name / "zarr.json").read_text())
+    return {c["label-value"]: c["rgba"]
+            for c in attrs["attributes"]["ome"]["image-label"]["colors"]}
+
+
+@pytest.mark.parametrize("corrections_first", [False, True], ids=["model-first", "layer-first"])
+def test_the_store_gets_the_checkpoints_own_colours(docked, qtbot, tmp_path, corrections_first):
+    """A checkpoint that saved its channel colours: the corrections autosave and the saved
+    predictions carry them into the store (other NGFF tools show what napari showed), also
+    when the corrections layer was followed before the checkpoint was read."""
+    import torch
+
+    from napari_finetune import palette
+    from napari_finetune.model.checkpoint import load_checkpoint, save_checkpoint
+
+    viewer, widget, image = docked
+    mine = ["#102030", "#405060"]
+    source = load_checkpoint(widget.state.info.path)
+    torch.manual_seed(0)
+    path = save_checkpoint(tmp_path / "coloured.pt", source.model,
+                           {**source.metadata, "channel_colors": mine})
+    if corrections_first:
+        qtbot.mouseClick(widget.new_corrections_button, Qt.LeftButton)
+    choose_checkpoint(qtbot, widget, str(path))
+    qtbot.waitUntil(lambda: widget.state.info is not None and widget.state.info.path == str(path),
+                    timeout=20_000)
+    if not corrections_first:
+        qtbot.mouseClick(widget.new_corrections_button, Qt.LeftButton)
+    layer = viewer.layers["corrections"]
+    saver = widget.state.autosaver
+    saver.timer.setInterval(50)
+    layer.paint((8, 30, 30), 3)
+    qtbot.waitUntil(lambda: saver.saves >= 1 and saver.in_flight == 0, timeout=20_000)
+    store = Path(image.metadata["ome_zarr_path"])
+    assert _store_colors(store, "corrections") == {
+        1: palette.rgba(palette.BACKGROUND), 2: palette.rgba(mine[0]), 3: palette.rgba(mine[1])}
+
+    qtbot.mouseClick(widget.predict_button, Qt.LeftButton)
+    wait_idle(qtbot, widget)
+    qtbot.mouseClick(widget.save_predictions_button, Qt.LeftButton)
+    wait_idle(qtbot, widget)
+    for channel, color in zip(CHANNELS, mine, strict=True):
+        assert _store_colors(store, f"prediction-{channel}") == {1: palette.rgba(color)}

@@ -157,6 +157,9 @@ class Controller:
             self.answer_untrusted(result)
             return
         self.state.info = result
+        saver = self.state.autosaver
+        if saver is not None and saver.channel_names == list(result.channel_names):
+            saver.channel_colors = list(result.colors)  # followed before the file was read
         self.w.settings.set_lora_share(result.lora_share_per_rank)
         self.w.checkpoint_label.setText(
             f"{Path(result.path).name}: {result.dims}D, channels {', '.join(result.channel_names)}"
@@ -244,10 +247,12 @@ class Controller:
             label.setText("corrections: not autosaved (the image is not from an OME-Zarr)")
             return
         names = layer.metadata.get("channel_names") or (s.info.channel_names if s.info else [])
+        ours = s.info is not None and list(names) == list(s.info.channel_names)
         s.autosaver = corr.Autosaver(
             layer, store, names, start_call,
             on_saved=lambda p: say(label, "corrections autosaved into {}", p),
             on_error=lambda exc: self.fail(exc, "Autosave of the corrections failed"),
+            channel_colors=s.info.colors if ours else (),
         )
         say(label, "corrections autosave into {}", store)
 
@@ -286,6 +291,7 @@ class Controller:
             self.run_job("train", jobs.train_job, info.path, data, labels, store,
                          info.channel_names, config, self.w.settings.preview_interval_s,
                          lambda: s.region, trust=info.trust, snapshot=snapshot,
+                         channel_colors=info.colors,
                          what="Fine-tuning failed")
 
         # The previews need the layers (made when the corrections layer was chosen; again

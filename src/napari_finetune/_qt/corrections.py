@@ -109,9 +109,10 @@ def next_snapshot() -> int:
 
 def save_corrections_locked(
     path: str, labels: np.ndarray, channel_names: Sequence[str] | None = None,
-    snapshot: int | None = None,
+    snapshot: int | None = None, channel_colors: Sequence[str] = (),
 ) -> str:
-    """Write ``labels`` to ``<path>/labels/corrections`` (one writer at a time).
+    """Write ``labels`` to ``<path>/labels/corrections`` (one writer at a time), with the
+    classes' names and colours (``channel_colors``: the checkpoint's; else the palette's).
 
     With ``snapshot`` (from :func:`next_snapshot`, taken when ``labels`` was
     copied), nothing is written when a newer copy is already in the store.
@@ -122,7 +123,8 @@ def save_corrections_locked(
     with _SAVE_LOCK:
         if snapshot is not None and _WRITTEN.get(str(path), 0) > snapshot:
             return path
-        save_corrections(path, labels, name="corrections", channel_names=names)
+        save_corrections(path, labels, name="corrections", channel_names=names,
+                         channel_colors=list(channel_colors) or None)
         if snapshot is not None:
             _WRITTEN[str(path)] = snapshot
     return path
@@ -151,6 +153,8 @@ class Autosaver(QObject):
         thread (the widget's worker glue); kept injectable for the tests.
     delay_ms : int
         Quiet time after the last stroke before saving.
+    channel_colors : sequence of str
+        The classes' colours written with them (the checkpoint's).
     """
 
     def __init__(
@@ -162,11 +166,13 @@ class Autosaver(QObject):
         on_saved: Callable[[str], None],
         on_error: Callable[[Exception], None],
         delay_ms: int = 1500,
+        channel_colors: Sequence[str] = (),
     ) -> None:
         super().__init__()
         self.layer = layer
         self.store_path = store_path
         self.channel_names = list(channel_names)
+        self.channel_colors = list(channel_colors)
         self._start_worker = start_worker
         self._on_saved = on_saved
         self._on_error = on_error
@@ -210,7 +216,7 @@ class Autosaver(QObject):
         self.in_flight += 1
         worker = self._start_worker(
             save_corrections_locked, self.store_path, labels, self.channel_names,
-            self.snapshot_id, on_done=self._done, on_error=self._failed,
+            self.snapshot_id, self.channel_colors, on_done=self._done, on_error=self._failed,
         )
         if worker is not None:
             self.jobs.append(worker)
@@ -245,7 +251,7 @@ class Autosaver(QObject):
         labels = self.snapshot()
         try:
             save_corrections_locked(self.store_path, labels, self.channel_names,
-                                    self.snapshot_id)
+                                    self.snapshot_id, self.channel_colors)
         except Exception as exc:  # disk full, read-only: one line, then close anyway
             print(f"napari-finetune: the corrections could not be saved into "
                   f"{self.store_path} at close: {exc}", file=sys.stderr)

@@ -80,7 +80,7 @@ def train_job(
     checkpoint_path: str, image: Any, corrections: np.ndarray, store_path: str | None,
     channel_names: Sequence[str], config: Any, preview_interval_s: float,
     region: Callable[[], tuple[slice, ...] | None], trust: Sequence[str] = (),
-    snapshot: int | None = None,
+    snapshot: int | None = None, channel_colors: Sequence[str] = (),
 ) -> Job[None]:
     """Save the corrections, build model and trainer here, run, yield previews between steps.
 
@@ -94,7 +94,8 @@ def train_job(
         from napari_finetune._qt.corrections import save_corrections_locked
 
         # Before anything can fail; ``snapshot`` keeps a later, newer save from being undone.
-        save_corrections_locked(store_path, corrections, channel_names, snapshot)
+        save_corrections_locked(store_path, corrections, channel_names, snapshot,
+                                channel_colors)
         yield Saved(store_path)
     with core_left_for_the_ui():  # from the build to the end of the run, whatever else runs
         yield from _build_and_run(checkpoint_path, image, corrections, config,
@@ -150,14 +151,17 @@ def export_job(trainer: Any, path: str) -> Job[str]:
 
 
 def save_predictions_job(
-    store_path: str, arrays: Sequence[tuple[str, np.ndarray]],
+    store_path: str, arrays: Sequence[tuple[str, str, np.ndarray]],
 ) -> Job[list[str]]:
-    """Write each ``(name, mask)`` into ``<store>/labels/<name>``; returns the names."""
+    """Write each ``(channel, colour, mask)`` into ``<store>/labels/prediction-<channel>``
+    with its colour and class name; returns the names written."""
+    from napari_finetune.io.labels import prediction_metadata
     from napari_finetune.io.omezarr import write_labels
 
     names = []
-    for i, (name, array) in enumerate(arrays):
-        write_labels(store_path, name, array)
+    for i, (channel, color, array) in enumerate(arrays):
+        name = f"prediction-{channel}"
+        write_labels(store_path, name, array, *prediction_metadata(channel, color))
         names.append(name)
         yield Progress(i + 1, len(arrays), "save predictions")
     return names

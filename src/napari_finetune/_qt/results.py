@@ -120,7 +120,8 @@ def save_predictions(c: Controller) -> None:
         c.fail(ValueError("predict first, on an image opened from an OME-Zarr store"),
                "Cannot save predictions")
         return
-    arrays = [(f"prediction-{layer.metadata[PREDICTION_KEY]}",
+    colors = dict(zip(s.info.channel_names, s.info.colors, strict=True))
+    arrays = [(layer.metadata[PREDICTION_KEY], colors[layer.metadata[PREDICTION_KEY]],
                np.array(layer.data, copy=True)) for layer in layers]
 
     def written(names: list[str]) -> None:

@@ -138,6 +138,15 @@ def write_labels(
     return store / "labels" / name
 
 
+def prediction_metadata(
+    channel: str, color: str
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """NGFF colors and properties of one channel's prediction mask: value 1 is ``channel``,
+    in ``color`` (``#rrggbb``, the checkpoint's or the palette's, as napari shows it)."""
+    return ([{"label-value": 1, "rgba": palette.rgba(color)}],
+            [{"label-value": 1, "class": channel}])
+
+
 def correction_metadata(
     channel_names: list[str] | None, n_classes: int, channel_colors: list[str] | None = None
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
