@@ -91,3 +91,12 @@ def test_saved_file_gets_the_umask_mode_not_a_private_one(tmp_path):
         os.umask(umask)
     # Collaborators on a shared workstation must be able to read an export.
     assert os.stat(path).st_mode & 0o777 == 0o644
+
+
+def test_names_that_moved_stay_importable_from_the_checkpoint_module():
+    from napari_finetune.model import bring_your_own, factory
+
+    assert ckpt_module.checkpoint_from_factory is bring_your_own.checkpoint_from_factory
+    assert ckpt_module.call_factory is factory.call_factory
+    with pytest.raises(AttributeError):
+        ckpt_module.no_such_name  # noqa: B018

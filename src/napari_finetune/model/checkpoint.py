@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -290,3 +291,16 @@ def _payload_bytes(payload: dict[str, Any]) -> int:
 def _out_channels(architecture: dict[str, Any]) -> int | None:
     value = architecture.get("kwargs", {}).get("out_channels")
     return int(value) if value is not None else None
+
+
+def __getattr__(name: str) -> Callable[..., object]:
+    """Names that moved out of this module stay importable from it."""
+    if name == "checkpoint_from_factory":  # to model/bring_your_own.py
+        from napari_finetune.model.bring_your_own import checkpoint_from_factory
+
+        return checkpoint_from_factory
+    if name == "call_factory":  # to model/factory.py
+        from napari_finetune.model.factory import call_factory
+
+        return call_factory
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
