@@ -21,8 +21,8 @@ from napari_finetune._qt import corrections as corr
 from napari_finetune._qt import jobs
 from napari_finetune._qt.events import Event, Preview, Progress, RunStatus, Saved, TrainerReady
 from napari_finetune._qt.layers import (
-    add_empty_predictions_later,
     apply_preview,
+    fit_prediction_layers_later,
     prediction_layers,
     show_predictions,
 )
@@ -203,17 +203,21 @@ class Controller:
             s.run_summary = ""
             s.busy = None
 
-        self.prediction_layers_then(image, show)
+        self.prediction_layers_then(image, show, masks)
 
-    def prediction_layers_then(self, image: Image, then: Callable[[], None]) -> None:
-        """Make the prediction layers fit ``image`` (one per event-loop turn), then ``then()``."""
+    def prediction_layers_then(
+        self, image: Image, then: Callable[[], None], masks: list[np.ndarray] | None = None,
+    ) -> None:
+        """Make the prediction layers fit ``image`` (one per event-loop turn; new ones hold
+        ``masks`` if given, else nothing), then ``then()``."""
         s = self.state
         if s.info is None:
             return
-        add_empty_predictions_later(
+        fit_prediction_layers_later(
             self.w.viewer, image, s.info.channel_names, s.info.colors,
             tuple(int(n) for n in corr.image_level0(image).shape), corr.store_path_of(image),
-            alive=lambda: not s.closed, then=then, below=self.w.corrections_layer())
+            alive=lambda: not s.closed, then=then, below=self.w.corrections_layer(),
+            masks=masks)
 
     def new_corrections_layer(self) -> Labels | None:
         """An empty corrections layer with the model's classes, ready to paint."""

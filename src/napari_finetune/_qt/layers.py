@@ -44,7 +44,9 @@ def show_predictions(
         layer_name = prediction_name(name)
         if layer_name in viewer.layers:
             layer = viewer.layers[layer_name]
-            if layer.data.shape == mask.shape:
+            if layer.data is mask:
+                pass  # made with these masks a turn ago (fit_prediction_layers_later)
+            elif layer.data.shape == mask.shape:
                 layer.data[...] = mask
                 layer.refresh()
             else:  # another image: the layer follows it
@@ -66,15 +68,16 @@ def show_predictions(
     return layers
 
 
-def add_empty_predictions_later(
+def fit_prediction_layers_later(
     viewer: Any, image_layer: Any, channel_names: Sequence[str], colors: Sequence[str],
     shape: tuple[int, ...], store_path: str | None, alive: Callable[[], bool],
-    then: Callable[[], None], below: Any = None,
+    then: Callable[[], None], below: Any = None, masks: Sequence[np.ndarray] | None = None,
 ) -> None:
     """Make the prediction layers fit ``shape``, one per event-loop turn, then call ``then()``.
 
-    Missing layers are added empty, and layers of another shape (another
-    image) emptied to this one. napari's ``add_labels`` costs 0.15-0.4 s a
+    Missing layers are added, and layers of another shape (another image)
+    refitted, holding ``masks`` (a prediction to show: no second copy of the
+    volume) or else empty. napari's ``add_labels`` costs 0.15-0.4 s a
     layer (vispy overlays under Mesa/Xvfb, whatever the size): two in one
     handler froze the UI ~0.6 s. One per turn keeps each stall to one layer.
     The widget calls this when a corrections layer is chosen, before any
@@ -91,8 +94,9 @@ def add_empty_predictions_later(
         layer_name = prediction_name(name)
         return layer_name in viewer.layers and tuple(viewer.layers[layer_name].data.shape) == shape
 
-    pending: list[tuple[str, str] | None] = [
-        (name, color) for name, color in zip(channel_names, colors, strict=True)
+    pending: list[tuple[str, str, np.ndarray | None] | None] = [
+        (name, color, mask) for name, color, mask in zip(
+            channel_names, colors, masks or [None] * len(channel_names), strict=True)
         if not fits(name)
     ]
     if pending:
@@ -113,10 +117,10 @@ def add_empty_predictions_later(
                 viewer.layers.selection.active = active[0]
             QTimer.singleShot(TURN_GAP_MS, add_next)
             return
-        name, color = pending.pop(0)
+        name, color, mask = pending.pop(0)
         if not fits(name):  # a prediction (or another chain) may have come first
-            show_predictions(viewer, image_layer, [name], [color],
-                             [np.zeros(shape, dtype=np.uint8)], store_path, below)
+            data = np.zeros(shape, dtype=np.uint8) if mask is None else mask
+            show_predictions(viewer, image_layer, [name], [color], [data], store_path, below)
         QTimer.singleShot(TURN_GAP_MS, add_next)
 
     QTimer.singleShot(TURN_GAP_MS, add_next)
