@@ -158,8 +158,8 @@ class Controller:
             return
         self.state.info = result
         saver = self.state.autosaver
-        if saver is not None and saver.channel_names == list(result.channel_names):
-            saver.channel_colors = list(result.colors)  # followed before the file was read
+        if saver is not None and (colors := result.colors_for(saver.channel_names)):
+            saver.channel_colors = colors  # followed before the file was read
         self.w.settings.set_lora_share(result.lora_share_per_rank)
         self.w.checkpoint_label.setText(
             f"{Path(result.path).name}: {result.dims}D, channels {', '.join(result.channel_names)}"
@@ -251,12 +251,11 @@ class Controller:
             label.setText("corrections: not autosaved (the image is not from an OME-Zarr)")
             return
         names = layer.metadata.get("channel_names") or (s.info.channel_names if s.info else [])
-        ours = s.info is not None and list(names) == list(s.info.channel_names)
         s.autosaver = corr.Autosaver(
             layer, store, names, start_call,
             on_saved=lambda p: say(label, "corrections autosaved into {}", p),
             on_error=lambda exc: self.fail(exc, "Autosave of the corrections failed"),
-            channel_colors=s.info.colors if ours else (),
+            channel_colors=s.info.colors_for(names) if s.info else (),
         )
         say(label, "corrections autosave into {}", store)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import operator
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -38,6 +39,11 @@ class CheckpointInfo:
     dims: int
     trust: tuple[str, ...] = ()  # factories the user trusted for this file (the dialog's Yes)
     lora_share_per_rank: float = 0.0  # weights LoRA adds per unit of rank (model.lora)
+
+    def colors_for(self, channel_names: Sequence[str]) -> list[str]:
+        """This model's channel colours for a layer of ``channel_names``; none (the
+        palette's then) when the layer's classes are another model's."""
+        return list(self.colors) if list(channel_names) == self.channel_names else []
 
 
 @dataclass(frozen=True)
