@@ -27,7 +27,11 @@ from typing import Any
 import numpy as np
 
 from napari_finetune.config import PredictConfig
-from napari_finetune.data.normalization import missing_mask, normalize
+from napari_finetune.data.normalization import (
+    background_where_missing,
+    missing_mask,
+    normalize,
+)
 from napari_finetune.devices import check_model_fits_image, on_device, resolve_device
 
 # The tiling lives in predict_tiling; these names stay importable from here.
@@ -180,8 +184,7 @@ def predict_volume(
             probs = predict_batch(model, np.stack([p[2] for p in pending]), device)
             for (core, inner, _, missing), block_probs in zip(pending, probs, strict=True):
                 core_probs = block_probs[(slice(None),) + inner]
-                if missing is not None:
-                    core_probs[:, missing[inner]] = 0.0  # no image value: background
+                background_where_missing(core_probs, missing)
                 write_probs(out, core, core_probs)
             done += len(pending)
             pending.clear()
@@ -193,7 +196,7 @@ def predict_volume(
             block = normalize(raw, low, high)
             if pending and pending[0][2].shape != block.shape:
                 flush()  # only same-shaped blocks share a model call
-            pending.append((core, inner, block, missing_mask(raw)))
+            pending.append((core, inner, block, missing_mask(raw[inner])))
             if len(pending) >= config.batch_size:
                 flush()
         if pending:

@@ -17,7 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from napari_finetune.data.normalization import missing_mask, normalize
+from napari_finetune.data.normalization import (
+    background_where_missing,
+    missing_mask,
+    normalize,
+)
 from napari_finetune.devices import empty_device_cache
 from napari_finetune.predict import predict_batch, spatial_multiple
 
@@ -88,9 +92,7 @@ class RegionPredictor:
             raw = np.asarray(self.image[read])
             probs = predict_batch(self.model, normalize(raw, self.low, self.high)[None],
                                   self.device)[0]
-            missing = missing_mask(raw[inner])
-            if missing is not None:
-                probs[(slice(None),) + inner][:, missing] = 0.0  # no image value: background
+            background_where_missing(probs[(slice(None),) + inner], missing_mask(raw[inner]))
             if out is None:
                 out = np.empty((probs.shape[0], *sizes), np.float32)
             where = tuple(

@@ -91,6 +91,13 @@ def missing_mask(block: np.ndarray) -> np.ndarray | None:
     return mask if mask.any() else None
 
 
+def background_where_missing(probs: np.ndarray, missing: np.ndarray | None) -> None:
+    """Set ``probs`` (channels first) to 0, background, where ``missing`` (from
+    :func:`missing_mask` of the same voxels) says the image had no value."""
+    if missing is not None:
+        probs[:, missing] = 0.0
+
+
 def describe_missing(image: Any, axes: str = "zyx") -> str | None:
     """One line on the image's non-finite voxels, or None when it has none.
 
