@@ -14,9 +14,17 @@ from napari_finetune.devices import (
 from napari_finetune.model.unet import UNet
 
 
-def test_cpu_and_auto_resolve():
+def test_cpu_and_auto_resolve(monkeypatch):
     assert resolve_device("cpu") == "cpu"
-    assert resolve_device("auto") in ("cpu", "cuda", "mps")
+    # auto takes CUDA first, then MPS, then the CPU; the availability queries stand in
+    # for machines this one is not.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    assert resolve_device("auto") == "cpu"
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    assert resolve_device("auto") == "mps"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("auto") == "cuda"
 
 
 def test_unknown_name_is_refused():
