@@ -221,26 +221,44 @@ def test_the_record_keeps_the_decision(tmp_path):
     assert run["samples_per_step"] == 8
 
 
-def test_cuda_free_memory_respects_a_per_process_cap(monkeypatch):
-    """CUDA's figures faked (no GPU here): free + cached, capped by the process fraction."""
-    from napari_finetune.trainer.memory_info import CudaMemory, format_bytes
+def test_cuda_free_memory_of_an_indexless_device_under_a_per_process_cap():
+    """CUDA's figures for the device as the trainer builds it, ``torch.device("cuda")``.
+
+    Every default CUDA run crashed here: the per-process cap was asked with a
+    device torch refuses there (it wants an index). The stand-in checks the
+    arguments as torch does.
+    """
+    from napari_finetune.trainer.memory_info import CudaMemory, format_bytes, memory_info_for
 
     gib = 2**30
-    cuda = torch.cuda
-    monkeypatch.setattr(cuda, "synchronize", lambda *_: None)
-    monkeypatch.setattr(cuda, "mem_get_info", lambda *_: (10 * gib, 80 * gib))
-    monkeypatch.setattr(cuda, "memory_allocated", lambda *_: 2 * gib)
-    monkeypatch.setattr(cuda, "memory_reserved", lambda *_: 3 * gib)
-    monkeypatch.setattr(cuda, "get_per_process_memory_fraction", lambda *_: 1.0)
-    memory = CudaMemory(torch.device("cuda"))
-    assert memory.free_bytes() == 11 * gib  # 10 free on the device + 1 cached
-    monkeypatch.setattr(cuda, "get_per_process_memory_fraction", lambda *_: 0.1)
-    assert memory.free_bytes() == 6 * gib  # a cap of 8 GiB, 2 of them allocated
-    monkeypatch.setattr(cuda, "reset_peak_memory_stats", lambda *_: None)
-    monkeypatch.setattr(cuda, "max_memory_allocated", lambda *_: 5 * gib)
-    memory.start_measure()
-    assert memory.measured_peak() == 3 * gib
+    with testing.FakeCuda(total_bytes=80 * gib, allocated=2 * gib, reserved=3 * gib,
+                          used_elsewhere=67 * gib) as cuda:
+        memory = memory_info_for(torch.device("cuda"))
+        assert isinstance(memory, CudaMemory)
+        assert memory.free_bytes() == 11 * gib  # 10 free on the device + 1 cached
+        torch.cuda.set_per_process_memory_fraction(0.1, 0)
+        assert memory.free_bytes() == 6 * gib  # a cap of 8 GiB, 2 of them allocated
+        memory.start_measure()
+        assert memory.measured_peak() == 0
+    asked = [device for name, device in cuda.calls if name == "get_per_process_memory_fraction"]
+    assert asked and all(isinstance(device, int) for device in asked)
     assert format_bytes(11.2 * gib) == "11.20 GiB" and format_bytes(0.41 * gib, gib) == "0.41 GiB"
+
+
+def test_autobatch_plans_against_cuda_on_an_indexless_device():
+    """The memory-aware start with CUDA's own queries (faked, backed by a budget)."""
+    from napari_finetune.trainer.memory_info import memory_info_for
+
+    trainer = make_trainer(steps=2, batch_size=8, autobatch=True)
+    trainer.build()
+    with testing.MemoryBudget(10**9) as budget, testing.FakeCuda(4 * 10**9, budget=budget):
+        torch.cuda.set_per_process_memory_fraction(0.25, 0)  # the budget's 1 GB
+        trainer.memory_info = memory_info_for(torch.device("cuda"))
+        events = list(trainer.run())
+    decisions = [e.message for e in events if e.message.startswith("autobatch:")]
+    assert decisions and events[-1].kind == "finished", [e.message for e in events]
+    assert trainer.steps_done == 2 and all(e.effective_batch == 8 for e in events)
+    assert budget.oom_count == 0
 
 
 @pytest.mark.parametrize("when", ["probe", "step"])

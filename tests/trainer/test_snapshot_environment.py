@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import pickle
 import platform
 import socket
 
+import pytest
 import torch
 from engine_setup import make_trainer
 
@@ -13,28 +13,6 @@ from napari_finetune import __version__, testing
 from napari_finetune.model.checkpoint import load_checkpoint
 from napari_finetune.trainer.environment import describe_environment, run_environment
 from napari_finetune.trainer.snapshot import VIEWER, MemoryHistory, oom_path
-
-
-class FakeHistoryApi:
-    """Stands in for torch.cuda.memory's two functions (no CUDA here)."""
-
-    def __init__(self):
-        self.calls = []
-
-    def record(self, enabled="all", max_entries=None, **_):
-        self.calls.append(("record", enabled, max_entries))
-
-    def dump(self, filename):
-        self.calls.append(("dump", filename))
-        with open(filename, "wb") as f:
-            pickle.dump({"segments": [], "device_traces": []}, f)
-
-
-def fake_cuda_history(monkeypatch):
-    api = FakeHistoryApi()
-    monkeypatch.setattr(torch.cuda.memory, "_record_memory_history", api.record)
-    monkeypatch.setattr(torch.cuda.memory, "_dump_snapshot", api.dump)
-    return api
 
 
 def test_no_snapshot_asked_for_says_nothing():
@@ -56,21 +34,19 @@ def test_the_real_cpu_path_is_one_line_and_no_file(tmp_path):
     assert events[-1].kind == "finished" and not list(tmp_path.iterdir())
 
 
-def test_snapshots_at_the_first_oom_and_at_the_end(monkeypatch, tmp_path):
-    api = fake_cuda_history(monkeypatch)
+def test_snapshots_at_the_first_oom_and_at_the_end(tmp_path):
     path = tmp_path / "snaps" / "memory.pickle"
     trainer = make_trainer(steps=3, batch_size=8, memory_snapshot=str(path))
-    # The trainer trains on the CPU; its history behaves as on a CUDA device.
+    # The trainer trains on the CPU; its history behaves as on a CUDA device
+    # (an index-less one, as the trainer builds it).
     trainer.memory_history = MemoryHistory(str(path), torch.device("cuda"))
     trainer.build()
     testing.oom_above_batch(trainer.model, 4, times=1)  # one OOM, in the probe
-    events = list(trainer.run())
-    assert api.calls[0] == ("record", "all", 200_000)
-    assert api.calls[1:] == [
-        ("dump", str(oom_path(path))),
-        ("dump", str(path)),
-        ("record", None, None),
-    ]
+    with testing.FakeCuda() as cuda:
+        events = list(trainer.run())
+    assert cuda.history[0] == ("record", "all", 200_000)
+    assert cuda.history[1:3] == [("dump", str(oom_path(path))), ("dump", str(path))]
+    assert cuda.history[3][:2] == ("record", None) and len(cuda.history) == 4
     assert oom_path(path).name == "memory.oom.pickle"
     assert oom_path(path).is_file() and path.is_file()
     messages = [e.message for e in events]
@@ -87,18 +63,18 @@ def test_snapshots_at_the_first_oom_and_at_the_end(monkeypatch, tmp_path):
     assert run["memory"]["memory_snapshots"] == [str(oom_path(path)), str(path)]
 
 
-def test_a_failed_run_still_writes_the_end_snapshot(monkeypatch, tmp_path):
-    api = fake_cuda_history(monkeypatch)
+def test_a_failed_run_still_writes_the_end_snapshot(tmp_path):
     path = tmp_path / "memory.pickle"
     trainer = make_trainer(steps=2, batch_size=1, memory_snapshot=str(path))
     trainer.memory_history = MemoryHistory(str(path), torch.device("cuda"))
     trainer.build()
     testing.always_oom(trainer.model)
-    try:
-        list(trainer.run())
-    except RuntimeError:
-        pass
-    assert [c[0] for c in api.calls] == ["record", "dump", "dump", "record"]
+    with testing.FakeCuda() as cuda:
+        try:
+            list(trainer.run())
+        except RuntimeError:
+            pass
+    assert [c[0] for c in cuda.history] == ["record", "dump", "dump", "record"]
     assert path.is_file() and oom_path(path).is_file()
 
 
@@ -126,12 +102,10 @@ def test_the_run_record_names_the_environment(tmp_path):
     assert env["device"]["capability"] is None and env["device"]["total_memory_bytes"] > 0
 
 
-def test_cuda_device_description(monkeypatch):
-    class Props:
-        name, major, minor, total_memory = "NVIDIA H200", 9, 0, 150_000_000_000
-
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _d: Props)
-    env = run_environment("cuda:0")
+@pytest.mark.parametrize("device", ["cuda", "cuda:0"])
+def test_cuda_device_description(device):
+    with testing.FakeCuda(total_bytes=150_000_000_000, name="NVIDIA H200", capability=(9, 0)):
+        env = run_environment(device)
     assert env["device"] == {
         "type": "cuda",
         "name": "NVIDIA H200",

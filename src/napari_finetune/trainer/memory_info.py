@@ -39,7 +39,11 @@ class CudaMemory:
     name = "CUDA"
 
     def __init__(self, device: torch.device) -> None:
-        self.device = device
+        # torch.device("cuda") names the current device, and most queries take it
+        # so; the per-process cap does not (it wants an index), so the index is
+        # fixed here, once, for every query.
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        self.device = torch.device("cuda", index)
         self._base = 0
 
     def free_bytes(self) -> int:
@@ -52,7 +56,8 @@ class CudaMemory:
         usable = free + torch.cuda.memory_reserved(self.device) - allocated
         get_fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
         if get_fraction is not None:  # torch >= 2.7
-            usable = min(usable, int(get_fraction(self.device) * total) - allocated)
+            fraction = get_fraction(self.device.index)
+            usable = min(usable, int(fraction * total) - allocated)
         return max(0, int(usable))
 
     def start_measure(self) -> None:

@@ -11,10 +11,7 @@ allocator does, so halving the batch really does make the step fit.
 (free bytes, the peak of a measured stretch), so the memory-aware start runs
 against it on the CPU exactly as it runs against CUDA's allocator.
 
-Used by the tests, the benchmarks and the widget test (through
-``Finetuner.after_build``, so the faults land on the built trainer), and by
-anyone writing fault tests of their own: the one home of every test hook. No
-production module imports it (the layers contract in pyproject.toml).
+Re-exported by :mod:`napari_finetune.testing`; import them from there.
 """
 
 from __future__ import annotations

@@ -1,0 +1,44 @@
+"""Test hooks: faults on demand and a stand-in for CUDA, on a machine without a GPU.
+
+* :mod:`~napari_finetune.testing.faults`: out-of-memory and non-finite values
+  injected into a run, :class:`MemoryBudget` (a small GPU's allocator played by
+  a dispatch mode) and the widget's :data:`build_hooks`;
+* :mod:`~napari_finetune.testing.cuda`: :class:`FakeCuda`, ``torch.cuda``'s
+  memory and device queries answered for a device that is not there, with
+  torch's own argument checks, so a call that would fail on a real GPU fails
+  here too.
+
+Used by the tests, the benchmarks and the widget test (through
+``Finetuner.after_build``, so the faults land on the built trainer), and by
+anyone writing fault tests of their own: the one home of every test hook. No
+production module imports it (the layers contract in pyproject.toml).
+"""
+
+from napari_finetune.testing.cuda import FakeCuda, FakeDeviceProperties
+from napari_finetune.testing.faults import (
+    BuildHooks,
+    Fault,
+    MemoryBudget,
+    always_oom,
+    build_hooks,
+    nan_in_forward,
+    oom_above_batch,
+    oom_in_backward_above_batch,
+    oom_in_optimizer_step,
+    oom_in_teacher,
+)
+
+__all__ = [
+    "BuildHooks",
+    "FakeCuda",
+    "FakeDeviceProperties",
+    "Fault",
+    "MemoryBudget",
+    "always_oom",
+    "build_hooks",
+    "nan_in_forward",
+    "oom_above_batch",
+    "oom_in_backward_above_batch",
+    "oom_in_optimizer_step",
+    "oom_in_teacher",
+]
