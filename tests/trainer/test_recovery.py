@@ -12,13 +12,12 @@ from engine_setup import make_trainer
 from napari_finetune import testing as faults
 from napari_finetune.trainer import precision as precision_module
 from napari_finetune.trainer import recovery
+from napari_finetune.trainer.oom_recovery import halve_micro_batch, recover_from_oom
 from napari_finetune.trainer.recovery import (
     Precision,
     RecoveryError,
-    halve_batch,
     is_oom_error,
     probe_precision,
-    survive_oom,
 )
 from napari_finetune.trainer.run_state import RunState, TrainingParts
 from napari_finetune.trainer.teacher import FrozenCopyTeacher
@@ -123,32 +122,32 @@ def _parts():
     return TrainingParts(model, optimizer, Precision("cpu", False), torch.ones(2, dtype=bool), [])
 
 
-def test_halve_batch_keeps_samples_per_step():
+def test_halve_micro_batch_keeps_samples_per_step():
     h = _state(8, 1)
     pairs = []
-    while halve_batch(h):
+    while halve_micro_batch(h):
         pairs.append((h.batch_size, h.accumulation))
     assert pairs == [(4, 2), (2, 4), (1, 8)]
     odd = _state(5, 1)
     pairs = []
-    while halve_batch(odd):
+    while halve_micro_batch(odd):
         pairs.append((odd.batch_size, odd.accumulation))
     assert pairs == [(3, 2), (2, 3), (1, 5)]
 
 
-def test_survive_oom_halves_then_drops_the_teacher_then_gives_up():
+def test_recover_from_oom_halves_then_drops_the_teacher_then_gives_up():
     h, parts = _state(2, 2), _parts()
     parts.model(torch.ones(1, 2)).sum().backward()
-    assert survive_oom(h, parts)
+    assert recover_from_oom(h, parts)
     assert (h.batch_size, h.accumulation) == (1, 4)
     assert all(p.grad is None for p in parts.model.parameters())  # stale gradients cleared
     assert h.recovery_log[-1].startswith("out of memory at step 7: batch 2 → 1, accumulation 2 → 4")
     assert h.teacher is not None
-    assert survive_oom(h, parts)
+    assert recover_from_oom(h, parts)
     assert h.teacher is None and h.distillation == 0.0 and not h.hold_other_channels
     assert h.dropped_at_step == 7
     assert h.distillation_switch == "dropped" and h.hold_switch == "dropped"
-    assert not survive_oom(h, parts)
+    assert not recover_from_oom(h, parts)
 
 
 def test_probe_leaves_rng_batchnorm_and_gradients_as_they_were():

@@ -77,7 +77,7 @@ class Climb:
 
 
 def can_halve(state: RunState) -> bool:
-    """Whether :func:`~napari_finetune.trainer.recovery.halve_batch` would succeed."""
+    """Whether :func:`~napari_finetune.trainer.oom_recovery.halve_micro_batch` would succeed."""
     smaller = (state.batch_size + 1) // 2
     return state.batch_size > 1 and split_respects(
         state.batchnorm_floor, state.samples_per_step, smaller

@@ -10,7 +10,7 @@ An optimizer step draws its samples once; if it runs out of memory anywhere
 (student forward, teacher forward, backward, optimizer step) the loop leaves
 the ``except`` block, undoes the failed attempt (BatchNorm statistics, stale
 gradients, the scaler's half-done step), steps down the ladder
-(:func:`~napari_finetune.trainer.recovery.survive_oom`) and redoes the same
+(:func:`~napari_finetune.trainer.oom_recovery.recover_from_oom`) and redoes the same
 step with the same samples cut smaller. A step is never skipped or applied
 twice, and the step counter only moves when the optimizer stepped.
 """

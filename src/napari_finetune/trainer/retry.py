@@ -25,7 +25,7 @@ import numpy as np
 from napari_finetune.errors import RecoveryError, is_oom_error
 from napari_finetune.trainer.ladder import after_applied_step, retry_at_bottom
 from napari_finetune.trainer.oom import oom_line
-from napari_finetune.trainer.recovery import nothing_left_message, survive_oom
+from napari_finetune.trainer.oom_recovery import nothing_left_message, recover_from_oom
 from napari_finetune.trainer.run_state import RunState
 from napari_finetune.trainer.start import choose_micro_batch
 from napari_finetune.trainer.state import batchnorm_state, restore_batchnorm
@@ -126,7 +126,7 @@ def _step_down(
     had_teacher = state.teacher is not None
     if retry:
         state.recovery_log.append(retry)
-    elif not survive_oom(state, parts):
+    elif not recover_from_oom(state, parts):
         raise RecoveryError(
             nothing_left_message(state, parts.precision, failure, f"step {step}")
         )

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from napari_finetune.trainer.recovery import iter_probe
+from napari_finetune.trainer.oom_recovery import iter_probe
 from napari_finetune.trainer.status import Status
 
 if TYPE_CHECKING:
