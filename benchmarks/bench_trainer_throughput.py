@@ -105,7 +105,9 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure(args: argparse.Namespace, teacher: bool, mode: str) -> dict[str, float]:
+def measure(
+    args: argparse.Namespace, teacher: bool, mode: str, validation: float
+) -> dict[str, float]:
     device = torch.device(args.device)
     shape = (48, 96, 96) if len(args.patch) == 3 else (256, 256)
     image, corrections = volume(shape)
@@ -117,6 +119,7 @@ def measure(args: argparse.Namespace, teacher: bool, mode: str) -> dict[str, flo
         steps=total, batch_size=args.batch, patch_shape=tuple(args.patch), mode=mode,
         learning_rate=1e-4, distillation=0.5 if teacher else 0.0, hold_other_channels=teacher,
         mixed_precision=args.mixed_precision, cpu_bf16=args.cpu_bf16, device=str(device),
+        validation_fraction=validation,
     )
     ours = Finetuner(copy.deepcopy(start), image, corrections, config)
     bare = BareLoop(copy.deepcopy(start), image, corrections, config, teacher, device)
@@ -161,6 +164,12 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=["full", "lora"])
     parser.add_argument("--mixed-precision", action="store_true")
     parser.add_argument("--cpu-bf16", action="store_true")
+    parser.add_argument(
+        "--validation", nargs="+", type=float, default=[0.0, 0.1],
+        help="validation_fraction values to measure (0: live validation off; 0.1 the default)",
+    )
+    parser.add_argument("--teacher", nargs="+", choices=["off", "on"], default=["off", "on"],
+                        help="without / with the teacher's terms (distillation, hold)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(
@@ -168,17 +177,21 @@ def main() -> None:
         f"{args.batch}, patch {tuple(args.patch)}, {args.rounds - 1} timed rounds x "
         f"{args.block} steps per side, interleaved, torch threads {args.threads}\n"
     )
-    print("| mode | loss terms | dtype | Finetuner ms/step | bare ms/step | throughput ratio "
-          "| steps |")
-    print("|---|---|---|---:|---:|---:|---:|")
+    print("| mode | loss terms | validation | dtype | Finetuner ms/step | bare ms/step "
+          "| throughput ratio | steps |")
+    print("|---|---|---|---|---:|---:|---:|---:|")
     for mode in args.modes:
-        for teacher in (False, True):
-            r = measure(args, teacher, mode)
-            label = "supervised + teacher (distillation, hold)" if teacher else "supervised only"
-            print(
-                f"| {mode} | {label} | {r['dtype']} | {r['finetuner_ms']:.1f} | "
-                f"{r['bare_ms']:.1f} | {r['ratio']:.3f} | {r['n']} |"
-            )
+        for teacher in (t == "on" for t in args.teacher):
+            for validation in args.validation:
+                r = measure(args, teacher, mode, validation)
+                label = ("supervised + teacher (distillation, hold)" if teacher
+                         else "supervised only")
+                checked = f"{validation:g} held out" if validation else "off"
+                print(
+                    f"| {mode} | {label} | {checked} | {r['dtype']} | "
+                    f"{r['finetuner_ms']:.1f} | {r['bare_ms']:.1f} | {r['ratio']:.3f} | "
+                    f"{r['n']} |", flush=True
+                )
 
 
 if __name__ == "__main__":

@@ -83,6 +83,21 @@ def measure_floor(
     return floor, describe_floor(floor, patch)
 
 
+def adamw_implementation(device: torch.device, params: list[torch.Tensor]) -> dict[str, bool]:
+    """AdamW's ``fused`` kernel on CUDA, torch's default elsewhere.
+
+    The fused kernel updates every weight and both moments in one launch and
+    allocates nothing once the moments exist, so from the second step on an
+    optimizer step cannot run out of memory half-way and needs no copy of the
+    weights to undo (``step.step_can_allocate``). The default (foreach) path
+    allocates temporaries after it has begun to update, so it keeps the copy.
+    """
+    floating = all(p.is_floating_point() for p in params)
+    if device.type == "cuda" and floating:
+        return {"fused": True}
+    return {}
+
+
 def build_parts(
     model: torch.nn.Module,
     config: FinetuneConfig,
@@ -108,7 +123,10 @@ def build_parts(
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
-        params, lr=config.learning_rate, weight_decay=config.weight_decay
+        params,
+        lr=config.learning_rate,
+        weight_decay=config.weight_decay,
+        **adamw_implementation(precision.device, params),
     )
     parts = TrainingParts(model, optimizer, precision, corrected, batchnorm_modules(model))
     return parts, teacher

@@ -138,8 +138,25 @@ class Precision:
 
 
 def total_squared_norm(grads: list[torch.Tensor]) -> torch.Tensor:
-    """Sum of the squares of every gradient, computed in fp32 without rescaling."""
-    return torch.stack([g.detach().float().square().sum() for g in grads]).sum()
+    """Sum of the squares of every gradient, computed in fp32 without rescaling.
+
+    One fused norm kernel per device and dtype (``torch._foreach_norm``, as
+    ``clip_grad_norm_`` uses), not a square and a sum per parameter: on a GPU
+    the per-parameter kernels cost more than the check itself. The norms are
+    squared again in fp32, so the sum overflows exactly where the per-parameter
+    sums of squares would (any gradient norm above ~1.8e19).
+    """
+    fp32 = [g.detach() if g.dtype == torch.float32 else g.detach().float() for g in grads]
+    foreach_norm = getattr(torch, "_foreach_norm", None)
+    if foreach_norm is None:  # a torch without the fused kernel: one norm per tensor
+        norms = [torch.linalg.vector_norm(g) for g in fp32]
+    else:
+        norms = list(foreach_norm(fp32, 2))
+    devices = {n.device for n in norms}
+    if len(devices) > 1:  # a model split over devices: add up on the first one
+        first = norms[0].device
+        norms = [n.to(first) for n in norms]
+    return torch.stack(norms).square().sum()
 
 
 def clip_gradients(model: torch.nn.Module, max_norm: float) -> None:

@@ -194,6 +194,56 @@ def run_step(
     return StepOutcome("applied" if applied else "skipped", loss, (before, after))
 
 
+def step_can_allocate(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer.step`` may allocate device memory after it begun to update.
+
+    False only for a fused optimizer (every group ``fused``) whose state exists
+    for every parameter: its one kernel updates in place and allocates nothing,
+    so it cannot run out of memory half-way. The first step (the moments are
+    made, before any update) and the foreach and per-tensor paths (temporaries
+    allocated between updates) can.
+    """
+    groups = optimizer.param_groups
+    if not groups or not all(group.get("fused") for group in groups):
+        return True
+    return any(
+        p not in optimizer.state or not optimizer.state[p]
+        for group in groups
+        for p in group["params"]
+    )
+
+
+@dataclass
+class Undo:
+    """Copies of what an optimizer step changes, to put back if it fails half-way."""
+
+    params: list[torch.Tensor]
+    saved_params: list[torch.Tensor]
+    saved_state: dict[torch.Tensor, dict[str, object]]
+
+    @classmethod
+    def of(cls, optimizer: torch.optim.Optimizer) -> Undo:
+        """Copy the trainable weights and the optimizer state now."""
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        saved_state = {
+            p: {k: v.clone() if torch.is_tensor(v) else v for k, v in optimizer.state[p].items()}
+            for p in params
+            if p in optimizer.state
+        }
+        return cls(params, [p.detach().clone() for p in params], saved_state)
+
+    def restore(self, optimizer: torch.optim.Optimizer) -> None:
+        """Put the weights and the optimizer state back as they were copied."""
+        with torch.no_grad():
+            for param, value in zip(self.params, self.saved_params, strict=True):
+                param.copy_(value)
+        for param in self.params:
+            if param in self.saved_state:
+                optimizer.state[param] = self.saved_state[param]
+            else:
+                optimizer.state.pop(param, None)
+
+
 def guarded_optimizer_step(
     optimizer: torch.optim.Optimizer, precision: Precision, sync: LocalSync = ALONE
 ) -> tuple[bool, float, float]:
@@ -202,25 +252,22 @@ def guarded_optimizer_step(
     AdamW's foreach path updates the step counters, the weights (decay) and the
     first moments before it allocates its square-root temporaries: an OOM
     there would leave half a step applied, and redoing the step would apply
-    that half twice. The trainable weights, the optimizer state and the
-    scaler's state are copied first (small for LoRA; one model's worth for a
-    full fine-tune) and put back if the step runs out of memory here, or, with
-    several ranks, on any rank. The copies are made after the micro-batches'
-    activations are freed, so they add to the optimizer step's peak, not to
-    the forward/backward peak.
+    that half twice. Where the step can allocate (:func:`step_can_allocate`),
+    the trainable weights and the optimizer state are copied first (small for
+    LoRA; one model's worth for a full fine-tune) and put back if the step
+    runs out of memory here, or, with several ranks, on any rank. The copies
+    are made after the micro-batches' activations are freed, so they add to the
+    optimizer step's peak, not to the forward/backward peak. The fused AdamW
+    of a CUDA run allocates nothing once its moments exist: no copy from the
+    second step on (a copy of every weight per step cost a GPU run more than
+    the update). The scaler's state is always kept (a few numbers).
 
     Raises
     ------
     StepOutOfMemory
         The step ran out of memory here or on another rank (weights unchanged).
     """
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    saved_params = [p.detach().clone() for p in params]
-    saved_state = {
-        p: {k: v.clone() if torch.is_tensor(v) else v for k, v in optimizer.state[p].items()}
-        for p in params
-        if p in optimizer.state
-    }
+    undo = Undo.of(optimizer) if step_can_allocate(optimizer) else None
     saved_scaler = precision.scaler.state_dict()
     own = None
     result = (False, 1.0, 1.0)
@@ -228,27 +275,13 @@ def guarded_optimizer_step(
         result = precision.step(optimizer)
     except BaseException as exc:
         if not is_oom_error(exc):
-            _restore(optimizer, params, saved_params, saved_state)
+            if undo is not None:
+                undo.restore(optimizer)
             raise
         own = oom_line(exc)
     if sync.any(own is not None):
-        _restore(optimizer, params, saved_params, saved_state)
+        if undo is not None:
+            undo.restore(optimizer)
         precision.reset_step_state(saved_scaler)
         raise StepOutOfMemory(sync.failure_line(own, "another rank ran out of memory"))
     return result
-
-
-def _restore(
-    optimizer: torch.optim.Optimizer,
-    params: list[torch.Tensor],
-    saved_params: list[torch.Tensor],
-    saved_state: dict[torch.Tensor, dict[str, object]],
-) -> None:
-    with torch.no_grad():
-        for param, value in zip(params, saved_params, strict=True):
-            param.copy_(value)
-    for param in params:
-        if param in saved_state:
-            optimizer.state[param] = saved_state[param]
-        else:
-            optimizer.state.pop(param, None)
