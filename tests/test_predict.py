@@ -191,3 +191,45 @@ def test_shape_multiple_is_one_divisor_for_every_axis():
     assert spatial_multiple(model, 3) == (2, 4, 4)
     assert shape_multiple(model) == 4
     assert shape_multiple(UNet(dims=2, depth=3, features=2)) == 8
+
+
+def test_blockwise_equals_a_plain_model_call():
+    """The oracle is not the code under test: ``torch.sigmoid(model(x))`` on the whole volume."""
+    import torch
+
+    torch.manual_seed(3)
+    model = UNet(dims=3, depth=1, features=4, out_channels=2, norm="none").eval()
+    raw = np.random.default_rng(3).random((20, 36, 44), dtype=np.float32) * 200 + 50
+    with torch.no_grad():
+        x = torch.from_numpy((raw - 50) / 200).float()[None, None]
+        reference = torch.sigmoid(model(x))[0].numpy()
+    for batch_size in (1, 4):
+        config = PredictConfig(block_shape=(8, 16, 16), halo=(10, 10, 10),
+                               batch_size=batch_size, device="cpu")
+        calls: list[tuple[int, int]] = []
+        result = predict_volume(model, raw, (50.0, 250.0), config,
+                                progress=lambda done, total, seen=calls: seen.append((done, total)))
+        np.testing.assert_allclose(result, reference, atol=1e-5)
+        total = calls[-1][1]
+        assert calls[-1] == (total, total)  # every block written, progress in order
+        assert [done for done, _ in calls] == sorted(done for done, _ in calls)
+
+
+def test_a_failed_read_stops_the_prediction_with_its_error():
+    """The next block is read in a thread while the model computes: its error reaches
+    the caller, and no thread is left behind."""
+    import threading
+
+    class FailingReader(CountingReader):
+        def __getitem__(self, index):
+            if len(self.reads) == 3:
+                raise OSError("chunk 3 is unreadable")
+            return super().__getitem__(index)
+
+    model = _model(3)
+    image = FailingReader(np.random.default_rng(4).random((16, 32, 32), dtype=np.float32))
+    config = PredictConfig(block_shape=(8, 16, 16), halo=(4, 4, 4), batch_size=1, device="cpu")
+    before = threading.active_count()
+    with pytest.raises(OSError, match="chunk 3 is unreadable"):
+        predict_volume(model, image, (0.0, 1.0), config)
+    assert threading.active_count() == before

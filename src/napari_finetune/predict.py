@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -78,28 +80,77 @@ def predict_block(model: Any, block: np.ndarray, device: str = "cpu") -> np.ndar
 
 def predict_batch(model: Any, blocks: np.ndarray, device: str) -> np.ndarray:
     """``(n, *spatial)`` normalised blocks -> ``(n, C, *spatial)`` probabilities."""
+    with on_device(model, device), inference_mode(model):
+        return launch_batch(model, blocks, device).result()
+
+
+@contextmanager
+def inference_mode(model: Any) -> Iterator[None]:
+    """The model in eval mode without gradients; each module's own mode restored after."""
+    import torch
+
+    # Per module, not model.train(flag): a training model may hold parts kept in eval.
+    modes = [(m, m.training) for m in model.modules()]
+    try:
+        model.eval()
+        with torch.no_grad():
+            yield
+    finally:
+        for module, training in modes:
+            module.training = training
+
+
+class PendingProbs:
+    """Probabilities of one batch on their way to the host.
+
+    On CUDA the copy into page-locked memory is queued behind the model call
+    and the next batch can be launched before this one is read back;
+    :meth:`result` waits for this batch's copy alone. Elsewhere the values are
+    there already.
+    """
+
+    def __init__(self, probs: Any, ready: Any = None) -> None:
+        self._probs = probs
+        self._ready = ready
+
+    def result(self) -> np.ndarray:
+        """``(n, C, *spatial)`` float32 probabilities on the host."""
+        if self._ready is not None:
+            self._ready.synchronize()
+        return self._probs.numpy()
+
+
+def launch_batch(model: Any, blocks: np.ndarray, device: str) -> PendingProbs:
+    """Start the model on ``(n, *spatial)`` normalised blocks; the model is on ``device``,
+    in :func:`inference_mode`.
+
+    The far side is padded up to the pooling multiple with reflection (not
+    zeros: intensities stay plausible) and cropped off again. On CUDA the
+    input goes up from page-locked memory without blocking, and the result
+    comes back into page-locked memory without blocking (:class:`PendingProbs`).
+    """
     import torch
 
     spatial = blocks.shape[1:]
     multiple = spatial_multiple(model, len(spatial))
-    # Pad the far side up to the pooling multiple; reflection (not zeros) keeps
-    # intensities plausible, and the pad is cropped off below.
     pad = [(0, 0)] + [(0, (-s) % m) for s, m in zip(spatial, multiple, strict=True)]
     if any(p[1] for p in pad):
         blocks = np.pad(blocks, pad, mode="reflect")
-    # Per module, not model.train(flag): a training model may hold parts kept in eval.
-    modes = [(m, m.training) for m in model.modules()]
-    try:
-        with on_device(model, device):
-            model.eval()
-            with torch.no_grad():
-                x = torch.from_numpy(np.ascontiguousarray(blocks)).unsqueeze(1).to(device)
-                probs = torch.sigmoid(model(x).float())
-            crop = (slice(None), slice(None)) + tuple(slice(0, s) for s in spatial)
-            return probs[crop].cpu().numpy()
-    finally:
-        for module, training in modes:
-            module.training = training
+    cuda = torch.device(device).type == "cuda"
+    x = torch.from_numpy(np.ascontiguousarray(blocks, dtype=np.float32)).unsqueeze(1)
+    if cuda:
+        x = x.pin_memory()
+    x = x.to(device, non_blocking=cuda)
+    probs = torch.sigmoid(model(x).float())
+    crop = (slice(None), slice(None)) + tuple(slice(0, s) for s in spatial)
+    probs = probs[crop]
+    if not cuda:
+        return PendingProbs(probs.cpu())
+    host = torch.empty(probs.shape, dtype=probs.dtype, pin_memory=True)
+    host.copy_(probs, non_blocking=True)
+    ready = torch.cuda.Event()
+    ready.record()
+    return PendingProbs(host, ready)
 
 
 def spatial_config(config: PredictConfig, ndim: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -175,33 +226,69 @@ def predict_volume(
     if out is None:
         out = np.zeros((out_channels(model, len(shape)), *shape), dtype=np.float32)
 
-    with on_device(model, device):  # once for the whole volume, not per block
-        pending: list[tuple[tuple[slice, ...], tuple[slice, ...], np.ndarray, Any]] = []
+    blocks = read_batches(image, grid, (low, high), config.batch_size)
+    # Three stages overlap: a thread reads and normalises the next batch, the
+    # device computes this one, and the previous one is written out while it
+    # computes (on CUDA the launch returns at once).
+    with on_device(model, device), inference_mode(model), ThreadPoolExecutor(1) as reader:
+        coming = reader.submit(next, blocks, None)
+        previous: tuple[list[BlockPlace], PendingProbs] | None = None
         done = 0
-
-        def flush() -> None:
-            nonlocal done
-            probs = predict_batch(model, np.stack([p[2] for p in pending]), device)
-            for (core, inner, _, missing), block_probs in zip(pending, probs, strict=True):
-                core_probs = block_probs[(slice(None),) + inner]
-                background_where_missing(core_probs, missing)
-                write_probs(out, core, core_probs)
-            done += len(pending)
-            pending.clear()
+        while (batch := coming.result()) is not None:
+            coming = reader.submit(next, blocks, None)
+            places, stacked = batch
+            launched = launch_batch(model, stacked, device)
+            if previous is not None:
+                done += write_batch(out, *previous)
+                if progress is not None:
+                    progress(done, len(grid))
+            previous = (places, launched)
+        if previous is not None:
+            done += write_batch(out, *previous)
             if progress is not None:
                 progress(done, len(grid))
-
-        for core, read, inner in grid:
-            raw = np.asarray(image[read])
-            block = normalize(raw, low, high)
-            if pending and pending[0][2].shape != block.shape:
-                flush()  # only same-shaped blocks share a model call
-            pending.append((core, inner, block, missing_mask(raw[inner])))
-            if len(pending) >= config.batch_size:
-                flush()
-        if pending:
-            flush()
     return out
+
+
+# Where a block's probabilities go: its core in the volume, the core inside the
+# block, and its missing voxels (None when every voxel has a value).
+BlockPlace = tuple[tuple[slice, ...], tuple[slice, ...], np.ndarray | None]
+
+
+def read_batches(
+    image: Any,
+    grid: list[tuple[tuple[slice, ...], tuple[slice, ...], tuple[slice, ...]]],
+    normalization_range: tuple[float, float],
+    batch_size: int,
+) -> Iterator[tuple[list[BlockPlace], np.ndarray]]:
+    """Read, normalise and stack the grid's blocks, ``batch_size`` at a time.
+
+    Only same-shaped blocks share a batch (a border block of another shape
+    starts a new one).
+    """
+    low, high = normalization_range
+    places: list[BlockPlace] = []
+    stack: list[np.ndarray] = []
+    for core, read, inner in grid:
+        raw = np.asarray(image[read])
+        block = normalize(raw, low, high)
+        if stack and (stack[0].shape != block.shape or len(stack) >= batch_size):
+            yield places, np.stack(stack)
+            places, stack = [], []
+        places.append((core, inner, missing_mask(raw[inner])))
+        stack.append(block)
+    if stack:
+        yield places, np.stack(stack)
+
+
+def write_batch(out: Any, places: list[BlockPlace], pending: PendingProbs) -> int:
+    """Write each block's core probabilities (missing voxels as background); the count."""
+    probs = pending.result()
+    for (core, inner, missing), block_probs in zip(places, probs, strict=True):
+        core_probs = block_probs[(slice(None),) + inner]
+        background_where_missing(core_probs, missing)
+        write_probs(out, core, core_probs)
+    return len(places)
 
 
 def predict_to_omezarr(
