@@ -1,6 +1,6 @@
-"""GPU benchmark: bf16 against fp32, a real out-of-memory recovery, memory after the run.
+"""GPU benchmark: what a user's GPU run costs and survives, in one call of <= 5 minutes.
 
-Run it when a CUDA GPU is lent (about 3 minutes on an H100/H200)::
+Run it when a CUDA GPU is lent (about 4 minutes on an H100/H200)::
 
     python benchmarks/bench_gpu.py
     python benchmarks/bench_gpu.py --cpu-dry-run   # same code paths on the CPU, tiny sizes,
@@ -23,7 +23,23 @@ Run it when a CUDA GPU is lent (about 3 minutes on an H100/H200)::
    limit and no OOM event; near ``memory_fraction`` (0.8) of the limit, less the
    rounding of a balanced cut of the step (64 at most 17 -> 4 x 16).
 
-Exits with code 2 and one line when no CUDA device is present.
+0. **The default run**: ``FinetuneConfig()`` as the widget builds it on
+   ``device="cuda"`` (autobatch on, mixed precision on), a few steps: it must
+   reach step 1 and finish (every default CUDA run once crashed before step 1).
+5. **Finetuner against a bare loop**: the same UNet (depth 3, 16 features), batch
+   8 x 32x64x64, bf16, interleaved in one process (``bench_trainer_throughput``):
+   validation off (goal >= 0.90) and at the defaults.
+6. **Time to quality** on an appearance the sample model never saw
+   (``bench_adaptation.unseen_appearance``): held-out IoU against wall-clock
+   seconds of a full and a LoRA fine-tune at the widget's defaults on the demo's
+   simulated painting, and the seconds to 90 % and 95 % of a dense bound (the
+   same model trained on every voxel of the painted half for ``--dense-s``).
+7. **Prediction speed**: ``predict_volume`` at the default block and at one
+   large block against the model alone (one call on the whole volume) on a
+   128x512x512 volume, Mvoxel/s (goal >= 0.80 of the model alone).
+
+``--parts`` picks parts (default all). Exits with code 2 and one line when no
+CUDA device is present.
 """
 
 from __future__ import annotations
@@ -127,7 +143,10 @@ def oom_recovery(image, corrections, device: str, batch: int, patch, dry_run: bo
 
     from napari_finetune.config import FinetuneConfig
 
-    config = FinetuneConfig(steps=4, batch_size=batch, patch_shape=patch, device=device, seed=0)
+    # Autobatch off: with it on the run picks a fitting micro-batch before step 1
+    # and the ladder is never exercised on real CUDA errors.
+    config = FinetuneConfig(steps=4, batch_size=batch, patch_shape=patch, device=device,
+                            seed=0, autobatch=False)
     before = _memory(device)
     hook = None
     if dry_run:
@@ -137,7 +156,8 @@ def oom_recovery(image, corrections, device: str, batch: int, patch, dry_run: bo
             oom_above_batch(trainer.model, max(1, batch // 4))
     else:
         # Measure one sample's step, then cap the allocator at ~3 samples' worth.
-        one = FinetuneConfig(steps=2, batch_size=1, patch_shape=patch, device=device, seed=0)
+        one = FinetuneConfig(steps=2, batch_size=1, patch_shape=patch, device=device, seed=0,
+                             autobatch=False)
         torch.cuda.reset_peak_memory_stats()
         timed_run(image, corrections, one)
         per_sample = torch.cuda.max_memory_allocated()
@@ -295,6 +315,206 @@ def autobatch_vs_limit(image, corrections, device: str, patch, dry_run: bool) ->
     print(f"   => {'PASS' if ok else 'FAIL'}: choice within the limit and no OOM event")
 
 
+def default_run(image, corrections, device: str, steps: int) -> bool:
+    """Part 0: the widget's defaults on the device, as a new user runs them."""
+    import dataclasses
+
+    from napari_finetune.config import FinetuneConfig
+
+    config = dataclasses.replace(FinetuneConfig(), steps=steps, device=device)
+    if device == "cpu":  # the dry run: the defaults' patch and batch are too big for it
+        config = dataclasses.replace(config, batch_size=2, patch_shape=(8, 32, 32))
+    t = time.perf_counter()
+    try:
+        _, statuses = timed_run(image, corrections, config)
+    except Exception as exc:  # the crash this part exists to catch: print it, go on
+        print(f"0. default run on {device}: FAIL, {type(exc).__name__}: {exc}\n")
+        return False
+    last = statuses[-1]
+    ok = last.kind == "finished" and last.step == steps
+    auto = [s.message for s in statuses if s.message.startswith("autobatch:")]
+    print(
+        f"0. default run on {device} (FinetuneConfig() but steps={steps}): "
+        f"{'PASS' if ok else 'FAIL'}, {last.step}/{steps} steps in "
+        f"{time.perf_counter() - t:.1f} s, {last.dtype}, micro-batch {last.batch_size} x "
+        f"{last.accumulation}"
+    )
+    for line in auto:
+        print(f"   {line}")
+    print()
+    return ok
+
+
+def finetuner_vs_bare(device: str, dry_run: bool) -> None:
+    """Part 5: the Finetuner's step against a hand-written loop (bench_trainer_throughput)."""
+    import argparse
+
+    from bench_trainer_throughput import measure
+
+    args = argparse.Namespace(
+        device=device, patch=[8, 16, 16] if dry_run else [32, 64, 64],
+        batch=2 if dry_run else 8, depth=2 if dry_run else 3, features=4 if dry_run else 16,
+        rounds=2 if dry_run else 6, block=2 if dry_run else 10,
+        mixed_precision=True, cpu_bf16=dry_run,
+    )
+    rows = []
+    for validation in (0.0, 0.1):
+        r = measure(args, False, "full", validation)
+        rows.append([
+            "off" if not validation else "on (defaults)", r["dtype"],
+            f"{r['finetuner_ms']:.1f}", f"{r['bare_ms']:.1f}", f"{r['ratio']:.2f}", str(r["n"]),
+        ])
+    print(
+        f"5. Finetuner vs a bare loop: UNet depth {args.depth}, {args.features} features, "
+        f"batch {args.batch} x {'x'.join(map(str, args.patch))}, full fine-tune, "
+        "interleaved (goal >= 0.90 with validation off)"
+    )
+    print_table(["validation", "dtype", "Finetuner ms/step", "bare ms/step", "ratio", "steps"],
+                rows)
+    print()
+
+
+def time_to_quality(device: str, dry_run: bool, budget_s: float, dense_s: float) -> None:
+    """Part 6: held-out IoU against wall-clock seconds on an unseen appearance."""
+    import dataclasses
+
+    from bench_adaptation import unseen_appearance
+
+    from napari_finetune.cli.simulate import foreground_iou, simulate_corrections, split_slices
+    from napari_finetune.config import FinetuneConfig, PredictConfig
+    from napari_finetune.data.normalization import intensity_range
+    from napari_finetune.predict import predict_volume
+    from napari_finetune.samples.synthetic_em import generate_volume
+    from napari_finetune.trainer.loop import Finetuner
+
+    shape = (16, 64, 64) if dry_run else (64, 256, 256)
+    image, truth = generate_volume(shape, 7, appearance=unseen_appearance())
+    painted_z, held_out = split_slices(shape[0])
+    low_high = intensity_range(image, {"method": "percentile", "low": 1, "high": 99})
+    predict_config = PredictConfig(device=device)
+
+    def score(model) -> float:
+        probs = predict_volume(model, image, low_high, predict_config)
+        return float(np.mean(foreground_iou(probs, truth, held_out)))
+
+    model, _ = load_model()
+    before = score(model)
+    corrections = simulate_corrections(
+        truth, predict_volume(model, image, low_high, predict_config), painted_z, 0.01, seed=0
+    )
+    dense = np.zeros(shape, np.uint8)
+    dense[: held_out.start] = truth[: held_out.start] + 1
+    defaults = dataclasses.replace(FinetuneConfig(), device=device, steps=100_000, seed=0)
+    if dry_run:
+        defaults = dataclasses.replace(defaults, batch_size=2, patch_shape=(8, 32, 32))
+    marks = [m for m in (2, 5, 10, 20, 30, 60, 120) if m <= budget_s] or [budget_s]
+
+    def curve(labels, config, seconds: float, at: list[float]) -> list[tuple[float, int, float]]:
+        """(training seconds, steps, held-out IoU) at each mark; scoring is off the clock."""
+        model, metadata = load_model()
+        trainer = Finetuner(model, image, labels, config, metadata=metadata)
+        points, trained, pending = [], 0.0, list(at)
+        started = time.perf_counter()
+        for status in trainer.run():
+            if status.kind != "step":
+                continue
+            _sync(device)
+            trained = time.perf_counter() - started
+            while pending and trained >= pending[0]:
+                pending.pop(0)
+                points.append((trained, status.step, score(trainer.model)))
+            if not pending or trained >= seconds:
+                trainer.stop()
+            started = time.perf_counter() - trained  # the scoring does not count
+        return points
+
+    dense_config = dataclasses.replace(defaults, distillation=0.0, hold_other_channels=False,
+                                       validation_fraction=0.0)
+    bound = curve(dense, dense_config, dense_s, [dense_s])[-1][2]
+    rows = []
+    for mode in ("full", "lora"):
+        points = curve(corrections, dataclasses.replace(defaults, mode=mode), budget_s, marks)
+        reach = {}
+        for goal in (0.90, 0.95):
+            hit = next((t for t, _, iou in points if iou >= goal * bound), None)
+            reach[goal] = f"{hit:.1f}" if hit is not None else f"> {points[-1][0]:.0f}"
+        for t, step, iou in points:
+            rows.append([mode, f"{t:.1f}", str(step), f"{iou:.3f}", f"{iou / bound:.0%}",
+                         reach[0.90], reach[0.95]])
+    print(
+        f"6. time to quality, unseen appearance {'x'.join(map(str, shape))}, 1 % painted on "
+        f"{len(painted_z)} slices, IoU on the never-painted half: before {before:.3f}, "
+        f"dense bound {bound:.3f} ({dense_s:g} s of dense training)"
+    )
+    print_table(["mode", "training s", "steps", "held-out IoU", "of dense", "s to 90 %",
+                 "s to 95 %"], rows)
+    print()
+
+
+def prediction_speed(device: str, dry_run: bool) -> None:
+    """Part 7: blockwise prediction against the model alone on the whole volume."""
+    import torch
+
+    from napari_finetune.config import PredictConfig
+    from napari_finetune.predict import inference_mode, launch_batch, predict_volume
+
+    shape = (16, 64, 64) if dry_run else (128, 512, 512)
+    image = np.random.default_rng(0).normal(100, 20, size=shape).astype(np.float32)
+    model, _ = load_model()
+    model = model.to(device)
+    voxels = image.size
+
+    def alone() -> None:
+        with inference_mode(model):
+            launch_batch(model, ((image - 50.0) / 100.0)[None], device).result()
+
+    def blockwise(block) -> None:
+        config = PredictConfig(device=device, **({"block_shape": block} if block else {}))
+        predict_volume(model, image, (50.0, 150.0), config)
+
+    cases = [("model alone, one call", alone),
+             ("predict_volume, default block", lambda: blockwise(None)),
+             ("predict_volume, one block", lambda: blockwise(shape))]
+    rows, reference = [], None
+    for name, run in cases:
+        run()  # warm-up (cuDNN autotuning, allocator)
+        times = []
+        for _ in range(3):
+            _sync(device)
+            t = time.perf_counter()
+            run()
+            _sync(device)
+            times.append(time.perf_counter() - t)
+        best = min(times)
+        rate = voxels / best / 1e6
+        reference = reference or rate
+        rows.append([name, f"{best * 1e3:.0f}", f"{rate:.1f}", f"{rate / reference:.2f}"])
+    model.to("cpu")
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    print(f"7. prediction, sample model, {'x'.join(map(str, shape))} (goal >= 0.80 of alone)")
+    print_table(["case", "ms", "Mvoxel/s", "of the model alone"], rows)
+    print()
+
+
+def commit() -> str:
+    """The commit measured (git, or NAPARI_FINETUNE_COMMIT where no .git was copied)."""
+    import os
+    import subprocess
+
+    try:
+        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10, cwd=os.path.dirname(__file__) or ".")
+        if done.returncode == 0:
+            return done.stdout.strip()
+    except OSError:
+        pass
+    return os.environ.get("NAPARI_FINETUNE_COMMIT", "unknown")
+
+
+PARTS = ("default", "speed", "oom", "autobatch", "bare", "quality", "predict")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -303,11 +523,21 @@ def main(argv: list[str] | None = None) -> int:
         help="run every part on the CPU with tiny sizes (no timing value)",
     )
     parser.add_argument("--steps", type=int, default=12, help="steps per speed run")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
+    parser.add_argument("--quality-s", type=float, default=30.0,
+                        help="training seconds of each time-to-quality run")
+    parser.add_argument("--dense-s", type=float, default=40.0,
+                        help="training seconds of the dense bound")
     args = parser.parse_args(argv)
+    import platform
+
     import torch
 
+    started = time.perf_counter()
     if args.cpu_dry_run:
         device, shape, batch, patch, steps = "cpu", (16, 64, 64), 4, (8, 32, 32), 4
+        quality_s, dense_s = min(args.quality_s, 2.0), min(args.dense_s, 2.0)
+        print(f"CPU dry run, torch {torch.__version__}, commit {commit()}\n")
     elif not torch.cuda.is_available():
         print(
             "bench_gpu.py: no CUDA device (torch.cuda.is_available() is False); nothing "
@@ -317,17 +547,33 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     else:
         device, shape, batch, patch, steps = "cuda", (64, 256, 256), 8, (32, 64, 64), args.steps
+        quality_s, dense_s = args.quality_s, args.dense_s
         props = torch.cuda.get_device_properties(0)
         print(
             f"GPU: {props.name}, {props.total_memory / 2**30:.0f} GiB, capability "
-            f"{props.major}.{props.minor}, torch {torch.__version__}, "
+            f"{props.major}.{props.minor}, torch {torch.__version__} (CUDA "
+            f"{torch.version.cuda}), python {platform.python_version()}, commit {commit()}, "
             f"bf16 supported: {torch.cuda.is_bf16_supported()}\n"
         )
     image, corrections = make_data(shape)
-    speed(image, corrections, device, steps, batch, patch)
-    oom_recovery(image, corrections, device, 2 * batch, patch, args.cpu_dry_run)
-    autobatch_vs_limit(image, corrections, device, patch, args.cpu_dry_run)
-    return 0
+    parts = set(args.parts)
+    ok = True
+    if "default" in parts:
+        ok = default_run(image, corrections, device, 3 if args.cpu_dry_run else 10) and ok
+    if "speed" in parts:
+        speed(image, corrections, device, steps, batch, patch)
+    if "oom" in parts:
+        oom_recovery(image, corrections, device, 2 * batch, patch, args.cpu_dry_run)
+    if "autobatch" in parts:
+        autobatch_vs_limit(image, corrections, device, patch, args.cpu_dry_run)
+    if "bare" in parts:
+        finetuner_vs_bare(device, args.cpu_dry_run)
+    if "quality" in parts:
+        time_to_quality(device, args.cpu_dry_run, quality_s, dense_s)
+    if "predict" in parts:
+        prediction_speed(device, args.cpu_dry_run)
+    print(f"bench_gpu.py: {time.perf_counter() - started:.0f} s in all")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
