@@ -50,7 +50,7 @@ import sys
 import time
 
 import numpy as np
-from markdown_table import print_table
+from markdown_table import measured_under, print_table
 
 
 def make_data(shape: tuple[int, int, int]):
@@ -375,79 +375,22 @@ def finetuner_vs_bare(device: str, dry_run: bool) -> None:
 
 
 def time_to_quality(device: str, dry_run: bool, budget_s: float, dense_s: float) -> None:
-    """Part 6: held-out IoU against wall-clock seconds on an unseen appearance."""
-    import dataclasses
+    """Part 6: held-out IoU against seconds from the click on an unseen appearance
+    (``bench_time_to_quality``, the volume made here: no zarr on a GPU server)."""
+    from bench_adaptation import UNSEEN_SEED, unseen_appearance
+    from bench_time_to_quality import HEADER, appearance_rows
 
-    from bench_adaptation import unseen_appearance
-
-    from napari_finetune.cli.simulate import foreground_iou, simulate_corrections, split_slices
-    from napari_finetune.config import FinetuneConfig, PredictConfig
-    from napari_finetune.data.normalization import intensity_range
-    from napari_finetune.predict import predict_volume
-    from napari_finetune.samples.synthetic_em import generate_volume
-    from napari_finetune.trainer.loop import Finetuner
+    from napari_finetune.model.checkpoint import load_checkpoint
+    from napari_finetune.samples.synthetic_em import generate_volume, sample_checkpoint_path
 
     shape = (16, 64, 64) if dry_run else (64, 256, 256)
-    image, truth = generate_volume(shape, 7, appearance=unseen_appearance())
-    painted_z, held_out = split_slices(shape[0])
-    low_high = intensity_range(image, {"method": "percentile", "low": 1, "high": 99})
-    predict_config = PredictConfig(device=device)
-
-    def score(model) -> float:
-        probs = predict_volume(model, image, low_high, predict_config)
-        return float(np.mean(foreground_iou(probs, truth, held_out)))
-
-    model, _ = load_model()
-    before = score(model)
-    corrections = simulate_corrections(
-        truth, predict_volume(model, image, low_high, predict_config), painted_z, 0.01, seed=0
-    )
-    dense = np.zeros(shape, np.uint8)
-    dense[: held_out.start] = truth[: held_out.start] + 1
-    defaults = dataclasses.replace(FinetuneConfig(), device=device, steps=100_000, seed=0)
-    if dry_run:
-        defaults = dataclasses.replace(defaults, batch_size=2, patch_shape=(8, 32, 32))
+    image, truth = generate_volume(shape, UNSEEN_SEED, appearance=unseen_appearance())
     marks = [m for m in (2, 5, 10, 20, 30, 60, 120) if m <= budget_s] or [budget_s]
-
-    def curve(labels, config, seconds: float, at: list[float]) -> list[tuple[float, int, float]]:
-        """(training seconds, steps, held-out IoU) at each mark; scoring is off the clock."""
-        model, metadata = load_model()
-        trainer = Finetuner(model, image, labels, config, metadata=metadata)
-        points, trained, pending = [], 0.0, list(at)
-        started = time.perf_counter()
-        for status in trainer.run():
-            if status.kind != "step":
-                continue
-            _sync(device)
-            trained = time.perf_counter() - started
-            while pending and trained >= pending[0]:
-                pending.pop(0)
-                points.append((trained, status.step, score(trainer.model)))
-            if not pending or trained >= seconds:
-                trainer.stop()
-            started = time.perf_counter() - trained  # the scoring does not count
-        return points
-
-    dense_config = dataclasses.replace(defaults, distillation=0.0, hold_other_channels=False,
-                                       validation_fraction=0.0)
-    bound = curve(dense, dense_config, dense_s, [dense_s])[-1][2]
-    rows = []
-    for mode in ("full", "lora"):
-        points = curve(corrections, dataclasses.replace(defaults, mode=mode), budget_s, marks)
-        reach = {}
-        for goal in (0.90, 0.95):
-            hit = next((t for t, _, iou in points if iou >= goal * bound), None)
-            reach[goal] = f"{hit:.1f}" if hit is not None else f"> {points[-1][0]:.0f}"
-        for t, step, iou in points:
-            rows.append([mode, f"{t:.1f}", str(step), f"{iou:.3f}", f"{iou / bound:.0%}",
-                         reach[0.90], reach[0.95]])
-    print(
-        f"6. time to quality, unseen appearance {'x'.join(map(str, shape))}, 1 % painted on "
-        f"{len(painted_z)} slices, IoU on the never-painted half: before {before:.3f}, "
-        f"dense bound {bound:.3f} ({dense_s:g} s of dense training)"
-    )
-    print_table(["mode", "training s", "steps", "held-out IoU", "of dense", "s to 90 %",
-                 "s to 95 %"], rows)
+    rows, summary = appearance_rows("unseen", image, truth,
+                                    load_checkpoint(sample_checkpoint_path()), device, marks,
+                                    dense_s, small=dry_run)
+    print(f"6. time to quality at the widget's defaults, {summary}")
+    print_table(HEADER, rows)
     print()
 
 
@@ -497,21 +440,6 @@ def prediction_speed(device: str, dry_run: bool) -> None:
     print()
 
 
-def commit() -> str:
-    """The commit measured (git, or NAPARI_FINETUNE_COMMIT where no .git was copied)."""
-    import os
-    import subprocess
-
-    try:
-        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10, cwd=os.path.dirname(__file__) or ".")
-        if done.returncode == 0:
-            return done.stdout.strip()
-    except OSError:
-        pass
-    return os.environ.get("NAPARI_FINETUNE_COMMIT", "unknown")
-
-
 PARTS = ("default", "speed", "oom", "autobatch", "bare", "quality", "predict")
 
 
@@ -529,7 +457,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dense-s", type=float, default=40.0,
                         help="training seconds of the dense bound")
     args = parser.parse_args(argv)
-    import platform
 
     import torch
 
@@ -537,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cpu_dry_run:
         device, shape, batch, patch, steps = "cpu", (16, 64, 64), 4, (8, 32, 32), 4
         quality_s, dense_s = min(args.quality_s, 2.0), min(args.dense_s, 2.0)
-        print(f"CPU dry run, torch {torch.__version__}, commit {commit()}\n")
+        print(f"CPU dry run, torch {torch.__version__}; measured at {measured_under()}\n")
     elif not torch.cuda.is_available():
         print(
             "bench_gpu.py: no CUDA device (torch.cuda.is_available() is False); nothing "
@@ -552,8 +479,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"GPU: {props.name}, {props.total_memory / 2**30:.0f} GiB, capability "
             f"{props.major}.{props.minor}, torch {torch.__version__} (CUDA "
-            f"{torch.version.cuda}), python {platform.python_version()}, commit {commit()}, "
-            f"bf16 supported: {torch.cuda.is_bf16_supported()}\n"
+            f"{torch.version.cuda}), bf16 supported: {torch.cuda.is_bf16_supported()}; "
+            f"measured at {measured_under()}\n"
         )
     image, corrections = make_data(shape)
     parts = set(args.parts)
