@@ -148,3 +148,19 @@ def test_previews_of_the_painted_region_come_from_memory():
     np.testing.assert_array_equal(by_cache, trainer.predict(image[near]))
     trainer.predict(far)
     assert len(recorded.boxes) == reads + 1  # read from the store, not cached
+
+
+def test_corrections_are_read_from_memory_once_cached():
+    image, corrections = two_far_strokes()
+    labels = BoxRecorder(corrections)
+    sampler = PatchSampler(BoxRecorder(image), labels, PATCH, (0, 255), seed=0,
+                           cache_bytes=2**30)
+    sampler.sample(2)  # loads the tiles
+    read = len(labels.boxes)
+    box = (slice(0, 8), slice(8, 24), slice(4, 20))  # next to a stroke: cached
+    np.testing.assert_array_equal(sampler.read_corrections(box), corrections[box])
+    assert len(labels.boxes) == read  # came from memory
+    far = (slice(20, 28), slice(50, 60), slice(0, 16))  # reached by no patch
+    np.testing.assert_array_equal(sampler.read_corrections(far), corrections[far])
+    assert len(labels.boxes) == read + 1  # read from the store, the cache untouched
+    assert sampler.caches[1].misses == 0

@@ -84,6 +84,7 @@ class Finetuner(RunSetup):
             self.feed = SampleFeed(
                 self.sampler, self.config.prefetch_steps, stage_for(self.device)
             )
+            self.validator.start()  # checks are paid for by training time from here
             while self.steps_done < total:
                 if self.sync.any(self._stop.is_set()):  # every rank stops at the same step
                     self.feed.close()
@@ -133,7 +134,11 @@ class Finetuner(RunSetup):
         Called by the step before its Status is yielded, so the step's Status
         carries the new scores and its message says them.
         """
-        if not self.validator.due(self.steps_done, self.config.steps):
+        due = self.validator.due(self.steps_done, self.config.steps)
+        if self.sync.distributed:
+            # Each rank's clock says its own thing; all check at the same step.
+            due = self.sync.any(due)
+        if not due:
             return ""
         return self.validator.check(self, self.model, self.steps_done) or ""
 

@@ -1,27 +1,31 @@
 """Score the model on the held-out painted voxels, and keep the best weights.
 
-Every few steps the trainer predicts the held-out regions (``data.holdout``)
-with some context around them and compares the decisions with the painting:
+Now and then (:class:`Validator` schedules the checks by what they cost) the
+trainer predicts the held-out regions (``data.holdout``), each in a
+patch-shaped window around it, batched like training patches, and compares
+the decisions with the painting:
 for each corrected channel, a voxel painted for it is positive, and a voxel
 painted background or another channel is negative (the classes are mutually
 exclusive). The score is the IoU of the positives among the painted voxels
-only, per channel; unpainted voxels are not judged. Cheap: only the regions
-around the held-out tiles are predicted.
+only, per channel; unpainted voxels are not judged. Cheap: one patch per
+held-out tile (a tile is half a patch), read from the run's in-memory region.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 import torch
 
-from napari_finetune.data.holdout import HeldOut
-from napari_finetune.data.normalization import missing_mask
-from napari_finetune.data.region_cache import ArrayLike
+from napari_finetune.data.holdout import HeldOut, Tile
+from napari_finetune.data.normalization import missing_mask, normalize
 from napari_finetune.data.sampling import PatchSampler
+from napari_finetune.trainer.precision import Precision
 
 
 @dataclass
@@ -70,14 +74,39 @@ class BestWeights:
         return True
 
 
-def context_box(
-    tile_box: tuple[slice, ...], context: Sequence[int], shape: Sequence[int]
+def tile_window(
+    tile_box: tuple[slice, ...], patch_shape: Sequence[int], shape: Sequence[int]
 ) -> tuple[slice, ...]:
-    """``tile_box`` grown by ``context`` voxels on every side, clipped to the volume."""
-    return tuple(
-        slice(max(0, b.start - c), min(s, b.stop + c))
-        for b, c, s in zip(tile_box, context, shape, strict=True)
-    )
+    """The patch-shaped box a held-out tile is predicted in.
+
+    The tile (half a patch) sits in the middle, so its voxels have a quarter of
+    a patch of context on every side, as in a training patch; at the volume's
+    edge the box is shifted inside it, and an axis shorter than the patch is
+    taken whole (padded later, like a training patch). The box depends on the
+    tile alone, so a voxel's answer does not depend on which other tiles are
+    held out.
+    """
+    window = []
+    for b, p, s in zip(tile_box, patch_shape, shape, strict=True):
+        if s <= p:
+            window.append(slice(0, s))
+            continue
+        start = min(max((b.start + b.stop) // 2 - p // 2, 0), s - p)
+        window.append(slice(start, start + p))
+    return tuple(window)
+
+
+def plan_windows(holdout: HeldOut, patch_shape: Sequence[int]) -> dict[tuple, list[Tile]]:
+    """The windows to predict, each with the held-out tiles it scores (sorted, deduplicated).
+
+    Tiles whose windows coincide (a short axis, the volume's edge) share one prediction.
+    """
+    plan: dict[tuple, list[Tile]] = {}
+    for tile in sorted(holdout.tiles):
+        window = tile_window(holdout.tile_box(tile), patch_shape, holdout.shape)
+        key = tuple((w.start, w.stop) for w in window)
+        plan.setdefault(key, []).append(tile)
+    return plan
 
 
 def tally(
@@ -106,41 +135,97 @@ class Scorer(Protocol):
     """What :func:`score_holdout` needs of a trainer (the Finetuner has it)."""
 
     sampler: PatchSampler
-    corrections: ArrayLike
     corrected: torch.Tensor | None
     channel_names: list[str]
+    model: torch.nn.Module
+    device: torch.device
+    precision: Precision
+    batch_size: int
+    lock: AbstractContextManager
 
-    def predict(self, region: tuple[slice, ...]) -> np.ndarray: ...  # noqa: D102
+
+def forward_probabilities(
+    model: torch.nn.Module, blocks: np.ndarray, device: torch.device, precision: Precision
+) -> np.ndarray:
+    """``(n, *patch)`` normalised blocks -> ``(n, C, *patch)`` sigmoid probabilities.
+
+    In eval mode and under the run's autocast (the precision the model trains
+    at, so a check costs what a training forward pass costs); each module's
+    train/eval flag is put back, so BatchNorm statistics are untouched.
+    """
+    # Per module, not model.train(flag): a training model may hold parts kept in eval.
+    modes = [(m, m.training) for m in model.modules()]
+    try:
+        model.eval()
+        with torch.no_grad(), precision.autocast():
+            x = torch.from_numpy(np.ascontiguousarray(blocks)).unsqueeze(1).to(device)
+            return torch.sigmoid(model(x).float()).cpu().numpy()
+    finally:
+        for module, training in modes:
+            module.training = training
+
+
+def count_holdout(trainer: Scorer, channels: Sequence[int]) -> list[Counts]:
+    """TP/FP/FN per channel of ``channels`` on the held-out painted voxels.
+
+    One patch-shaped window per held-out tile (:func:`tile_window`), windows
+    shared by tiles predicted once, as many per forward pass as a training
+    micro-batch; image and painting are read through the run's region cache.
+    """
+    sampler = trainer.sampler
+    holdout = sampler.holdout
+    patch = sampler.patch_shape
+    counts = [Counts() for _ in channels]
+    plan = list(plan_windows(holdout, patch).items())
+    per_pass = max(1, int(trainer.batch_size))
+    for first in range(0, len(plan), per_pass):
+        chunk = plan[first : first + per_pass]
+        windows = [tuple(slice(a, b) for a, b in key) for key, _ in chunk]
+        raws = [sampler.read_image(window) for window in windows]
+        blocks = np.stack([_patch_block(raw, sampler.low, sampler.high, patch) for raw in raws])
+        with trainer.lock:
+            probabilities = forward_probabilities(
+                trainer.model, blocks, trainer.device, trainer.precision
+            )
+        for (_, tiles), window, raw, probs in zip(chunk, windows, raws, probabilities,
+                                                   strict=True):
+            missing = missing_mask(raw)
+            for tile in tiles:
+                box = holdout.tile_box(tile)
+                inner = tuple(
+                    slice(b.start - w.start, b.stop - w.start)
+                    for b, w in zip(box, window, strict=True)
+                )
+                labels = sampler.read_corrections(box).astype(np.int64)
+                if missing is not None:
+                    labels[missing[inner]] = 0  # no image value: nothing to judge
+                tally(probs[(slice(None),) + inner], labels, channels, counts)
+    return counts
+
+
+def _patch_block(
+    raw: np.ndarray, low: float, high: float, patch_shape: Sequence[int]
+) -> np.ndarray:
+    """A window normalised and padded to the patch shape as the sampler pads a patch."""
+    block = normalize(raw, low, high)
+    pad = [(0, p - got) for p, got in zip(patch_shape, block.shape, strict=True)]
+    if any(after for _, after in pad):
+        block = np.pad(block, pad, mode="reflect" if min(block.shape) > 1 else "edge")
+    return block
 
 
 def score_holdout(trainer: Scorer) -> dict[str, float] | None:
     """Per-channel IoU on the held-out painted voxels (None when nothing is held out).
 
-    Each held-out tile is predicted with half a patch of context on every side
-    (the model sees what it would see in training), through the trainer's
-    :meth:`predict` (current weights, eval mode, nothing else disturbed).
+    Current weights, eval mode, the run's precision; nothing else disturbed
+    (see :func:`count_holdout`).
     """
-    sampler = trainer.sampler
-    holdout = sampler.holdout
+    holdout = trainer.sampler.holdout
     corrected = [] if trainer.corrected is None else trainer.corrected.nonzero().flatten()
     channels = scored_channels(holdout, [int(c) for c in corrected])
     if not holdout or not channels:
         return None
-    context = [p // 2 for p in sampler.patch_shape]
-    counts = [Counts() for _ in channels]
-    for tile in sorted(holdout.tiles):
-        tile_box = holdout.tile_box(tile)
-        region = context_box(tile_box, context, sampler.shape)
-        probabilities = trainer.predict(region)
-        inner = tuple(
-            slice(b.start - r.start, b.stop - r.start)
-            for b, r in zip(tile_box, region, strict=True)
-        )
-        labels = np.asarray(trainer.corrections[tile_box]).astype(np.int64)
-        missing = missing_mask(sampler.read_image(tile_box))
-        if missing is not None:
-            labels[missing] = 0
-        tally(probabilities[(slice(None),) + inner], labels, channels, counts)
+    counts = count_holdout(trainer, channels)
     names = trainer.channel_names
     return {names[c]: round(count.iou, 4) for c, count in zip(channels, counts, strict=True)}
 
@@ -154,46 +239,109 @@ def describe_scores(scores: dict[str, float], step: int, best: BestWeights) -> s
     return line + f" (best {best.score:.2f} at step {best.step})"
 
 
+# Checks may take at most this share of a run's wall time: a check waits for
+# (1 - share) / share = 9 times its cost of training since the last one.
+CHECK_SHARE = 0.1
+
+
 class Validator:
     """When to check, what was scored, the best weights, early stopping.
+
+    A check is scheduled by what it costs, so checks stay within
+    :data:`CHECK_SHARE` of the wall time on any machine: after the first one
+    (made after ``every`` steps, when nothing says yet what a check costs), a
+    check runs when the training time since the last check is at least 9 times
+    what the last check took, the training time of the whole run so far is at
+    least 9 times every check's cost so far, and the run's remaining steps
+    leave room for the final check too. The final step is always checked
+    (keep-best compares the last weights with the best).
 
     Parameters
     ----------
     every : int
-        Check after every so many optimizer steps (and after the last one).
+        At most one check every so many optimizer steps (and one after the last step).
     early_stop_checks : int
         End the run after this many checks without improvement (0: never).
     keep_best : bool
         At the end of a run that finished, put the best-scoring weights back
         into the model (and so into the export) when they beat the last ones.
+    clock : callable
+        Seconds, monotonic (``time.perf_counter``); tests put a fake one here
+        to make a check look slow without waiting for it.
     """
 
-    def __init__(self, every: int, early_stop_checks: int = 0, keep_best: bool = True) -> None:
+    def __init__(
+        self,
+        every: int,
+        early_stop_checks: int = 0,
+        keep_best: bool = True,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self.every = every
         self.early_stop_checks = early_stop_checks
         self.keep_best = keep_best
+        self.clock = clock
         self.history: list[tuple[int, dict[str, float]]] = []
         self.best = BestWeights()
         self.restored_step: int | None = None
+        self.trained_s = 0.0  # wall time between checks, since start()
+        self.spent_s = 0.0  # wall time in checks
+        self.last_cost_s = 0.0
+        self._trained_at_last = 0.0
+        self._last_checked = 0
+        self._mark: float | None = None
 
     @property
     def latest(self) -> dict[str, float] | None:
         """The scores of the last check (None before the first)."""
         return self.history[-1][1] if self.history else None
 
+    def start(self) -> None:
+        """Start counting training time (the run calls this before its first step)."""
+        self._mark = self.clock()
+
+    def _count_training(self) -> None:
+        now = self.clock()
+        if self._mark is not None:
+            self.trained_s += now - self._mark
+        self._mark = now
+
     def due(self, step: int, total: int) -> bool:
         """Whether to check after ``step`` (not twice for the same step)."""
-        checked = self.history and self.history[-1][0] == step
-        return not checked and step > 0 and (step % self.every == 0 or step >= total)
+        self._count_training()
+        if step <= 0 or step == self._last_checked:
+            return False
+        if step >= total:
+            return True
+        if step - self._last_checked < self.every:
+            return False
+        return self._affordable(step, total)
+
+    def _affordable(self, step: int, total: int) -> bool:
+        """Whether the training time pays for one more check of the last one's cost."""
+        ratio = (1 - CHECK_SHARE) / CHECK_SHARE
+        cost = self.last_cost_s
+        if self.trained_s - self._trained_at_last < ratio * cost:
+            return False
+        if self.trained_s < ratio * (self.spent_s + cost):
+            return False  # earlier checks (the first one) overspent: wait until paid for
+        # The final check will run whatever happens: this one only if the whole
+        # run's training (at the rate so far) pays for both.
+        projected = self.trained_s * total / step
+        return projected >= ratio * (self.spent_s + 2 * cost)
 
     def check(self, trainer: Scorer, model: torch.nn.Module, step: int) -> str | None:
         """Score, remember, keep the best weights; the log line (None: nothing to score).
 
         A check that runs out of memory is skipped (training goes on; the
-        memory is freed once the traceback is gone).
+        memory is freed once the traceback is gone). Its cost is measured
+        either way, for the schedule.
         """
         from napari_finetune.errors import is_oom_error
 
+        self._count_training()
+        self._last_checked = step
+        began = self.clock()
         failure = None
         try:
             scores = score_holdout(trainer)
@@ -201,6 +349,12 @@ class Validator:
             if not is_oom_error(exc):
                 raise
             failure = type(exc).__name__
+        finally:
+            ended = self.clock()
+            self.last_cost_s = ended - began
+            self.spent_s += self.last_cost_s
+            self._trained_at_last = self.trained_s
+            self._mark = ended  # the check's time is not training time
         if failure is not None:
             return f"validation at step {step} skipped: {failure} while predicting"
         if scores is None:
