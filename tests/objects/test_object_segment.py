@@ -23,6 +23,11 @@ def sample():
     rng = np.random.default_rng(0)
     noise = 0.1 * rng.standard_normal((2, *truth.shape)).astype(np.float32)
     membrane = 1.5 * ndimage.gaussian_filter((truth == 1).astype(np.float32), 1.0) + noise[0]
+    # Holes ~10 voxels wide in the membrane, as a weak prediction leaves them.
+    holes = np.zeros(truth.shape, bool)
+    on_membrane = np.flatnonzero(truth == 1)
+    holes.flat[rng.choice(on_membrane, 40, replace=False)] = True
+    membrane[ndimage.binary_dilation(holes, iterations=5)] = 0.0
     mito = ndimage.gaussian_filter((truth == 2).astype(np.float32), 1.0) + noise[1]
     return np.stack([membrane, mito]), labels
 
@@ -38,12 +43,13 @@ def test_boundary_instances_recover_the_cells(sample):
     assert _consecutive(cells)
     assert not cells[probs[0] >= 0.5].any()  # the boundary itself is no cell
     scores = region_scores(cells, truth["cells"])
-    # Measured 0.027; the noise opens gaps in the membrane that a plain connected
-    # component of the interior (seed_distance 1) leaks through: 0.235.
+    # Seeds deeper than the holes are wide keep the cells apart; seeds as shallow
+    # as a voxel or two leak through the holes and merge cells.
     assert scores["adapted_rand_error"] < 0.08, scores
-    assert scores["n_pred"] == scores["n_true"], scores
+    assert abs(scores["n_pred"] - scores["n_true"]) <= 1, scores
     leaky = boundary_instances(probs[0], ChannelRole("boundary", min_size=200, seed_distance=1))
-    assert region_scores(leaky, truth["cells"])["voi_merge"] > scores["voi_merge"] + 0.2
+    leaky_scores = region_scores(leaky, truth["cells"])
+    assert leaky_scores["voi_merge"] > scores["voi_merge"] + 0.2, (leaky_scores, scores)
 
 
 def test_object_instances_recover_the_mitochondria(sample):
@@ -118,3 +124,16 @@ def test_a_count_beyond_uint32_refused(monkeypatch):
     monkeypatch.setattr(segment, "MAX_ID", 9)
     with pytest.raises(ValueError, match="10 objects would overflow uint32"):
         object_instances(prob)
+
+
+@pytest.mark.parametrize("shape", [(41, 37), (9, 41, 37)])
+def test_boundary_instances_on_odd_shapes_and_2d(shape):
+    """Half-resolution seeds must not shift or crop regions of odd-sized arrays."""
+    walls = np.zeros(shape, np.float32)
+    walls[..., 20, :] = 1.0  # one voxel thin: still separates at half resolution
+    walls[..., :, 36] = 1.0  # the last column, odd index
+    cells = boundary_instances(walls, ChannelRole("boundary", seed_distance=4))
+    assert cells.shape == shape and cells.max() == 2
+    np.testing.assert_array_equal(cells == 0, walls > 0.5)
+    assert np.unique(cells[..., :20, :36]).tolist() == [1]
+    assert np.unique(cells[..., 21:, :36]).tolist() == [2]

@@ -36,9 +36,10 @@ class ChannelRole:
         Instances smaller than this many voxels are removed (set to 0).
     seed_distance : float
         Voxels, >= 1. Boundary: a seed is interior at least this far from the
-        boundary (so gaps in the boundary narrower than twice it do not merge
-        regions). Object: the smallest distance between two seeds when touching
-        objects are split.
+        boundary (so gaps in the boundary narrower than about twice it do not
+        merge regions; cells must be wider than twice it to get a seed).
+        Object: the smallest distance between two seeds when touching objects
+        are split.
     split : bool
         Object role only: split touching objects at their distance-transform
         maxima (a watershed); off, each connected component is one object.
@@ -103,7 +104,7 @@ class ChannelRole:
 
 # Chosen by measurement on the sample (benchmarks/bench_instances.py).
 SAMPLE_ROLES = {
-    "membrane": ChannelRole("boundary", threshold=0.5, min_size=200, seed_distance=4.0),
+    "membrane": ChannelRole("boundary", threshold=0.5, min_size=200, seed_distance=8.0),
     "mitochondria": ChannelRole("object", threshold=0.5, min_size=50, seed_distance=4.0),
 }
 

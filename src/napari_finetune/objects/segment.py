@@ -64,26 +64,14 @@ def _flood(
     """Markers grown over ``surface`` within each connected region of ``regions``.
 
     A region holding one marker is that marker's, whole: no flooding needed (the
-    common case: most regions are one cell or one object), which is what makes
-    this fast. Only regions with two or more markers are flooded, each in its
-    bounding box. A region without a marker keeps an id of its own (a small one
-    goes with ``min_size``).
+    common case: most regions are one object), which is what makes this fast.
+    Only regions with two or more markers are flooded, each in its bounding box.
+    A region without a marker keeps an id of its own (a small one goes with
+    ``min_size``).
     """
-    inside = markers > 0
-    region_of_marker = np.zeros(n_markers + 1, np.int64)
-    region_of_marker[markers[inside]] = regions[inside]
-    per_region = np.bincount(region_of_marker[1:], minlength=n_regions + 1)
-    # Regions with no marker get new ids after the markers'.
-    lut = np.zeros(n_regions + 1, np.int64)
-    lut[region_of_marker[1:]] = np.arange(1, n_markers + 1)
-    lonely = np.flatnonzero(per_region == 0)
-    lonely = lonely[lonely > 0]  # region 0 is the background, not a region
-    lut[lonely] = np.arange(n_markers + 1, n_markers + 1 + lonely.size)
-    _check_count(n_markers + lonely.size, "instances")
-    out = lut[regions]
-    # Regions with several markers: lut gave them one of them; flood instead.
+    out, several = _one_marker_regions(markers, n_markers, regions, n_regions)
     boxes = ndimage.find_objects(regions)
-    for region in np.flatnonzero(per_region >= 2):
+    for region in several:
         box = boxes[region - 1]
         mask = regions[box] == region
         grown = watershed(surface[box], markers[box] * mask, mask=mask)
@@ -91,13 +79,62 @@ def _flood(
     return out
 
 
+def _one_marker_regions(
+    markers: np.ndarray, n_markers: int, regions: np.ndarray, n_regions: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Labels giving each region with exactly one marker that marker's id, whole.
+
+    Regions without a marker get new ids after the markers'; regions with
+    several get one of their markers' ids for now. Returns the labels and the
+    ids of the regions with several markers.
+    """
+    inside = markers > 0
+    region_of_marker = np.zeros(n_markers + 1, np.int64)
+    region_of_marker[markers[inside]] = regions[inside]
+    per_region = np.bincount(region_of_marker[1:], minlength=n_regions + 1)
+    lut = np.zeros(n_regions + 1, np.int64)
+    lut[region_of_marker[1:]] = np.arange(1, n_markers + 1)
+    lonely = np.flatnonzero(per_region == 0)
+    lonely = lonely[lonely > 0]  # region 0 is the background, not a region
+    _check_count(n_markers + lonely.size, "instances")
+    lut[lonely] = np.arange(n_markers + 1, n_markers + 1 + lonely.size)
+    return lut[regions], np.flatnonzero(per_region >= 2)
+
+
+def _coarse_interior(interior: np.ndarray) -> np.ndarray:
+    """2x coarser interior: a coarse voxel is interior only if all its fine voxels are.
+
+    "All", so a boundary one voxel thin still separates regions at the coarse scale.
+    The volume's edge is padded with interior: the edge is no boundary.
+    """
+    pad = [(0, s % 2) for s in interior.shape]
+    full = np.pad(interior, pad, constant_values=True)
+    blocks = full.reshape([v for s in full.shape for v in (s // 2, 2)])
+    return blocks.all(axis=tuple(range(1, 2 * full.ndim, 2)))
+
+
+def _fine(coarse: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``coarse`` repeated 2x along every axis, cropped to ``shape``."""
+    for axis in range(coarse.ndim):
+        coarse = np.repeat(coarse, 2, axis=axis)
+    return coarse[tuple(slice(0, s) for s in shape)]
+
+
 def boundary_instances(prob: np.ndarray, params: ChannelRole | None = None) -> np.ndarray:
     """Regions enclosed by a boundary channel (cells between membranes).
 
     Interior is ``prob < threshold``. Seeds are the connected pieces of interior
-    at least ``seed_distance`` voxels from the boundary, so a gap in a predicted
-    membrane narrower than twice that does not merge two cells. Seeds grow over
-    ``prob`` (a watershed) within the interior; the boundary stays 0.
+    deeper than ``seed_distance`` voxels, so a gap in a predicted membrane
+    narrower than about twice that does not merge two cells. A connected piece
+    of interior holding one seed is that seed's region, whole; one holding
+    several (cells joined through gaps) is shared out by nearest seed. The
+    boundary stays 0.
+
+    Seeds and the sharing out are computed at half resolution, which is what
+    makes this fast (tens of Mvoxel/s on one core): only the cut across a gap is
+    placed to within 2 voxels; every region's outline is the full-resolution
+    interior's. Depth is counted in 6-connected steps (erosion by a cross), a
+    little more than the euclidean distance along diagonals.
 
     Parameters
     ----------
@@ -114,10 +151,24 @@ def boundary_instances(prob: np.ndarray, params: ChannelRole | None = None) -> n
     params = params or ChannelRole("boundary")
     prob = _probability(prob, params, "boundary")
     interior = prob < params.threshold
+    coarse = _coarse_interior(interior)
+    cross = ndimage.generate_binary_structure(coarse.ndim, 1)
+    steps = max(1, round(params.seed_distance / 2))
+    seeds = ndimage.binary_erosion(coarse, cross, iterations=steps, border_value=1)
+    coarse_markers, n_markers = _label(seeds, "seeds")
     regions, n_regions = _label(interior, "interior regions")
-    depth = ndimage.distance_transform_edt(interior)
-    markers, n_markers = _label(depth >= params.seed_distance, "seeds")
-    labels = _flood(prob, markers, n_markers, regions, n_regions)
+    markers = _fine(coarse_markers, interior.shape)
+    labels, several = _one_marker_regions(markers, n_markers, regions, n_regions)
+    if several.size:
+        # Nearest seed of every coarse voxel (the feature transform: one pass).
+        where = ndimage.distance_transform_edt(
+            coarse_markers == 0, return_distances=False, return_indices=True
+        )
+        nearest = _fine(coarse_markers[tuple(where)], interior.shape)
+        is_shared = np.zeros(n_regions + 1, bool)
+        is_shared[several] = True
+        shared = is_shared[regions]
+        labels[shared] = nearest[shared]
     return _keep_big(labels, params.min_size)
 
 
