@@ -105,7 +105,7 @@ class ChannelRole:
 # Chosen by measurement on the sample (benchmarks/bench_instances.py).
 SAMPLE_ROLES = {
     "membrane": ChannelRole("boundary", threshold=0.5, min_size=200, seed_distance=8.0),
-    "mitochondria": ChannelRole("object", threshold=0.5, min_size=50, seed_distance=4.0),
+    "mitochondria": ChannelRole("object", threshold=0.4, min_size=100, seed_distance=4.0),
 }
 
 
