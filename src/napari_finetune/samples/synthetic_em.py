@@ -305,7 +305,9 @@ def ensure_sample(
     """Path of the sample OME-Zarr store, generated into :func:`cache_dir` on first use.
 
     The store holds the uint8 image as a multiscale pyramid and the ground truth
-    in ``labels/ground_truth`` (0 background, 1 membrane, 2 mitochondria). It is
+    in ``labels/ground_truth`` (0 background, 1 membrane, 2 mitochondria), the
+    instance truth in ``labels/ground_truth_cells`` and
+    ``labels/ground_truth_mitochondria`` (uint32 ids, see :func:`generate_volume`). It is
     keyed by generator version, domain, seed and shape, written to a temporary
     folder and renamed when complete, so an interrupted run never leaves a store
     that looks finished.
