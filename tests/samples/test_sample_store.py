@@ -75,8 +75,8 @@ def test_half_written_store_is_regenerated(cache):
 def test_crash_while_writing_leaves_nothing_behind(cache, monkeypatch):
     real = sample_store.write_store
 
-    def crash(path, image, truth, record):
-        real(path, image, truth, {"partial": True})
+    def crash(path, image, truth, record, instances=None):
+        real(path, image, truth, {"partial": True}, instances)
         raise KeyboardInterrupt("power cut")
 
     monkeypatch.setattr(sample_store, "write_store", crash)

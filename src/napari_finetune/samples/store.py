@@ -24,8 +24,9 @@ logger = logging.getLogger(__name__)
 
 COMPLETE_KEY = "napari_finetune_sample"
 # Part of the completion record: a cached store of an older layout (layout 1: a labels
-# group without its NGFF version) no longer matches and is written again.
-STORE_LAYOUT = 2
+# group without its NGFF version; layout 2: no instance labels) no longer matches and
+# is written again.
+STORE_LAYOUT = 3
 CHUNKS = (32, 128, 128)
 
 
@@ -44,6 +45,7 @@ def _record(domain: str, shape: tuple[int, int, int], seed: int) -> dict[str, An
         "shape": [int(s) for s in shape],
         "channel_names": list(gen.CHANNEL_NAMES),
         "ground_truth": "labels/ground_truth: 0 background, 1 membrane, 2 mitochondria",
+        "instance_labels": [f"labels/ground_truth_{name}" for name in gen.INSTANCE_CLASSES],
     }
 
 
@@ -70,9 +72,17 @@ def _scale_factors(shape: tuple[int, int, int]) -> tuple[int, ...]:
 
 
 def write_store(
-    path: str | os.PathLike, image: np.ndarray, truth: np.ndarray, record: dict[str, Any]
+    path: str | os.PathLike,
+    image: np.ndarray,
+    truth: np.ndarray,
+    record: dict[str, Any],
+    instances: dict[str, np.ndarray] | None = None,
 ) -> Path:
-    """Write ``image`` (multiscale) and ``labels/ground_truth`` as OME-Zarr at ``path``."""
+    """Write ``image`` (multiscale) and ``labels/ground_truth`` as OME-Zarr at ``path``.
+
+    ``instances`` (class name -> uint32 ids, from ``generate_volume(...,
+    instances=True)``) go to ``labels/ground_truth_<name>``.
+    """
     import zarr
     from ome_zarr.io import parse_url
     from ome_zarr.writer import write_image
@@ -99,6 +109,8 @@ def write_store(
     # Our own writer, not ome-zarr-py's: its labels group has no NGFF version, which
     # ome-zarr-models rejects; ours copies the image's levels and transforms exactly.
     write_labels(path, "ground_truth", truth, colors=colors, properties=properties)
+    for name, ids in (instances or {}).items():
+        write_labels(path, f"ground_truth_{name}", ids, dtype=np.uint32)
     # Written last: its presence is what "complete" means.
     root.attrs[COMPLETE_KEY] = record
     return path
@@ -115,10 +127,10 @@ def ensure_store(domain: str, shape: tuple[int, int, int], seed: int | None) -> 
         return final
     folder.mkdir(parents=True, exist_ok=True)
     _remove_stale_temporaries(folder, final.name)
-    image, truth = gen.generate_volume(shape, seed, domain)
+    image, truth, instances = gen.generate_volume(shape, seed, domain, instances=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=folder))
     try:
-        write_store(tmp / "store.zarr", image, truth, record)
+        write_store(tmp / "store.zarr", image, truth, record, instances)
         if final.exists() and not is_complete(final, record):
             shutil.rmtree(final)  # a half or stale store from an earlier crash
         try:

@@ -11,7 +11,9 @@ difference a few painted voxels and a short fine-tune do fix, unlike a change
 of geometry.
 
 Ground truth: 0 background, 1 membrane, 2 mitochondria (exclusive), i.e. label
-``k`` is foreground of output channel ``k - 1`` of :data:`CHANNEL_NAMES`.
+``k`` is foreground of output channel ``k - 1`` of :data:`CHANNEL_NAMES`. On
+request (``instances=True``) the generator also returns what it drew object by
+object: one id per cell region and one per mitochondrion (:data:`INSTANCE_CLASSES`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, overload
 
 import numpy as np
 from scipy import ndimage
@@ -31,6 +34,8 @@ DEFAULT_SEEDS = {"source": 0, "target": 1}
 # of the cache key, so stale stores are never reused.
 GENERATOR_VERSION = 2
 DOMAINS = ("source", "target")
+# The per-class instance arrays ``generate_volume(..., instances=True)`` returns.
+INSTANCE_CLASSES = ("cells", "mitochondria")
 
 CELL_DIAMETER = 52.0  # voxels, typical
 MEMBRANE_HALF_WIDTH = 1.5  # voxels: membranes are ~3 voxels thick
@@ -105,8 +110,12 @@ def _smooth_noise(rng: np.random.Generator, shape, scale: float) -> np.ndarray:
     return ((up - up.mean()) / (up.std() + 1e-6)).astype(np.float32)
 
 
-def _geometry(shape, seed: int):
-    """Cell ids, distance to the nearest membrane, ground truth and a structure map."""
+def _geometry(shape, seed: int, instances: bool = False):
+    """Ground truth, cristae stripes, vesicle mask and (on request) the instance arrays.
+
+    The instance arrays are bookkeeping beside the drawing: they consume no random
+    numbers, so the image and the semantic truth are the same with or without them.
+    """
     rng = np.random.default_rng([seed, 0xCE11])
     n_cells = max(4, int(round(np.prod(shape) / (0.5 * CELL_DIAMETER**3))))
     # Seeds a little outside the volume too, so cells are cut at the borders.
@@ -123,12 +132,44 @@ def _geometry(shape, seed: int):
     width = MEMBRANE_HALF_WIDTH * (1 + 0.25 * _smooth_noise(rng, shape, 8.0))
     truth = np.where(d_mem < width, 1, 0).astype(np.uint8)
     cristae = np.zeros(shape, np.float32)
-    _add_mitochondria(rng, shape, cells, d_mem, width, truth, cristae)
+    mito_ids = np.zeros(shape, np.uint32) if instances else None
+    _add_mitochondria(rng, shape, cells, d_mem, width, truth, cristae, mito_ids)
     vesicles = _vesicles(rng, shape, truth)
-    return truth, cristae, vesicles
+    if not instances:
+        return truth, cristae, vesicles, None
+    labels = {"cells": _cell_instances(cells, truth), "mitochondria": _consecutive(mito_ids)}
+    return truth, cristae, vesicles, labels
 
 
-def _add_mitochondria(rng, shape, cells, d_mem, width, truth, cristae) -> None:
+def _cell_instances(cells: np.ndarray, truth: np.ndarray) -> np.ndarray:
+    """One id per cell region: a Voronoi cell's non-membrane voxels, per connected piece.
+
+    A cell cut by the volume's border (or pinched by a warped membrane) can fall
+    apart into pieces no segmentation could join, so each piece is its own region;
+    conversely a rare gap in a thin membrane must not merge two cells, so the
+    Voronoi id separates regions that touch.
+    """
+    interior = truth != 1
+    # 6-connectivity: membranes are drawn ~3 voxels thick, a diagonal step through
+    # one would be a leak the segmentation cannot see either.
+    pieces, _ = ndimage.label(interior)
+    key = pieces.astype(np.int64) * (int(cells.max()) + 1) + cells
+    _, ids = np.unique(key[interior], return_inverse=True)
+    out = np.zeros(truth.shape, np.uint32)
+    out[interior] = ids.astype(np.uint32) + 1
+    return out
+
+
+def _consecutive(labels: np.ndarray) -> np.ndarray:
+    """``labels`` renumbered 1..N in order of first id (0 stays 0)."""
+    present = np.unique(labels)
+    present = present[present != 0]
+    lut = np.zeros(int(labels.max()) + 1, np.uint32)
+    lut[present] = np.arange(1, present.size + 1, dtype=np.uint32)
+    return lut[labels]
+
+
+def _add_mitochondria(rng, shape, cells, d_mem, width, truth, cristae, mito_ids=None) -> None:
     """Elongated, wobbly ellipsoids inside cells, clear of membranes; cristae stripes."""
     inside = d_mem > width + 2.0
     n_cells = int(cells.max()) + 1
@@ -137,7 +178,8 @@ def _add_mitochondria(rng, shape, cells, d_mem, width, truth, cristae) -> None:
         return
     coarse_shape = inside[::2, ::2, ::2].shape
     n_mito = int(n_cells * 3)
-    for pos in rng.choice(candidates, size=min(n_mito, candidates.size), replace=False):
+    picks = rng.choice(candidates, size=min(n_mito, candidates.size), replace=False)
+    for number, pos in enumerate(picks, start=1):
         center = np.array(np.unravel_index(pos, coarse_shape)) * 2
         semi = np.array([rng.uniform(7, 15), rng.uniform(3.5, 6.0), rng.uniform(3.5, 6.0)])
         rot = _random_rotation(rng)
@@ -155,6 +197,9 @@ def _add_mitochondria(rng, shape, cells, d_mem, width, truth, cristae) -> None:
         body = (level < 1.0).reshape(shape_box)
         body &= inside[box] & (cells[box] == cells[tuple(center)])
         truth[box][body] = 2
+        if mito_ids is not None:
+            # A later mitochondrion drawn over an earlier one wins, as in the truth.
+            mito_ids[box][body] = number
         period = rng.uniform(3.0, 4.5)
         stripes = 0.5 + 0.5 * np.cos(2 * np.pi * local[:, 0] / period).reshape(shape_box)
         cristae[box][body] = stripes[body]
@@ -175,13 +220,35 @@ def _vesicles(rng, shape, truth) -> np.ndarray:
     return mask & (truth == 0)
 
 
+@overload
+def generate_volume(
+    shape: tuple[int, int, int] = ...,
+    seed: int | None = ...,
+    domain: str = ...,
+    appearance: Appearance | None = ...,
+    instances: Literal[False] = ...,
+) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+@overload
+def generate_volume(
+    shape: tuple[int, int, int] = ...,
+    seed: int | None = ...,
+    domain: str = ...,
+    appearance: Appearance | None = ...,
+    *,
+    instances: Literal[True],
+) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]: ...
+
+
 def generate_volume(
     shape: tuple[int, int, int] = DEFAULT_SHAPE,
     seed: int | None = None,
     domain: str = "target",
     appearance: Appearance | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Generate one volume and its ground truth.
+    instances: bool = False,
+) -> tuple[np.ndarray, np.ndarray] | tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """Generate one volume and its ground truth (and, on request, its instances).
 
     Parameters
     ----------
@@ -194,17 +261,25 @@ def generate_volume(
         Appearance of the acquisition (and a stream of its noise).
     appearance : Appearance, optional
         Another microscope than the domain's (benchmarks on unseen appearances).
+    instances : bool
+        Also return the instance truth. The image and ground truth are the same
+        either way.
 
     Returns
     -------
     image : np.ndarray of uint8
     ground_truth : np.ndarray of uint8
         0 background, 1 membrane, 2 mitochondria.
+    instance_truth : dict of str to np.ndarray of uint32, only with ``instances``
+        ``"cells"``: ids 1..N, one per connected region of one cell, 0 on
+        membrane (a cell's mitochondria belong to it). ``"mitochondria"``: ids
+        1..M, one per drawn mitochondrion (two may touch; an id may be cut in
+        pieces by its cell's membrane), 0 elsewhere.
     """
     shape = _check(shape, domain)
     seed = DEFAULT_SEEDS[domain] if seed is None else int(seed)
     look = APPEARANCES[domain] if appearance is None else appearance
-    truth, cristae, vesicles = _geometry(shape, seed)
+    truth, cristae, vesicles, labels = _geometry(shape, seed, instances)
     rng = np.random.default_rng([seed, DOMAINS.index(domain), 0xA11])
     grey = np.full(shape, CYTOPLASM, np.float32)
     grey += look.texture * _smooth_noise(rng, shape, look.texture_scale)
@@ -218,7 +293,10 @@ def generate_volume(
     noise = rng.standard_normal(shape, dtype=np.float32)
     grey += noise * (look.noise + look.shot * np.sqrt(grey))
     image = np.clip(look.offset + look.gain * grey, 0, 255)
-    return np.rint(image).astype(np.uint8), truth
+    image = np.rint(image).astype(np.uint8)
+    if instances:
+        return image, truth, labels
+    return image, truth
 
 
 def ensure_sample(
@@ -227,7 +305,9 @@ def ensure_sample(
     """Path of the sample OME-Zarr store, generated into :func:`cache_dir` on first use.
 
     The store holds the uint8 image as a multiscale pyramid and the ground truth
-    in ``labels/ground_truth`` (0 background, 1 membrane, 2 mitochondria). It is
+    in ``labels/ground_truth`` (0 background, 1 membrane, 2 mitochondria), the
+    instance truth in ``labels/ground_truth_cells`` and
+    ``labels/ground_truth_mitochondria`` (uint32 ids, see :func:`generate_volume`). It is
     keyed by generator version, domain, seed and shape, written to a temporary
     folder and renamed when complete, so an interrupted run never leaves a store
     that looks finished.

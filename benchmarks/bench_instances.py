@@ -1,0 +1,169 @@
+"""Instances from probabilities on the sample: quality before/after fine-tuning, and speed.
+
+Generates the target-domain sample (the demo's volume) with its instance truth,
+predicts it with the pretrained sample checkpoint ("before") and, with
+``--checkpoint``, a fine-tuned one ("after", e.g. the demo's
+``<out>/finetuned.pt``), turns the probabilities into cells (membrane, a
+boundary channel) and mitochondria (an object channel) and scores them on the
+never-painted half (z >= depth/2):
+
+1. cells: adapted Rand error and variation of information (split, merge);
+   mitochondria: precision, recall, F1 of objects matched at IoU > 0.5 and
+   the count error, against the drawn mitochondria and against the visible
+   ones (drawn ones that overlap make one blob) -- for the default roles and
+   a few other parameter choices;
+2. speed of the instance step on the whole volume, in Mvoxel/s of wall time
+   and of CPU time (scipy and scikit-image run on one core).
+
+Usage::
+
+    python benchmarks/bench_instances.py                          # before only
+    python benchmarks/bench_instances.py --checkpoint demo/finetuned.pt
+    python benchmarks/bench_instances.py --cache /tmp/probs       # reuse predictions
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+from markdown_table import print_table
+from scipy import ndimage
+
+from napari_finetune.objects import ChannelRole, boundary_instances, object_instances
+from napari_finetune.objects.roles import SAMPLE_ROLES
+from napari_finetune.objects.scores import object_scores, region_scores
+
+MEMBRANE, MITO = SAMPLE_ROLES["membrane"], SAMPLE_ROLES["mitochondria"]
+# (label, role): the default first, then the choices the default was picked against.
+CELL_CHOICES = [
+    ("default", MEMBRANE),
+    ("seed_distance 2", replace(MEMBRANE, seed_distance=2.0)),
+    ("seed_distance 4", replace(MEMBRANE, seed_distance=4.0)),
+    ("seed_distance 6", replace(MEMBRANE, seed_distance=6.0)),
+    ("seed_distance 10", replace(MEMBRANE, seed_distance=10.0)),
+    ("threshold 0.3", replace(MEMBRANE, threshold=0.3)),
+    ("threshold 0.3, seed_distance 6", replace(MEMBRANE, threshold=0.3, seed_distance=6.0)),
+    ("min_size 0", replace(MEMBRANE, min_size=0)),
+]
+MITO_CHOICES = [
+    ("default", MITO),
+    ("min_size 0", replace(MITO, min_size=0)),
+    ("threshold 0.5", replace(MITO, threshold=0.5)),
+    ("threshold 0.6", replace(MITO, threshold=0.6)),
+    ("min_size 50", replace(MITO, min_size=50)),
+    ("split, seed_distance 8", replace(MITO, split=True, seed_distance=8.0)),
+]
+
+
+def predict(checkpoint_path: Path, image: np.ndarray, cache: Path | None) -> np.ndarray:
+    """Probabilities (C, Z, Y, X) as the demo computes them, cached by file content."""
+    key = hashlib.sha256(checkpoint_path.read_bytes()).hexdigest()[:12]
+    shape = "x".join(map(str, image.shape))
+    cached = cache / f"probs_{key}_{shape}.npy" if cache else None
+    if cached is not None and cached.exists():
+        return np.load(cached)
+    from napari_finetune.config import PredictConfig
+    from napari_finetune.data.normalization import intensity_range
+    from napari_finetune.model.checkpoint import load_checkpoint
+    from napari_finetune.predict import predict_volume
+
+    ckpt = load_checkpoint(checkpoint_path)
+    names = ckpt.channel_names
+    if names != ["membrane", "mitochondria"]:
+        raise SystemExit(f"{checkpoint_path}: channels {names}, expected the sample's.")
+    low_high = intensity_range(image, ckpt.normalization)
+    probs = np.asarray(predict_volume(ckpt.model, image, low_high, PredictConfig(device="cpu")))
+    if cached is not None:
+        cache.mkdir(parents=True, exist_ok=True)
+        np.save(cached, probs)
+    return probs
+
+
+def fmt(x: float) -> str:
+    return f"{x:.3f}"
+
+
+def main() -> None:
+    from napari_finetune.cli.simulate import split_slices
+    from napari_finetune.samples.synthetic_em import (
+        DEFAULT_SHAPE,
+        generate_volume,
+        sample_checkpoint_path,
+    )
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", type=Path, help="a fine-tuned sample checkpoint (after)")
+    parser.add_argument(
+        "--shape", type=int, nargs=3, default=DEFAULT_SHAPE, metavar=("Z", "Y", "X")
+    )
+    parser.add_argument("--cache", type=Path, help="folder to keep predictions in between runs")
+    args = parser.parse_args()
+
+    image, semantic, truth = generate_volume(tuple(args.shape), domain="target", instances=True)
+    _, held = split_slices(image.shape[0])
+    # Drawn mitochondria overlap (the image shows one blob with no edge between
+    # them), so they are also scored against the visible objects: the connected
+    # blobs of the truth.
+    visible, _ = ndimage.label(semantic[held] == 2)
+    cells = np.unique(truth["cells"][held]).size - 1
+    drawn = np.unique(truth["mitochondria"][held]).size - 1
+    print(f"# Instances on the target sample {tuple(image.shape)}; scored on z {held.start}..")
+    print(f"load average {os.getloadavg()[0]:.2f}; held-out half: {cells} cells, {drawn} drawn "
+          f"mitochondria in {visible.max()} visible blobs\n")
+    models = [("before", sample_checkpoint_path())]
+    if args.checkpoint:
+        models.append(("after", args.checkpoint))
+
+    rows_cells, rows_mito, rows_speed = [], [], []
+    for when, path in models:
+        probs = predict(path, image, args.cache)
+        for label, role in CELL_CHOICES:
+            s = region_scores(boundary_instances(probs[0], role)[held], truth["cells"][held])
+            rows_cells.append([when, label, fmt(s["adapted_rand_error"]), fmt(s["voi_split"]),
+                               fmt(s["voi_merge"]), f"{s['n_pred']} / {s['n_true']}"])
+        for label, role in MITO_CHOICES:
+            mito = object_instances(probs[1], role)[held]
+            s = object_scores(mito, truth["mitochondria"][held])
+            v = object_scores(mito, visible)
+            rows_mito.append([when, label, fmt(s["precision"]), fmt(s["recall"]), fmt(s["f1"]),
+                              f"{s['count_error']:+.3f}", fmt(v["f1"]), f"{v['count_error']:+.3f}",
+                              f"{s['n_pred']} / {s['n_true']} / {v['n_true']}"])
+        rows_speed += speed(when, probs)
+
+    print_table(["model", "cells: roles", "adapted Rand error", "VOI split", "VOI merge",
+                 "cells pred / true"], rows_cells)
+    print_table(["model", "mitochondria: roles", "precision", "recall", "F1 (IoU > 0.5)",
+                 "count error", "F1 vs visible", "count error vs visible",
+                 "pred / drawn / visible"], rows_mito)
+    print_table(["model", "step (whole volume, default roles)", "wall s", "Mvoxel/s wall",
+                 "Mvoxel/s CPU"], rows_speed)
+
+
+def speed(when: str, probs: np.ndarray, repeats: int = 3) -> list[list[str]]:
+    """Best of ``repeats`` timings of each channel's instance step on the whole volume."""
+    rows = []
+    steps: list[tuple[str, object, np.ndarray, ChannelRole]] = [
+        ("cells (boundary_instances)", boundary_instances, probs[0], MEMBRANE),
+        ("mitochondria (object_instances)", object_instances, probs[1], MITO),
+    ]
+    for name, fn, prob, role in steps:
+        best_wall = best_cpu = float("inf")
+        for _ in range(repeats):
+            w, c = time.perf_counter(), time.process_time()
+            fn(prob, role)  # type: ignore[operator]
+            best_wall = min(best_wall, time.perf_counter() - w)
+            best_cpu = min(best_cpu, time.process_time() - c)
+        mvox = prob.size / 1e6
+        rows.append([when, name, f"{best_wall:.2f}", f"{mvox / best_wall:.1f}",
+                     f"{mvox / best_cpu:.1f}"])
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+"""From per-channel probabilities to objects: cells, mitochondria, nuclei...
+
+A channel plays a *role* (:mod:`.roles`): a ``"boundary"`` channel encloses
+regions (membranes around cells), an ``"object"`` channel covers the objects
+themselves (mitochondria). :mod:`.segment` turns one probability map into
+uint32 instance labels by its role; :mod:`.scores` measures them against
+instance truth. Only numpy, scipy and scikit-image are imported: this runs on a
+headless worker as well as under napari.
+"""
+
+from napari_finetune.objects.roles import (
+    METADATA_KEY,
+    ROLES,
+    ChannelRole,
+    roles_from_metadata,
+    roles_to_metadata,
+)
+from napari_finetune.objects.segment import boundary_instances, instances_of, object_instances
+
+__all__ = [
+    "METADATA_KEY",
+    "ROLES",
+    "ChannelRole",
+    "boundary_instances",
+    "instances_of",
+    "object_instances",
+    "roles_from_metadata",
+    "roles_to_metadata",
+]

@@ -1,0 +1,147 @@
+"""What each output channel means for instances, stored in a checkpoint's metadata.
+
+``metadata["instance_roles"] = {channel_name: {"role": ..., "threshold": ..., ...}}``
+holds plain Python types only, so a checkpoint still loads with
+``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+METADATA_KEY = "instance_roles"
+ROLES = ("boundary", "object")
+
+# The sample model's channels (napari_finetune.samples.synthetic_em.CHANNEL_NAMES;
+# that module sits on a higher floor, so the names are repeated and a test keeps them equal).
+SAMPLE_CHANNELS = ("membrane", "mitochondria")
+
+
+@dataclass(frozen=True)
+class ChannelRole:
+    """How one channel's probability becomes instance labels.
+
+    Parameters
+    ----------
+    role : {"boundary", "object"} or None
+        ``"boundary"``: the channel is high between regions (membranes) and the
+        regions it encloses are the instances. ``"object"``: the channel is high
+        on the instances. ``None``: no instances from this channel.
+    threshold : float
+        In (0, 1). Boundary: voxels below it are interior. Object: voxels above
+        it are foreground.
+    min_size : int
+        Instances smaller than this many voxels are removed (set to 0).
+    seed_distance : float
+        Voxels, >= 1. Boundary: a seed is interior at least this far from the
+        boundary (so gaps in the boundary narrower than about twice it do not
+        merge regions; cells must be wider than twice it to get a seed).
+        Object: the smallest distance between two seeds when touching objects
+        are split.
+    split : bool
+        Object role only: split touching objects at their distance-transform
+        maxima (a watershed); off, each connected component is one object.
+    """
+
+    role: str | None = None
+    threshold: float = 0.5
+    min_size: int = 0
+    seed_distance: float = 1.0
+    split: bool = False
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self, channel: str = "?") -> None:
+        """Raise a one-line ValueError naming the fix for a value that cannot work."""
+        where = f"instance role of channel {channel!r}"
+        if self.role is not None and self.role not in ROLES:
+            raise ValueError(f"{where}: unknown role {self.role!r}; use one of {ROLES} or None.")
+        if not (isinstance(self.threshold, int | float) and 0.0 < self.threshold < 1.0):
+            raise ValueError(
+                f"{where}: threshold must be in (0, 1), got {self.threshold!r}; 0.5 is the usual."
+            )
+        size = self.min_size
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ValueError(
+                f"{where}: min_size must be a whole number of voxels >= 0, got {self.min_size!r}."
+            )
+        d = self.seed_distance
+        # Below one voxel every voxel is its own distance-transform maximum: a seed each.
+        if not (isinstance(d, int | float) and math.isfinite(d) and d >= 1.0):
+            raise ValueError(
+                f"{where}: seed_distance must be >= 1 voxel (below, every voxel is a seed), "
+                f"got {d!r}."
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain types only, for a checkpoint's metadata."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], channel: str = "?") -> ChannelRole:
+        """The role a metadata entry describes; unknown keys are an error, not ignored."""
+        if not isinstance(values, dict):
+            raise ValueError(
+                f"instance role of channel {channel!r} must be a dict like "
+                f"{{'role': 'object', 'threshold': 0.5}}, got {values!r}."
+            )
+        known = {f.name for f in fields(cls)}
+        extra = sorted(set(values) - known)
+        if extra:
+            raise ValueError(
+                f"instance role of channel {channel!r}: unknown keys {extra}; use {sorted(known)}."
+            )
+        role = cls.__new__(cls)  # validated below with the channel's name in the message
+        defaults = asdict(cls())
+        for name in known:
+            object.__setattr__(role, name, values.get(name, defaults[name]))
+        role.validate(channel)
+        return role
+
+
+# Chosen by measurement on the sample (benchmarks/bench_instances.py).
+SAMPLE_ROLES = {
+    "membrane": ChannelRole("boundary", threshold=0.5, min_size=200, seed_distance=8.0),
+    "mitochondria": ChannelRole("object", threshold=0.4, min_size=100, seed_distance=4.0),
+}
+
+
+def roles_from_metadata(
+    metadata: dict[str, Any], channel_names: list[str] | tuple[str, ...]
+) -> dict[str, ChannelRole]:
+    """One :class:`ChannelRole` per channel name, from ``metadata[METADATA_KEY]``.
+
+    Channels the metadata does not mention have role ``None``. Without the key,
+    the sample model's channels get :data:`SAMPLE_ROLES` (membrane a boundary,
+    mitochondria an object) and any other model none.
+    """
+    names = [str(n) for n in channel_names]
+    stored = metadata.get(METADATA_KEY)
+    if stored is None:
+        if tuple(names) == SAMPLE_CHANNELS:
+            return dict(SAMPLE_ROLES)
+        return {n: ChannelRole() for n in names}
+    if not isinstance(stored, dict):
+        raise ValueError(
+            f"metadata[{METADATA_KEY!r}] must map channel names to roles, "
+            f"got {type(stored).__name__}."
+        )
+    unknown = sorted(set(stored) - set(names))
+    if unknown:
+        raise ValueError(
+            f"metadata[{METADATA_KEY!r}] names channels {unknown} the model does not have; "
+            f"its channels are {names}."
+        )
+    return {n: ChannelRole.from_dict(stored[n], n) if n in stored else ChannelRole() for n in names}
+
+
+def roles_to_metadata(roles: dict[str, ChannelRole], metadata: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``metadata`` with ``roles`` under :data:`METADATA_KEY` (channels with a role)."""
+    out = dict(metadata)
+    for name, role in roles.items():
+        role.validate(name)
+    out[METADATA_KEY] = {name: role.to_dict() for name, role in roles.items() if role.role}
+    return out

@@ -1,0 +1,45 @@
+"""The scores the instance benchmark reports, on cases worked out by hand."""
+
+import numpy as np
+import pytest
+
+from napari_finetune.objects.scores import matched_objects, object_scores, region_scores
+
+
+def test_objects_match_one_to_one_above_half_iou():
+    true = np.zeros((1, 10, 30), np.uint32)
+    true[0, 2:8, 0:6] = 1  # 36 voxels
+    true[0, 2:8, 10:16] = 2
+    true[0, 2:8, 20:26] = 3
+    pred = np.zeros_like(true)
+    pred[0, 2:8, 0:6] = 7  # exact
+    pred[0, 2:8, 10:13] = 8  # half of object 2: IoU 0.5, not a match
+    pred[0, 0:2, 27:30] = 9  # nothing there
+    rows = matched_objects(pred, true)
+    assert rows.tolist() == [[1, 7, 1.0]]
+    s = object_scores(pred, true)
+    assert (s["n_true"], s["n_pred"], s["matched"]) == (3, 3, 1)
+    assert s["precision"] == pytest.approx(1 / 3) and s["recall"] == pytest.approx(1 / 3)
+    assert s["f1"] == pytest.approx(1 / 3) and s["count_error"] == 0.0
+    pred[0, 2:8, 13:16] = 8  # now the whole of it
+    assert object_scores(pred, true)["matched"] == 2
+    with pytest.raises(ValueError, match="iou must be in"):
+        matched_objects(pred, true, iou=0.3)
+
+
+def test_region_scores_tell_splits_from_merges_and_ignore_the_boundary():
+    true = np.zeros((1, 4, 9), np.uint32)
+    true[..., :4] = 1
+    true[..., 5:] = 2  # column 4 is membrane (0)
+    same = true.copy()
+    same[..., 4] = 5  # what a segmentation puts on the membrane does not count
+    s = region_scores(same, true)
+    assert s["adapted_rand_error"] == pytest.approx(0) and s["voi_split"] == pytest.approx(0)
+    merged = np.ones_like(true)
+    m = region_scores(merged, true)
+    assert m["voi_merge"] == pytest.approx(1.0) and m["voi_split"] == pytest.approx(0)
+    assert m["adapted_rand_error"] > 0.3
+    split = true.copy()
+    split[..., 2:4] = 3
+    s = region_scores(split, true)
+    assert s["voi_split"] > 0.4 and s["voi_merge"] == pytest.approx(0)

@@ -1,0 +1,139 @@
+"""Probabilities to instances: cells between membranes, mitochondria as objects."""
+
+import numpy as np
+import pytest
+from scipy import ndimage
+
+from napari_finetune.objects import (
+    ChannelRole,
+    boundary_instances,
+    instances_of,
+    object_instances,
+    segment,
+)
+from napari_finetune.objects.roles import SAMPLE_ROLES
+from napari_finetune.objects.scores import object_scores, region_scores
+from napari_finetune.samples.synthetic_em import CHANNEL_NAMES, generate_volume
+
+
+@pytest.fixture(scope="module")
+def sample():
+    """Probabilities a decent model might give: the truth blurred, plus noise."""
+    _, truth, labels = generate_volume((32, 96, 96), 3, "target", instances=True)
+    rng = np.random.default_rng(0)
+    noise = 0.1 * rng.standard_normal((2, *truth.shape)).astype(np.float32)
+    membrane = 1.5 * ndimage.gaussian_filter((truth == 1).astype(np.float32), 1.0) + noise[0]
+    # Holes ~10 voxels wide in the membrane, as a weak prediction leaves them.
+    holes = np.zeros(truth.shape, bool)
+    on_membrane = np.flatnonzero(truth == 1)
+    holes.flat[rng.choice(on_membrane, 40, replace=False)] = True
+    membrane[ndimage.binary_dilation(holes, iterations=5)] = 0.0
+    mito = ndimage.gaussian_filter((truth == 2).astype(np.float32), 1.0) + noise[1]
+    return np.stack([membrane, mito]), labels
+
+
+def _consecutive(labels):
+    ids = np.unique(labels[labels > 0])
+    return labels.dtype == np.uint32 and np.array_equal(ids, np.arange(1, ids.size + 1))
+
+
+def test_boundary_instances_recover_the_cells(sample):
+    probs, truth = sample
+    cells = boundary_instances(probs[0], SAMPLE_ROLES["membrane"])
+    assert _consecutive(cells)
+    assert not cells[probs[0] >= 0.5].any()  # the boundary itself is no cell
+    scores = region_scores(cells, truth["cells"])
+    # Seeds deeper than the holes are wide keep the cells apart; seeds as shallow
+    # as a voxel or two leak through the holes and merge cells.
+    assert scores["adapted_rand_error"] < 0.08, scores
+    assert abs(scores["n_pred"] - scores["n_true"]) <= 1, scores
+    leaky = boundary_instances(probs[0], ChannelRole("boundary", min_size=200, seed_distance=1))
+    leaky_scores = region_scores(leaky, truth["cells"])
+    assert leaky_scores["voi_merge"] > scores["voi_merge"] + 0.2, (leaky_scores, scores)
+
+
+def test_object_instances_recover_the_mitochondria(sample):
+    probs, truth = sample
+    mito = object_instances(probs[1], SAMPLE_ROLES["mitochondria"])
+    assert _consecutive(mito)
+    scores = object_scores(mito, truth["mitochondria"])
+    assert scores["f1"] >= 0.85 and abs(scores["count_error"]) <= 0.2, scores
+
+
+def test_instances_of_uses_each_channels_role(sample):
+    probs, _ = sample
+    out = instances_of(probs, SAMPLE_ROLES, CHANNEL_NAMES)
+    assert set(out) == {"membrane", "mitochondria"}
+    alone = object_instances(probs[1], SAMPLE_ROLES["mitochondria"])
+    np.testing.assert_array_equal(out["mitochondria"], alone)
+    assert instances_of(probs, {"membrane": ChannelRole(None)}, CHANNEL_NAMES) == {}
+
+
+def _two_touching_balls():
+    zz, yy, xx = np.indices((20, 20, 40))
+    a = (zz - 10) ** 2 + (yy - 10) ** 2 + (xx - 12) ** 2 <= 7**2
+    b = (zz - 10) ** 2 + (yy - 10) ** 2 + (xx - 25) ** 2 <= 7**2
+    return (a | b).astype(np.float32), a, b
+
+
+def test_touching_objects_split_only_when_asked():
+    prob, a, b = _two_touching_balls()
+    assert ndimage.label(prob > 0.5)[1] == 1  # they do touch
+    whole = object_instances(prob, ChannelRole("object", seed_distance=3))
+    assert whole.max() == 1
+    split = object_instances(prob, ChannelRole("object", seed_distance=3, split=True))
+    assert split.max() == 2
+    # Each ball is (almost all) one id: the cut runs through the neck.
+    majority = []
+    for ball in (a, b):
+        counts = np.bincount(split[ball], minlength=3)
+        assert counts.max() >= 0.95 * ball.sum(), counts
+        majority.append(counts.argmax())
+    assert sorted(majority) == [1, 2]
+
+
+def test_small_fragments_removed_and_ids_renumbered():
+    prob = np.zeros((10, 30, 30), np.float32)
+    prob[1:3, 1:3, 1:3] = 0.9  # 8 voxels
+    prob[4:9, 10:20, 10:20] = 0.9  # 500 voxels
+    prob[4:6, 25:27, 25:27] = 0.9  # 8 voxels
+    labels = object_instances(prob, ChannelRole("object", min_size=20))
+    assert labels.max() == 1 and (labels > 0).sum() == 500
+    # Cells: a region under min_size disappears too.
+    walls = np.ones((10, 30, 30), np.float32)
+    walls[1:9, 1:20, 1:28] = 0.0
+    walls[2:4, 23:26, 2:5] = 0.0  # an 18-voxel pocket
+    cells = boundary_instances(walls, ChannelRole("boundary", min_size=50, seed_distance=1))
+    assert cells.max() == 1 and (cells > 0).sum() == 8 * 19 * 27
+
+
+def test_every_voxel_a_seed_refused_before_computing():
+    prob, _, _ = _two_touching_balls()
+    role = ChannelRole("object", split=True)
+    object.__setattr__(role, "seed_distance", 0.0)  # what a hand-edited object could hold
+    with pytest.raises(ValueError, match="every voxel is a seed"):
+        object_instances(prob, role)
+    with pytest.raises(ValueError, match="use the object function"):
+        boundary_instances(prob, ChannelRole("object"))
+
+
+def test_a_count_beyond_uint32_refused(monkeypatch):
+    prob = np.zeros((5, 5, 20), np.float32)
+    prob[2, 2, ::2] = 0.9  # 10 separate voxels
+    assert object_instances(prob).max() == 10
+    monkeypatch.setattr(segment, "MAX_ID", 9)
+    with pytest.raises(ValueError, match="10 objects would overflow uint32"):
+        object_instances(prob)
+
+
+@pytest.mark.parametrize("shape", [(41, 37), (9, 41, 37)])
+def test_boundary_instances_on_odd_shapes_and_2d(shape):
+    """Half-resolution seeds must not shift or crop regions of odd-sized arrays."""
+    walls = np.zeros(shape, np.float32)
+    walls[..., 20, :] = 1.0  # one voxel thin: still separates at half resolution
+    walls[..., :, 36] = 1.0  # the last column, odd index
+    cells = boundary_instances(walls, ChannelRole("boundary", seed_distance=4))
+    assert cells.shape == shape and cells.max() == 2
+    np.testing.assert_array_equal(cells == 0, walls > 0.5)
+    assert np.unique(cells[..., :20, :36]).tolist() == [1]
+    assert np.unique(cells[..., 21:, :36]).tolist() == [2]
