@@ -87,12 +87,22 @@ def test_the_best_step_is_kept_and_exported(monkeypatch, tmp_path):
     assert run["steps_done"] == 4 and run["ended"] == "finished"
 
 
-def test_keep_best_off_exports_the_last_step(monkeypatch):
+def test_keep_best_off_exports_the_last_step(monkeypatch, tmp_path):
     _scripted_scores(monkeypatch, [0.3, 0.9, 0.5, 0.4])
     trainer = make_trainer(steps=4, batch_size=2, validation_fraction=0.2, validation_every=1,
                            keep_best=False)
-    list(free_checks(trainer).run())
+    last = None
+    for status in free_checks(trainer).run():
+        if status.kind == "step":
+            last = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    assert status.kind == "finished" and "kept the weights" not in status.message
     assert trainer.validator.restored_step is None
+    # The last step's weights, not the best check's (step 2), are what is exported.
+    exported = load_checkpoint(trainer.export(tmp_path / "last.pt"))
+    for name, value in exported.model.state_dict().items():
+        torch.testing.assert_close(value, last[name], rtol=0, atol=0)
+    run = exported.metadata["run"]
+    assert run["weights_from_step"] is None and run["best_validation_step"] == 2
 
 
 def test_early_stop_after_checks_without_improvement(monkeypatch, tmp_path):
