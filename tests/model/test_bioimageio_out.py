@@ -262,3 +262,23 @@ def test_sample_model_on_the_sample_store_round_trip(tmp_path, monkeypatch):
     assert reloaded.channel_names == original.channel_names
     assert reloaded.normalization == original.normalization
     assert attempts == []
+
+
+def test_object_roles_survive_a_run_the_package_and_the_reload(tmp_path):
+    """Channel roles (objects from probabilities) live in the metadata and go everywhere it goes."""
+    from engine_setup_bioimageio import finetune_briefly
+
+    from napari_finetune.bioimageio.export import export_bioimageio
+    from napari_finetune.objects.roles import ChannelRole, roles_from_metadata, roles_to_metadata
+
+    roles = {"membrane": ChannelRole("boundary", threshold=0.45, min_size=50, seed_distance=6.0),
+             "mitochondria": ChannelRole("object", threshold=0.35, min_size=20)}
+    ckpt = load_checkpoint(tiny_checkpoint(tmp_path / "tiny.pt"))
+    with_roles = save_checkpoint(tmp_path / "roles.pt", ckpt.model,
+                                 roles_to_metadata(roles, ckpt.metadata))
+    tuned = finetune_briefly(load_checkpoint(with_roles), volume(), tmp_path / "tuned.pt")
+    package = export_bioimageio(load_checkpoint(tuned), tmp_path / "roles.zip", volume(),
+                                check=False)
+    for path in (with_roles, tuned, package):
+        loaded = load_checkpoint(path)
+        assert roles_from_metadata(loaded.metadata, CHANNELS) == roles, path

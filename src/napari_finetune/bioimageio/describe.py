@@ -25,6 +25,7 @@ from napari_finetune.bioimageio.normalization import preprocessing_from_normaliz
 from napari_finetune.bioimageio.readme import readme_text
 from napari_finetune.model.checkpoint import Checkpoint
 from napari_finetune.model.torchscript import to_torchscript
+from napari_finetune.objects.roles import METADATA_KEY as ROLES_KEY
 
 INPUT_ID = "raw"
 OUTPUT_ID = "probabilities"
@@ -90,6 +91,9 @@ def build_description(
     }
     if ckpt.metadata.get("run"):
         record["run"] = ckpt.metadata["run"]
+    if ckpt.metadata.get(ROLES_KEY):
+        # The channels' object roles travel with the package (plain types).
+        record[ROLES_KEY] = ckpt.metadata[ROLES_KEY]
     config = {"napari_finetune": record}
     with ValidationContext(root=folder, perform_io_checks=False):
         try:

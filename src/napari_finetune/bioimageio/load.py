@@ -35,6 +35,7 @@ from napari_finetune.bioimageio import require
 from napari_finetune.errors import one_line
 from napari_finetune.model.architectures import Trust
 from napari_finetune.model.checkpoint import Checkpoint, CheckpointError
+from napari_finetune.objects.roles import METADATA_KEY as ROLES_KEY
 
 if TYPE_CHECKING:  # bioimageio.spec is imported at run time only once it is known to exist
     from bioimageio.spec.model.v0_5 import ModelDescr
@@ -129,9 +130,13 @@ def load_bioimageio(
         "normalization": normalization,
         "bioimageio": _provenance(descr, path, axes, weights.architecture),
     }
-    run = _napari_finetune_config(descr).get("run")
+    ours = _napari_finetune_config(descr)
+    run = ours.get("run")
     if isinstance(run, dict):
         metadata["run"] = run
+    roles = ours.get(ROLES_KEY)
+    if isinstance(roles, dict):  # validated where they are used (objects.roles)
+        metadata[ROLES_KEY] = roles
     digest = hashlib.sha256(path.read_bytes() if path.is_file() and path.suffix == ".zip" else data)
     return Checkpoint(
         model=model,
