@@ -3,11 +3,13 @@
 A channel plays a *role* (:mod:`.roles`): a ``"boundary"`` channel encloses
 regions (membranes around cells), an ``"object"`` channel covers the objects
 themselves (mitochondria). :mod:`.segment` turns one probability map into
-uint32 instance labels by its role; :mod:`.scores` measures them against
+uint32 instance labels by its role, :mod:`.blockwise` a whole volume block by
+block with one id per object; :mod:`.scores` measures them against
 instance truth. Only numpy, scipy and scikit-image are imported: this runs on a
 headless worker as well as under napari.
 """
 
+from napari_finetune.objects.blockwise import blockwise_instances
 from napari_finetune.objects.roles import (
     METADATA_KEY,
     ROLES,
@@ -21,6 +23,7 @@ __all__ = [
     "METADATA_KEY",
     "ROLES",
     "ChannelRole",
+    "blockwise_instances",
     "boundary_instances",
     "instances_of",
     "object_instances",

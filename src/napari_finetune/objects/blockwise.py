@@ -1,0 +1,287 @@
+"""Instance labels of a whole volume, block by block, with one id per object.
+
+:func:`blockwise_instances` reads one channel's probability one block (plus a
+halo) at a time and writes uint32 labels into an array of the volume's shape
+(a zarr array in a store, or numpy). Memory is bounded by the block and what
+the merge needs, never by the volume:
+
+1. Every core block is labelled from its halo'd view (``min_size`` deferred,
+   see below); its ids are offset by the ids used so far, so they are unique
+   across blocks, and its core is written. Its voxel count per id is kept, and
+   the faces it shares with the blocks after it (one slice of its core and one
+   of its halo) until those blocks are labelled.
+2. Ids meeting across each shared face are linked:
+
+   * object channels without ``split``: two foreground voxels facing each
+     other across the face are one object (6-connected, as ``ndimage.label``),
+     so the result equals the one-piece labels exactly and no halo is read;
+   * boundary channels and split objects (their labels depend on context: a
+     seed's depth, the nearest seed, a distance transform): each block's
+     halo sees one slice of its neighbour's core. Every id on a core face is
+     linked to the id the neighbour's view gives most of its voxels there
+     (the "halo agreement"), both ways.
+
+3. Linked ids form the connected components of a graph over the block-local
+   ids (``scipy.sparse.csgraph``); components smaller than ``min_size``
+   voxels (summed over their blocks) are dropped, the others numbered
+   1..N, and a second pass over the blocks rewrites the labels.
+
+``min_size`` is applied to whole objects, never to the piece one block sees:
+per block it would remove the small end of a large object crossing a border.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+from scipy import sparse
+from scipy.sparse.csgraph import connected_components
+
+from napari_finetune.objects import segment
+from napari_finetune.objects.roles import ChannelRole
+
+Progress = Callable[[int, int], None]
+
+
+def default_halo(params: ChannelRole, ndim: int) -> tuple[int, ...]:
+    """Halo (voxels per side) that gives a block's core the context its labels depend on.
+
+    None for plain connected components (object, no split): they are merged
+    exactly across faces. Otherwise four seed distances, even (the boundary
+    role seeds on a 2x coarser grid that must stay aligned to the volume's):
+    a seed is ``seed_distance`` deep and the nearest seed is searched about as
+    far again on each side.
+    """
+    if params.role == "object" and not params.split:
+        return (0,) * ndim
+    h = max(4, math.ceil(4 * params.seed_distance))
+    return (h + h % 2,) * ndim
+
+
+def block_cores(shape: Sequence[int], block: Sequence[int]) -> Iterator[tuple[tuple[int, ...],
+                                                                         tuple[slice, ...]]]:
+    """(block index, core slices) of every block, in C order."""
+    ranges = [range(0, n, b) for n, b in zip(shape, block, strict=True)]
+    for starts in itertools.product(*ranges):
+        index = tuple(s // b for s, b in zip(starts, block, strict=True))
+        core = tuple(slice(s, min(s + b, n)) for s, b, n in zip(starts, block, shape, strict=True))
+        yield index, core
+
+
+def _check_args(prob: Any, out: Any, params: ChannelRole, block: Sequence[int],
+                halo: Sequence[int]) -> None:
+    if params.role is None:
+        raise ValueError("this channel has no instance role; give it 'boundary' or 'object'.")
+    params.validate()
+    shape = tuple(prob.shape)
+    if len(shape) not in (2, 3):
+        raise ValueError(f"expected one channel's (Y, X) or (Z, Y, X) probability, got {shape}.")
+    if tuple(out.shape) != shape:
+        raise ValueError(f"output shape {tuple(out.shape)} differs from the probability's {shape}.")
+    if np.dtype(out.dtype) != np.uint32:
+        raise ValueError(f"output dtype is {out.dtype}; instance labels are written as uint32.")
+    if len(block) != len(shape) or any(int(b) < 1 for b in block):
+        raise ValueError(f"block shape {tuple(block)} needs one size >= 1 per axis of {shape}.")
+    if len(halo) != len(shape) or any(int(h) < 0 for h in halo):
+        raise ValueError(f"halo {tuple(halo)} needs one size >= 0 per axis of {shape}.")
+    if params.role == "boundary" or params.split:
+        if any(int(h) < 1 for h, n, b in zip(halo, shape, block, strict=True) if n > b):
+            raise ValueError(
+                f"halo {tuple(halo)}: a {params.role} channel"
+                f"{' with split' if params.split else ''} needs a halo of at least 1 voxel "
+                "along every axis split into blocks (default_halo gives one)."
+            )
+
+
+def _read_box(core: tuple[slice, ...], halo: Sequence[int], shape: Sequence[int],
+              even: bool) -> tuple[slice, ...]:
+    box = []
+    for c, h, n in zip(core, halo, shape, strict=True):
+        start = max(0, c.start - h)
+        if even and start % 2:  # keep the boundary role's 2x coarse grid on the volume's
+            start -= 1
+        box.append(slice(start, min(n, c.stop + h)))
+    return tuple(box)
+
+
+def _majority_links(core_ids: np.ndarray, seen_as: np.ndarray) -> np.ndarray:
+    """(k, 2) pairs: each nonzero id of ``core_ids`` with the nonzero id ``seen_as`` gives
+    most of its voxels (ties: the smaller id)."""
+    both = (core_ids > 0) & (seen_as > 0)
+    if not both.any():
+        return np.empty((0, 2), np.int64)
+    pairs, counts = np.unique(
+        np.stack([core_ids[both], seen_as[both]], axis=1).astype(np.int64),
+        axis=0, return_counts=True,
+    )
+    # Sorted by id, then most voxels first: the first row of each id is its majority.
+    order = np.lexsort((pairs[:, 1], -counts, pairs[:, 0]))
+    pairs = pairs[order]
+    first = np.ones(len(pairs), bool)
+    first[1:] = pairs[1:, 0] != pairs[:-1, 0]
+    return pairs[first]
+
+
+def _adjacent_links(low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """(k, 2) pairs of ids facing each other across a face, both foreground."""
+    both = (low > 0) & (high > 0)
+    if not both.any():
+        return np.empty((0, 2), np.int64)
+    return np.unique(np.stack([low[both], high[both]], axis=1).astype(np.int64), axis=0)
+
+
+def blockwise_instances(
+    prob: Any,
+    params: ChannelRole,
+    block_shape: Sequence[int],
+    out: Any,
+    halo: Sequence[int] | None = None,
+    progress: Progress | None = None,
+) -> int:
+    """Instance labels of a whole volume into ``out``, computed block by block.
+
+    The result equals :func:`~napari_finetune.objects.instances_of` on the
+    whole volume up to the numbering of the ids, exactly for object channels
+    without ``split``. For boundary channels (and split objects) a block sees
+    its halo, not the volume: where a region's seeds or its connection lie
+    beyond the halo, the cut between two regions, or whether two regions joined
+    through a gap are one, can differ. Which voxels are instances (before
+    ``min_size``) is the same.
+
+    Parameters
+    ----------
+    prob : array-like, (Z, Y, X) or (Y, X)
+        One channel's probability; read by slices (numpy, zarr, dask), one
+        block plus halo at a time, never whole.
+    params : ChannelRole
+        The channel's role and parameters.
+    block_shape : sequence of int
+        Core block per axis (the output's chunks, or a multiple, write whole
+        chunks).
+    out : array-like
+        uint32, ``prob``'s shape, written by slices (zarr or numpy). Read back
+        block by block in the second pass.
+    halo : sequence of int, optional
+        Default :func:`default_halo`.
+    progress : callable, optional
+        ``progress(done, total)`` after each block of either pass (total is
+        twice the number of blocks).
+
+    Returns
+    -------
+    int
+        The number of instances N (ids 1..N).
+
+    Raises
+    ------
+    ValueError
+        One line: bad arguments, or more ids than uint32 holds.
+    """
+    shape = tuple(int(s) for s in prob.shape)
+    block = tuple(int(b) for b in block_shape)
+    halo = default_halo(params, len(shape)) if halo is None else tuple(int(h) for h in halo)
+    _check_args(prob, out, params, block, halo)
+    contextual = params.role == "boundary" or params.split
+    label = segment.boundary_instances if params.role == "boundary" else segment.object_instances
+    local_params = replace(params, min_size=0)  # min_size counts whole objects (module doc)
+    cores = list(block_cores(shape, block))
+    total = 2 * len(cores)
+
+    used = 0  # ids handed out so far
+    sizes: list[np.ndarray] = [np.zeros(1, np.int64)]  # core voxels per id; id 0 first
+    links: list[np.ndarray] = []
+    waiting: dict[tuple[int, tuple[int, ...]], np.ndarray] = {}  # faces of earlier blocks
+    for done, (index, core) in enumerate(cores, start=1):
+        box = _read_box(core, halo if contextual else (0,) * len(shape), shape,
+                        even=params.role == "boundary")
+        local = label(np.asarray(prob[box], dtype=np.float32), local_params)
+        n_local = int(local.max(initial=0))
+        if used + n_local > segment.MAX_ID:
+            raise ValueError(
+                f"more than {segment.MAX_ID} provisional ids would overflow uint32 labels; "
+                "raise min_size/seed_distance or use larger blocks."
+            )
+        ids = local.astype(np.int64)
+        ids[local > 0] += used
+        inner = tuple(slice(c.start - b.start, c.stop - b.start)
+                      for c, b in zip(core, box, strict=True))
+        core_ids = ids[inner]
+        out[core] = core_ids.astype(np.uint32)
+        sizes.append(np.bincount((core_ids[core_ids > 0] - used).ravel(),
+                                 minlength=n_local + 1)[1:])
+        for axis in range(len(shape)):
+            links.extend(_faces(axis, index, core, ids, inner, shape, contextual, waiting))
+        used += n_local
+        if progress is not None:
+            progress(done, total)
+
+    lut = _final_ids(used, np.concatenate(sizes), links, params.min_size)
+    n = int(lut.max(initial=0))
+    for done, (_, core) in enumerate(cores, start=len(cores) + 1):
+        out[core] = lut[np.asarray(out[core])]
+        if progress is not None:
+            progress(done, total)
+    return n
+
+
+def _faces(
+    axis: int,
+    index: tuple[int, ...],
+    core: tuple[slice, ...],
+    ids: np.ndarray,
+    inner: tuple[slice, ...],
+    shape: tuple[int, ...],
+    contextual: bool,
+    waiting: dict[tuple[int, tuple[int, ...]], np.ndarray],
+) -> list[np.ndarray]:
+    """Link this block to its lower neighbour along ``axis``; keep its upper face for later.
+
+    A face's slab is two slices across the border: the lower block's last core
+    slice and the upper block's first (with ``contextual`` labels each block
+    labels both, one from its halo; otherwise each keeps its own core slice).
+    """
+    def slab(start: int, stop: int) -> np.ndarray:
+        where = list(inner)
+        where[axis] = slice(start, stop)
+        return ids[tuple(where)]
+
+    lo, hi = inner[axis].start, inner[axis].stop
+    found = []
+    if core[axis].start > 0:
+        lower = waiting.pop((axis, index))
+        if contextual:
+            mine = slab(lo - 1, lo + 1)  # [lower's last core slice (my halo), my first]
+            lower_core, lower_view = (np.take(lower, [k], axis=axis) for k in (0, 1))
+            my_view, my_core = (np.take(mine, [k], axis=axis) for k in (0, 1))
+            found.append(_majority_links(lower_core, my_view))  # its core, as I see it
+            found.append(_majority_links(my_core, lower_view))  # my core, as it sees it
+        else:
+            found.append(_adjacent_links(lower, slab(lo, lo + 1)))
+    if core[axis].stop < shape[axis]:
+        upper = list(index)
+        upper[axis] += 1
+        waiting[(axis, tuple(upper))] = (slab(hi - 1, hi + 1) if contextual
+                                         else slab(hi - 1, hi)).copy()
+    return found
+
+
+def _final_ids(used: int, sizes: np.ndarray, links: list[np.ndarray],
+               min_size: int) -> np.ndarray:
+    """Provisional id -> final id (uint32; 0 for the background and for small objects)."""
+    pairs = np.concatenate(links) if links else np.empty((0, 2), np.int64)
+    graph = sparse.coo_matrix(
+        (np.ones(len(pairs), np.int8), (pairs[:, 0], pairs[:, 1])), shape=(used + 1, used + 1)
+    )
+    _, component = connected_components(graph, directed=False)
+    # Components are numbered from node 0 up, so objects keep roughly the scan order.
+    voxels = np.bincount(component, weights=sizes, minlength=component.max() + 1)
+    keep = voxels >= max(min_size, 1)
+    keep[component[0]] = False  # the background's component (node 0 is linked to nothing)
+    final = np.zeros(keep.size, np.uint32)
+    final[keep] = np.arange(1, int(keep.sum()) + 1, dtype=np.uint32)
+    return final[component]
