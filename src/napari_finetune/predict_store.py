@@ -13,12 +13,21 @@ writes whole chunks of its own. Each labels image has the image's levels: the
 smaller ones are filled from level 0, chunk by chunk, once every region is
 written and before the swap. Out of memory, a region is tiled with smaller
 blocks (:class:`~napari_finetune.predict_regions.RegionPredictor`).
+
+With ``instances`` (channel -> :class:`~napari_finetune.objects.ChannelRole`),
+every channel with a role also gets ``labels/objects-<channel>``: uint32
+instance ids over the whole volume, one per object across region borders
+(:func:`~napari_finetune.objects.blockwise_instances`). Its probability is kept
+aside in the objects image's staging folder while the volume is predicted (so
+the role's own threshold applies, not the mask's 0.5) and read back block by
+block; the objects image is staged and swapped in with the masks, so it is
+never half written either.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -27,6 +36,7 @@ import numpy as np
 
 from napari_finetune.config import PredictConfig
 from napari_finetune.devices import check_model_fits_image, on_device, resolve_device
+from napari_finetune.objects import ChannelRole, blockwise_instances
 from napari_finetune.predict import Progress, spatial_config, write_probs
 from napari_finetune.predict_regions import Log, RegionPredictor, region_grid
 
@@ -38,6 +48,7 @@ def predict_to_omezarr(
     config: PredictConfig | None = None,
     progress: Progress | None = None,
     log: Log | None = None,
+    instances: Mapping[str, ChannelRole] | None = None,
 ) -> list[str]:
     """Predict an OME-Zarr volume and write one NGFF label image per channel.
 
@@ -61,8 +72,12 @@ def predict_to_omezarr(
         ``progress(done, total)`` after each region.
     log : callable, optional
         Receives one line per out-of-memory step down.
+    instances : mapping of channel name to ChannelRole, optional
+        Channels with a role also get their instance labels,
+        ``labels/<objects prefix>-<channel>`` (:func:`objects_names`), computed
+        block by block with the region grid's blocks.
 
-    Returns the label names written.
+    Returns the label names written (the masks', then the objects').
 
     Raises
     ------
@@ -86,6 +101,8 @@ def predict_to_omezarr(
     block_shape, halo = spatial_config(config, image.ndim)
     chunks = tuple(min(b, s) for b, s in zip(block_shape, image.shape, strict=True))
     names = [f"{name_prefix}-{channel}" for channel in ckpt.channel_names]
+    roles = _instance_roles(instances, ckpt.channel_names)
+    object_names = objects_names(name_prefix, list(roles))
     low, high = intensity_range(image, ckpt.normalization)
     device = resolve_device(config.device)
     regions = region_grid(image.shape, chunks)
@@ -101,11 +118,72 @@ def predict_to_omezarr(
                 *prediction_metadata(channel, color), staging=staging,
             ))
             pyramids.append(staging / "labels" / name)
+        objects = []
+        for name, channel in zip(object_names, roles, strict=True):
+            staging = stack.enter_context(staged_replace(volume.path, name))
+            objects.append(create_labels_array(
+                store_path, name, tuple(image.shape), np.uint32, chunks, staging=staging,
+            ))
+            pyramids.append(staging / "labels" / name)
+            # Beside the staged image, so it goes when the staging folder does.
+            prob = zarr.open_array(str(staging / "probability"), mode="w", zarr_format=3,
+                                   shape=tuple(image.shape), chunks=chunks, dtype=np.float32)
+            index = ckpt.channel_names.index(channel)
+            targets[index] = _MaskAndProbability(targets[index], prob)
         _predict_regions(ckpt.model, image, (low, high), halo, device, regions, targets,
                          progress, log)
+        for role, target, out in zip(roles.values(), [t for t in targets
+                                     if isinstance(t, _MaskAndProbability)], objects, strict=True):
+            blockwise_instances(target.probability, role, chunks, out)
         for labels_image in pyramids:  # the image's smaller levels, before the swap
             fill_pyramid(zarr.open_group(str(labels_image), mode="r+"))
-    return names
+    return names + object_names
+
+
+def objects_names(name_prefix: str, channels: list[str]) -> list[str]:
+    """``objects-<channel>`` (``<name_prefix>-objects-<channel>`` for another prefix than
+    ``prediction``, so two runs of different names keep their own objects)."""
+    prefix = "objects" if name_prefix == "prediction" else f"{name_prefix}-objects"
+    return [f"{prefix}-{channel}" for channel in channels]
+
+
+def _instance_roles(
+    instances: Mapping[str, ChannelRole] | None, channel_names: list[str]
+) -> dict[str, ChannelRole]:
+    """The channels with a role, in channel order; a one-line ValueError for a bad one."""
+    if instances is None:
+        return {}
+    unknown = sorted(set(instances) - set(channel_names))
+    if unknown:
+        raise ValueError(
+            f"instance roles name channels {unknown} the model does not have; "
+            f"its channels are {channel_names}."
+        )
+    roles = {c: instances[c] for c in channel_names if c in instances and instances[c].role}
+    for channel, role in roles.items():
+        role.validate(channel)
+    if not roles:
+        raise ValueError(
+            f"no channel has an instance role (channels: {', '.join(channel_names)}); give one, "
+            "e.g. --role CHANNEL=boundary or --role CHANNEL=object."
+        )
+    return roles
+
+
+class _MaskAndProbability:
+    """A prediction target that stores the mask (1 where prob > 0.5) and keeps the
+    probability too, for the channel's instances (float dtype: ``write_probs`` passes
+    the probability through)."""
+
+    dtype = np.dtype(np.float32)
+
+    def __init__(self, mask: Any, probability: Any) -> None:
+        self.mask, self.probability = mask, probability
+        self.shape = mask.shape
+
+    def __setitem__(self, index: tuple[slice, ...], values: np.ndarray) -> None:
+        self.mask[index] = (values > 0.5).astype(self.mask.dtype)
+        self.probability[index] = values
 
 
 def _predict_regions(

@@ -23,6 +23,10 @@ class CLIError(Exception):
     """An error the user can fix; its message is printed as is."""
 
 
+class UsageError(CLIError):
+    """A wrong or missing option found after parsing: one line, exit code 2 as argparse's."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser with every subcommand registered."""
     from napari_finetune.cli import commands, demo
@@ -75,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(exc, OSError) and exc.filename and exc.strerror:
             message = f"{exc.strerror}: {exc.filename}"
         print(f"{PROG} {args.command}: error: {message}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(exc, UsageError) else 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -62,6 +62,17 @@ def register(sub: Any) -> None:
     p.add_argument("volume", type=Path, help="OME-Zarr store to predict (level 0)")
     p.add_argument("--name", default="prediction", help="label name prefix (default: %(default)s)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--instances", action="store_true",
+        help="also write labels/objects-<channel>: one id per object over the whole volume, "
+        "for every channel with an instance role (the checkpoint's, or --role)",
+    )
+    p.add_argument(
+        "--role", action="append", default=[], metavar="CHANNEL=ROLE",
+        help="instance role of a channel for --instances: boundary (it encloses the objects, "
+        "e.g. membrane), object (it covers them, e.g. mitochondria) or none; overrides the "
+        "checkpoint's (repeatable)",
+    )
     add_trust_option(p)
     add_predict_options(p)
     predict_cluster.add_options(p)
@@ -182,14 +193,25 @@ def predict(args: argparse.Namespace) -> int:
 
     from napari_finetune.io.omezarr import open_volume
     from napari_finetune.model.checkpoint import load_checkpoint
-    from napari_finetune.predict import predict_to_omezarr
     from napari_finetune.predict_regions import PredictOutOfMemoryError
+    from napari_finetune.predict_store import predict_to_omezarr
 
     config = config_from_args(PredictConfig, args)
+    overrides = _parse_roles(args.role)
+    if (args.instances or overrides) and predict_cluster.wanted(args):
+        from napari_finetune.cli import UsageError
+
+        raise UsageError("--instances is not available with --workers/--scheduler yet; "
+                         "run predict --instances without them (one process).")
+    if overrides and not args.instances:
+        from napari_finetune.cli import UsageError
+
+        raise UsageError("--role sets a channel's role for --instances; add --instances.")
     if predict_cluster.wanted(args):  # the default stays in process, below
         _say_missing(open_volume(args.volume))
         return predict_cluster.run(args, config)
     ckpt = load_checkpoint(args.checkpoint, trust=args.trust_factory)
+    instances = _instance_roles(ckpt, overrides) if args.instances else None
     _say_missing(open_volume(args.volume))
     bars: list = []  # made at the first block, so an early error prints no empty bar
 
@@ -212,7 +234,8 @@ def predict(args: argparse.Namespace) -> int:
 
     try:
         names = predict_to_omezarr(
-            ckpt, args.volume, args.name, config, progress=progress, log=log
+            ckpt, args.volume, args.name, config, progress=progress, log=log,
+            instances=instances,
         )
     except PredictOutOfMemoryError as exc:
         from napari_finetune.cli import CLIError
@@ -292,6 +315,58 @@ def info(args: argparse.Namespace) -> int:
     if env:
         print(f"trained with:  {describe_environment(env)}")
     return 0
+
+
+def _parse_roles(values: list[str]) -> dict[str, str | None]:
+    """``--role CHANNEL=ROLE`` values as {channel: role or None}; a one-line UsageError."""
+    from napari_finetune.cli import UsageError
+    from napari_finetune.objects import ROLES
+
+    roles: dict[str, str | None] = {}
+    for value in values:
+        channel, sep, role = value.partition("=")
+        channel, role = channel.strip(), role.strip().lower()
+        if not sep or not channel or role not in (*ROLES, "none"):
+            raise UsageError(
+                f"--role {value!r}: give CHANNEL=ROLE with ROLE one of "
+                f"{', '.join(ROLES)} or none, e.g. --role membrane=boundary."
+            )
+        roles[channel] = None if role == "none" else role
+    return roles
+
+
+def _instance_roles(ckpt: Any, overrides: dict[str, str | None]) -> dict[str, Any]:
+    """The checkpoint's instance roles with ``--role`` applied; a one-line UsageError when a
+    channel is unknown or none has a role."""
+    from dataclasses import replace
+
+    from napari_finetune.cli import UsageError
+    from napari_finetune.objects import ChannelRole, roles_from_metadata
+
+    names = [str(n) for n in ckpt.channel_names]
+    unknown = sorted(set(overrides) - set(names))
+    if unknown:
+        raise UsageError(
+            f"--role names channels {unknown} the model does not have; its channels are "
+            f"{', '.join(names)}."
+        )
+    roles = roles_from_metadata(ckpt.metadata, names)
+    for channel, role in overrides.items():
+        # A role given on the command line keeps the checkpoint's parameters for that channel
+        # when it had the same role; otherwise the role's defaults.
+        kept = roles[channel]
+        if role is None:
+            roles[channel] = replace(kept, role=None)
+        elif kept.role != role:
+            roles[channel] = ChannelRole(role)
+    if not any(r.role for r in roles.values()):
+        which = Path(ckpt.path).name if ckpt.path else "the checkpoint"
+        raise UsageError(
+            f"{which} gives no channel an instance role (channels: "
+            f"{', '.join(names)}); set one with --role CHANNEL=boundary or "
+            "--role CHANNEL=object, e.g. --role " + f"{names[0]}=object."
+        )
+    return roles
 
 
 def _say_missing(volume: Any) -> None:

@@ -1,0 +1,169 @@
+"""``napari-finetune predict --instances``: masks and objects over the volume in one command."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from napari_finetune.config import PredictConfig
+from napari_finetune.io.omezarr import list_labels, open_volume
+from napari_finetune.io.staging import STAGING_PREFIX
+from napari_finetune.model.checkpoint import load_checkpoint, save_checkpoint
+from napari_finetune.model.unet import UNet
+from napari_finetune.objects import instances_of, roles_from_metadata
+from test_cli import assert_one_line_error, run_cli
+from test_predict_store import _ngff_store
+
+BLOCK = ["--block-shape", "8", "16", "16", "--halo", "8", "16", "16", "--device", "cpu", "-q"]
+OBJECTS = ["objects-membrane", "objects-mitochondria"]
+CONFIG = PredictConfig(block_shape=(8, 16, 16), halo=(8, 16, 16), device="cpu")
+
+
+def same_up_to_relabelling(a: np.ndarray, b: np.ndarray) -> bool:
+    """Background in the same voxels, and one-to-one ids between a and b."""
+    if not np.array_equal(a > 0, b > 0):
+        return False
+    pairs = np.unique(np.stack([a[a > 0], b[b > 0]]), axis=1)
+    return pairs.shape[1] == np.unique(a[a > 0]).size == np.unique(b[b > 0]).size
+
+
+def probabilities(checkpoint: Path, store: Path) -> np.ndarray:
+    """The whole volume's probabilities, in memory."""
+    from napari_finetune.data.normalization import intensity_range
+    from napari_finetune.predict import predict_volume
+
+    ckpt = load_checkpoint(checkpoint)
+    image = open_volume(store).data
+    return np.asarray(predict_volume(ckpt.model, image,
+                                     intensity_range(image, ckpt.normalization), CONFIG))
+
+
+@pytest.fixture
+def textured(tmp_path: Path, checkpoint: Path) -> Path:
+    """The test checkpoint with roles whose thresholds sit at its channels' medians on the
+    test image, so the untrained model's output gives many objects (the sample roles give
+    one or none: its probabilities hardly vary)."""
+    probs = probabilities(checkpoint, _ngff_store(tmp_path / "probe.zarr", "0.5", ()))
+    ckpt = load_checkpoint(checkpoint)
+    roles = {
+        "membrane": {"role": "boundary", "threshold": float(np.median(probs[0])),
+                     "seed_distance": 1.0},
+        "mitochondria": {"role": "object", "threshold": float(np.median(probs[1])),
+                         "min_size": 3},
+    }
+    return save_checkpoint(tmp_path / "textured.pt", ckpt.model,
+                           {**ckpt.metadata, "instance_roles": roles})
+
+
+@pytest.mark.parametrize("version", ["0.4", "0.5"])
+def test_predict_instances_writes_valid_uint32_objects_with_the_image_levels(
+    capsys, tmp_path, textured, version
+):
+    from ngff_validation import assert_valid_ngff
+
+    store = _ngff_store(tmp_path / f"vol{version}.zarr", version, (2, 4))
+    code, out, err = run_cli(capsys, "predict", textured, store, "--instances", *BLOCK)
+    assert code == 0, err
+    for name in OBJECTS:
+        assert f"labels/{name}" in out
+        assert name in list_labels(store)
+    assert_valid_ngff(store)
+    image_levels = open_volume(store).levels
+    for name in OBJECTS:
+        levels = open_volume(store / "labels" / name).levels
+        assert len(levels) == len(image_levels) == 3
+        assert [tuple(a.shape) for a in levels] == [tuple(a.shape) for a in image_levels]
+        assert all(np.dtype(a.dtype) == np.uint32 for a in levels)
+    counts = []
+    for name in OBJECTS:  # ids 1..N in each
+        labels = np.asarray(open_volume(store / "labels" / name).levels[0])
+        ids = np.unique(labels[labels > 0])
+        assert ids.tolist() == list(range(1, ids.size + 1))
+        counts.append(ids.size)
+    assert min(counts) > 1, counts
+    assert not list(store.glob(STAGING_PREFIX + "*"))  # staging removed
+
+
+def test_predict_instances_equals_one_piece_for_the_object_channel(
+    capsys, monkeypatch, tmp_path, textured
+):
+    """The store's objects equal instances_of on the whole volume's probabilities (object
+    channel: exactly, up to the numbering) with blocks smaller than the volume. The
+    probabilities are the ones the command kept aside (predict_volume's differ in the last
+    bits, and this untrained model's sit close to its thresholds)."""
+    from napari_finetune import predict_store
+    seen = {}
+    real = predict_store.blockwise_instances
+
+    def spy(prob, params, block_shape, out, **kwargs):
+        seen[params.role] = np.asarray(prob[...])  # the test reads it whole, the code not
+        return real(prob, params, block_shape, out, **kwargs)
+
+    monkeypatch.setattr(predict_store, "blockwise_instances", spy)
+    store = _ngff_store(tmp_path / "vol.zarr", "0.5", ())
+    code, _, err = run_cli(capsys, "predict", textured, store, "--instances", *BLOCK)
+    assert code == 0, err
+    ckpt = load_checkpoint(textured)
+    roles = roles_from_metadata(ckpt.metadata, ckpt.channel_names)
+    whole = instances_of(seen["object"][None], {"m": roles["mitochondria"]}, ["m"])["m"]
+    stored = np.asarray(open_volume(store / "labels" / "objects-mitochondria").levels[0])
+    assert whole.max() > 1
+    assert same_up_to_relabelling(stored, whole)
+    mask = np.asarray(open_volume(store / "labels" / "prediction-mitochondria").levels[0])
+    assert np.array_equal(mask, seen["object"] > 0.5)  # the same probabilities as the mask's
+
+
+def test_a_checkpoint_without_roles_says_how_to_set_one(capsys, tmp_path, store):
+    model = UNet(dims=3, depth=2, features=4, out_channels=2)
+    plain = save_checkpoint(tmp_path / "plain.pt", model, {"channel_names": ["a", "b"]})
+    code, _, err = run_cli(capsys, "predict", plain, store, "--instances", *BLOCK)
+    assert_one_line_error(code, err, expected=2)
+    assert "--role" in err and "a, b" in err
+    assert not [n for n in list_labels(store)]  # nothing written
+    code, _, err = run_cli(capsys, "predict", plain, store, "--instances", "--role", "b=object",
+                           *BLOCK)
+    assert code == 0, err
+    assert "objects-b" in list_labels(store) and "objects-a" not in list_labels(store)
+
+
+@pytest.mark.parametrize("role,says", [
+    ("membrane", "CHANNEL=ROLE"),
+    ("membrane=cells", "CHANNEL=ROLE"),
+    ("nucleus=object", "does not have"),
+])
+def test_a_bad_role_is_a_one_line_error(capsys, store, checkpoint, role, says):
+    code, _, err = run_cli(capsys, "predict", checkpoint, store, "--instances", "--role", role,
+                           *BLOCK)
+    assert_one_line_error(code, err, expected=2)
+    assert says in err
+    assert list_labels(store) == []
+
+
+def test_instances_with_workers_is_not_available_yet(capsys, store, checkpoint):
+    code, _, err = run_cli(capsys, "predict", checkpoint, store, "--instances", "--workers", "2")
+    assert_one_line_error(code, err, expected=2)
+    assert "not available with --workers" in err
+
+
+def test_role_none_turns_a_channel_off(capsys, store, checkpoint):
+    code, out, err = run_cli(capsys, "predict", checkpoint, store, "--instances",
+                             "--role", "membrane=none", *BLOCK)
+    assert code == 0, err
+    assert "objects-mitochondria" in list_labels(store)
+    assert "objects-membrane" not in list_labels(store)
+
+
+def test_too_many_objects_keep_the_store_as_it_was(capsys, monkeypatch, store, checkpoint):
+    from napari_finetune.objects import segment
+
+    assert run_cli(capsys, "predict", checkpoint, store, *BLOCK)[0] == 0
+    before = sorted(list_labels(store))
+    monkeypatch.setattr(segment, "MAX_ID", 1)
+    code, _, err = run_cli(capsys, "predict", checkpoint, store, "--instances", *BLOCK)
+    assert_one_line_error(code, err)
+    assert "overflow uint32" in err
+    assert sorted(list_labels(store)) == before
+    assert not list(Path(store).glob(STAGING_PREFIX + "*"))
+
