@@ -45,6 +45,7 @@ def assert_one_line_error(code, err, expected=1):
     assert "error" in lines[0]
 
 
+@pytest.mark.serial  # a bound on the start-up time
 def test_help_is_fast_and_imports_no_torch():
     code = (
         "import sys, time; t = time.perf_counter(); from napari_finetune.cli import main; "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pytest
 from napari.utils.notifications import NotificationSeverity, notification_manager
 from qtpy.QtCore import Qt, QTimer
 from qtpy.QtWidgets import QFileDialog
@@ -62,6 +63,7 @@ def _errors() -> list[str]:
             if n.severity == NotificationSeverity.ERROR]
 
 
+@pytest.mark.serial  # a bound on the main thread's stalls
 def test_finetune_refreshes_prediction_and_status_without_freezing(docked, qtbot):
     viewer, widget, image = docked
     qtbot.mouseClick(widget.predict_button, Qt.LeftButton)
@@ -238,6 +240,7 @@ def test_a_2d_image_with_a_2d_model(make_napari_viewer, qtbot, tmp_path):
     assert viewer.layers["membrane prediction"].data.shape == (64, 64)
 
 
+@pytest.mark.serial  # bounds on the click handler and the stalls
 def test_the_prediction_layers_come_with_the_corrections_not_with_the_click(docked, qtbot):
     """Nothing predicted yet: the layers are added when a corrections layer is chosen, one
     per event-loop turn, below it (strokes on top); the click adds none (napari's

@@ -30,6 +30,9 @@ from napari_finetune.trainer.retry import optimizer_step
 from napari_finetune.trainer.start import choose_micro_batch
 from napari_finetune.trainer.sync import LocalSync
 
+# Free ports picked then released, a bound on how fast a lost rank is noticed: run alone.
+pytestmark = pytest.mark.serial
+
 HERE = Path(__file__).parent
 WAIT_S = 120  # far above a 5-step run of the tiny set-up (about 10 s here)
 
