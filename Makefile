@@ -47,15 +47,26 @@ demo: $(VENV)/.installed
 
 # The whole suite on Qt 5 (qtpy's first choice), then the widget tests again on Qt 6
 # (of the napari-process shutdown cases, ~17 s each, the two that lost work before).
+# Each run is two pytest calls: every test that may share a moment with another on
+# $(JOBS) xdist workers, then the tests marked `serial` alone (time bounds, signals,
+# ports, a dask cluster, torch's thread count). --durations names the slowest tests.
 QT6_SKIP := quit-mid-run or remove-dock-mid-run or close-then-exit
+JOBS ?= 2
+PARALLEL := -n $(JOBS) --durations=15
+QT6 := QT_API=pyqt6 PYTEST_QT_API=pyqt6
 test: system-deps $(VENV)/.installed $(VENV)/.test-peers
 	$(VENV)/bin/ruff check src tests benchmarks sample_data
 	$(VENV)/bin/lint-imports
-	$(XVFB) $(PY) -m pytest
-	QT_API=pyqt6 PYTEST_QT_API=pyqt6 $(XVFB) $(PY) -m pytest tests/_qt -k "not ($(QT6_SKIP))"
+	$(XVFB) $(PY) -m pytest $(PARALLEL) -m "not slow and not serial"
+	$(XVFB) $(PY) -m pytest --durations=15 -m "serial and not slow"
+	$(QT6) $(XVFB) $(PY) -m pytest tests/_qt $(PARALLEL) -m "not slow and not serial" \
+		-k "not ($(QT6_SKIP))"
+	$(QT6) $(XVFB) $(PY) -m pytest tests/_qt -m "serial and not slow" -k "not ($(QT6_SKIP))"
 
+# Before a release: everything, the slow end-to-end tests too, the same two ways.
 test-all: system-deps $(VENV)/.installed $(VENV)/.test-peers
-	$(XVFB) $(PY) -m pytest -m ""
+	$(XVFB) $(PY) -m pytest $(PARALLEL) -m "not serial"
+	$(XVFB) $(PY) -m pytest --durations=15 -m "serial"
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -163,7 +163,8 @@ def test_predict_block_keeps_per_module_modes():
 def test_monai_unet_predicts_sizes_its_strides_do_not_divide():
     # Before: foreign models got a multiple of 1, no padding, and MONAI UNet failed
     # on 30x100x100 (its strides need multiples of 8 here).
-    nets = pytest.importorskip("monai.networks.nets")
+    from monai.networks import nets
+
     model = nets.UNet(spatial_dims=3, in_channels=1, out_channels=2, channels=(2, 4, 4, 4),
                       strides=(2, 2, 2), norm="batch").eval()
     volume = np.random.default_rng(7).random((30, 100, 100), dtype=np.float32)
@@ -183,9 +184,10 @@ def test_block_grid_aligns_each_axis_to_its_own_multiple():
 
 
 def test_shape_multiple_is_one_divisor_for_every_axis():
+    from monai.networks import nets
+
     from napari_finetune.predict import shape_multiple, spatial_multiple
 
-    nets = pytest.importorskip("monai.networks.nets")
     model = nets.UNet(spatial_dims=3, in_channels=1, out_channels=2, channels=(2, 4, 4),
                       strides=((1, 2, 2), 2))
     assert spatial_multiple(model, 3) == (2, 4, 4)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from distributed import Client
 
 from napari_finetune import palette
 from napari_finetune.config import PredictConfig
@@ -32,7 +33,7 @@ from ngff_validation import validate_with_ome_zarr_models
 from test_cli import make_store
 from test_predict_store import image_label
 
-pytest.importorskip("distributed")
+pytestmark = pytest.mark.serial  # a shared LocalCluster; its workers are killed
 
 CHANNELS = ["membrane", "mitochondria"]
 NAMES = [f"prediction-{c}" for c in CHANNELS]
@@ -43,8 +44,6 @@ REGIONS = 12
 
 @pytest.fixture(scope="module")
 def client():
-    from distributed import Client
-
     from napari_finetune.predict_distributed import local_cluster
 
     cluster, _ = local_cluster(2, dashboard_address=":0")

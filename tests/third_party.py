@@ -30,8 +30,10 @@ _LIBRARIES: list[torch.library.Library] = []  # a dropped Library removes its de
 
 
 def monai_nets() -> ModuleType:
-    """``monai.networks.nets`` (a dev dependency; skipped where it is not installed)."""
-    return pytest.importorskip("monai.networks.nets")
+    """``monai.networks.nets`` (a dev dependency: a broken install fails, not skips)."""
+    from monai.networks import nets
+
+    return nets
 
 
 def _torchvision_ops_load() -> bool:

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
+import bioimageio.spec  # noqa: F401  (a dev dependency: a broken install fails, not skips)
 import numpy as np
-import pytest
 from qtpy.QtCore import Qt
 from tests._qt.conftest import CHANNELS, choose_checkpoint, make_volume, wait_idle
-
-pytest.importorskip("bioimageio.spec")
 
 
 def test_model_field_reads_a_package_and_predicts_like_the_checkpoint(docked, qtbot, tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pytest
 from napari.utils.notifications import NotificationSeverity, notification_manager
 from qtpy.QtCore import Qt, QTimer
 from qtpy.QtWidgets import QFileDialog
@@ -62,6 +63,7 @@ def _errors() -> list[str]:
             if n.severity == NotificationSeverity.ERROR]
 
 
+@pytest.mark.serial  # a bound on the main thread's stalls
 def test_finetune_refreshes_prediction_and_status_without_freezing(docked, qtbot):
     viewer, widget, image = docked
     qtbot.mouseClick(widget.predict_button, Qt.LeftButton)
@@ -188,11 +190,17 @@ def test_closing_the_dock_stops_the_run(docked, qtbot):
     _setup_run(viewer, widget, qtbot, steps=500, batch=1)
     state = widget.state
     qtbot.mouseClick(widget.finetune_button, Qt.LeftButton)
-    qtbot.waitUntil(lambda: state.trainer is not None, timeout=60_000)
+    # A step first: a run removed before step 1 cannot tell a stop from a run never begun.
+    qtbot.waitUntil(lambda: any(st.kind == "step" for st in state.statuses), timeout=60_000)
     trainer = state.trainer
     viewer.window.remove_dock_widget("all")
+    assert state.closed and state.stop_requested
     qtbot.waitUntil(lambda: state.running == 0, timeout=120_000)
-    assert trainer.steps_done < 500 and not state.errors
+    # The run ended at an event after a whole step, and the closed widget's state still
+    # recorded the steps it made after the removal: the last one is the trainer's.
+    last = state.statuses[-1]
+    assert last.kind == "step" and 1 <= last.step < 500, [st.kind for st in state.statuses]
+    assert trainer.steps_done == last.step and not state.errors
 
 
 def test_a_2d_image_with_a_2d_model(make_napari_viewer, qtbot, tmp_path):
@@ -232,6 +240,7 @@ def test_a_2d_image_with_a_2d_model(make_napari_viewer, qtbot, tmp_path):
     assert viewer.layers["membrane prediction"].data.shape == (64, 64)
 
 
+@pytest.mark.serial  # bounds on the click handler and the stalls
 def test_the_prediction_layers_come_with_the_corrections_not_with_the_click(docked, qtbot):
     """Nothing predicted yet: the layers are added when a corrections layer is chosen, one
     per event-loop turn, below it (strokes on top); the click adds none (napari's

@@ -30,6 +30,7 @@ def _call_then_wait(fn, *args):
     yield result
 
 
+@pytest.mark.serial  # torch's process-wide thread count against every core
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores to leave one free")
 def test_saves_during_a_run_leave_training_its_threads(tiny_store, tiny_checkpoint):
     cores = os.cpu_count()
@@ -82,6 +83,7 @@ def test_jobs_report_results_through_returned_and_failures_through_errored(qtbot
     assert all(worker.wait(5.0) for worker in workers)
 
 
+@pytest.mark.serial  # torch's process-wide thread count against every core
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores to leave one free")
 def test_overlapping_computing_jobs_share_one_setting(tiny_checkpoint):
     """A prediction that begins during a run and ends after it: while either computes,

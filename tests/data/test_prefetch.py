@@ -87,7 +87,8 @@ def test_stage_runs_on_the_producer_thread_and_only_for_cuda():
 
 
 def test_pinned_copy_is_pinned_and_equal():
-    torch = pytest.importorskip("torch")
+    import torch
+
     if not torch.cuda.is_available():
         pytest.skip("pinned memory needs CUDA")
     from napari_finetune.data.prefetch import pinned_copy

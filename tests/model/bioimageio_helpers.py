@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from bioimageio.spec.utils import read_yaml, write_yaml
 
 from napari_finetune.model.checkpoint import save_checkpoint
 from napari_finetune.model.unet import UNet
@@ -56,8 +57,6 @@ def unpack(package: Path, folder: Path) -> Path:
 
 def edit_rdf(folder: Path, change) -> Path:
     """Apply ``change(dict)`` to the folder package's ``rdf.yaml``."""
-    from bioimageio.spec.utils import read_yaml, write_yaml
-
     rdf = folder / "rdf.yaml"
     content = read_yaml(rdf)
     change(content)

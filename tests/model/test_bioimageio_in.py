@@ -21,8 +21,6 @@ from bioimageio_helpers import (
 from napari_finetune.bioimageio import is_bioimageio_package
 from napari_finetune.model.checkpoint import CheckpointError, load_checkpoint
 
-pytest.importorskip("bioimageio.spec")
-
 
 @pytest.fixture(scope="module")
 def package(tmp_path_factory) -> Path:

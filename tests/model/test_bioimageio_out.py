@@ -5,9 +5,11 @@ from __future__ import annotations
 import zipfile
 from pathlib import Path
 
+import bioimageio.core
 import numpy as np
 import pytest
 import torch
+from bioimageio.spec.utils import read_yaml
 from bioimageio_helpers import (
     CHANNELS,
     block_network,
@@ -20,21 +22,15 @@ from bioimageio_helpers import (
 
 from napari_finetune.model.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 
-pytest.importorskip("bioimageio.core")
-
 
 def _rdf(package: Path) -> dict:
-    from bioimageio.spec.utils import read_yaml
-
     with zipfile.ZipFile(package) as archive:
         return read_yaml(archive.read("rdf.yaml").decode())
 
 
 def _test_model(package: Path) -> dict[str, str]:
     """``{test name: status}`` of bioimageio.core's test_model, which must pass."""
-    from bioimageio.core import test_model
-
-    summary = test_model(package)
+    summary = bioimageio.core.test_model(package)
     statuses = {detail.name: detail.status for detail in summary.details}
     assert summary.status == "passed", [d for d in summary.details if d.status == "failed"]
     return statuses

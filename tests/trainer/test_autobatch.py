@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import numpy as np
@@ -14,6 +15,7 @@ from napari_finetune.trainer.autobatch import (
     autobatch,
     choose_batch,
     fit_line,
+    pending_optimizer_bytes,
     profile_sizes,
 )
 
@@ -173,10 +175,15 @@ def test_an_oom_at_a_profile_point_ends_the_profile_and_caps_the_choice():
 def test_the_profile_stops_before_a_size_the_fit_says_cannot_fit():
     trainer = make_trainer(batch_size=64, autobatch=True)
     trainer.build()
-    memory = FakeMemory([100, 200, 400, 800, 1600, 3200, 6400], free=1000)
+    # Free memory such that 0.8 x free less the optimizer state AdamW's first step will
+    # take leaves 750 B: 100 B/sample predicts 800 B at batch 8, which is not tried.
+    reserved = pending_optimizer_bytes(trainer.parts.optimizer)
+    memory = FakeMemory([100, 200, 400, 800, 1600, 3200, 6400],
+                        free=math.ceil((reserved + 750) / 0.8))
     decision = autobatch(trainer, memory)
-    # 0.8 * 1000 less the optimizer state: 8 is predicted at 800 and is not tried.
-    assert memory.measured < 4 and decision.applied
+    assert memory.measured == 3 and [size for size, _ in decision.points] == [1, 2, 4]
+    # floor(750 / 100) = 7 samples fit: 64 in the fewest micro-batches of at most 7.
+    assert decision.applied and (trainer.batch_size, trainer.accumulation) == (7, 10)
 
 
 def test_cpu_runs_without_autobatch_by_default_and_say_why_when_asked():
