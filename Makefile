@@ -8,7 +8,7 @@ APT_PACKAGES := xvfb xauth libgl1-mesa-dri libglx-mesa0 libegl1 libxkbcommon-x11
 	libxcb-render-util0 libxcb-shape0 libxcb-xinerama0 libxcb-xfixes0 libdbus-1-3 libfontconfig1
 XVFB := xvfb-run -a -s "-screen 0 1280x1024x24"
 
-.PHONY: demo test test-all lint system-deps install clean
+.PHONY: demo test test-all bench lint system-deps install clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -67,6 +67,11 @@ test: system-deps $(VENV)/.installed $(VENV)/.test-peers
 test-all: system-deps $(VENV)/.installed $(VENV)/.test-peers
 	$(XVFB) $(PY) -m pytest $(PARALLEL) -m "not serial"
 	$(XVFB) $(PY) -m pytest --durations=15 -m "serial"
+
+# Re-measure docs/benchmarks.md: every benchmark in a few minutes, each table under a
+# line naming the commit, date, machine and load average (benchmarks/run_all.py).
+bench: $(VENV)/.installed
+	$(PY) benchmarks/run_all.py --quick
 
 clean:
 	rm -rf $(VENV) .pytest_cache
