@@ -187,16 +187,41 @@ def export_job(trainer: Any, path: str) -> Job[str]:
 
 def save_predictions_job(
     store_path: str, arrays: Sequence[tuple[str, str, np.ndarray]],
+    objects: Sequence[tuple[str, np.ndarray]] = (),
 ) -> Job[list[str]]:
     """Write each ``(channel, colour, mask)`` into ``<store>/labels/prediction-<channel>``
-    with its colour and class name; returns the names written."""
-    from napari_finetune.io.labels import prediction_metadata
-    from napari_finetune.io.omezarr import write_labels
+    with its colour and class name, and each ``(channel, uint32 ids)`` into
+    ``labels/objects-<channel>``; returns the names written.
 
-    names = []
-    for i, (channel, color, array) in enumerate(arrays):
-        name = f"prediction-{channel}"
-        write_labels(store_path, name, array, *prediction_metadata(channel, color))
-        names.append(name)
-        yield Progress(i + 1, len(arrays), "save predictions")
-    return names
+    As ``napari-finetune predict --instances`` does: every image is written
+    whole, every level, in a staging folder, and all are swapped in together
+    after the last one is complete, so a failure (full disk, an error) leaves
+    the store's previous labels, none half written and none of a mixed save.
+    """
+    from contextlib import ExitStack
+
+    import zarr
+
+    from napari_finetune.io.labels import create_labels_array, prediction_metadata
+    from napari_finetune.io.pyramid import fill_pyramid, write_level0
+    from napari_finetune.io.staging import staged_replace
+    from napari_finetune.io.volume import open_volume
+    from napari_finetune.predict_store import objects_names
+
+    store = open_volume(store_path).path  # the image group, as the CLI stages into
+    channels = [channel for channel, _ in objects]
+    items = [(f"prediction-{channel}", array, np.uint8, prediction_metadata(channel, color))
+             for channel, color, array in arrays]
+    items += [(name, array, np.uint32, (None, None))
+              for name, (_, array) in zip(objects_names("prediction", channels), objects,
+                                          strict=True)]
+    with ExitStack() as stack:  # left in reverse order: every swap after the last write
+        for i, (name, array, dtype, (colors, properties)) in enumerate(items):
+            staging = stack.enter_context(staged_replace(store, name))
+            level0 = create_labels_array(store_path, name, tuple(array.shape), dtype,
+                                         colors=colors, properties=properties,
+                                         staging=staging)
+            write_level0(level0, array)
+            fill_pyramid(zarr.open_group(str(staging / "labels" / name), mode="r+"))
+            yield Progress(i + 1, len(items), "save predictions")
+    return [name for name, *_ in items]
