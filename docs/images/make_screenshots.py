@@ -5,7 +5,10 @@
 Drives the real widget on the synthetic-em sample with its pretrained model:
 Predict, paint corrections from a few ground-truth disks on one slice (what a
 careful user paints), Fine-tune, a mid-run capture, and Paint here next after
-the run (the uncertainty layer, the validation curve in the plot). The mid-run
+the run (the uncertainty layer, the validation curve in the plot), and Objects
+on the final prediction (cells and mitochondria, each object its own colour;
+``SHOTS=objects`` takes only that one, on the pretrained model's prediction,
+in the dark theme, without fine-tuning). The mid-run
 status shows a simulated out-of-memory (a forward pre-hook, as in the tests) so
 the guide can show what a recovery looks like; it is labelled as such in the
 guide. The window captures are taken in napari's dark theme and again in its
@@ -82,6 +85,21 @@ def _paint_disks(layer, truth: np.ndarray, wrong: np.ndarray, z: int, radius: in
     layer.refresh()
 
 
+def _objects_shot(viewer, app, widget, themes: bool = True) -> None:
+    """Objects on the current prediction: the objects layers over the image, counts in the log."""
+    widget.objects_button.click()
+    _wait(app, lambda: widget.state.busy is None and widget.state.running == 0)
+    from napari_finetune._qt.layers import OBJECTS_KEY
+
+    for layer in viewer.layers:  # the objects alone over the image
+        layer.visible = OBJECTS_KEY in layer.metadata or layer is widget.image_layer()
+    _close_toasts(viewer)
+    if themes:
+        _save_themes(viewer, app, "07-objects.png")
+    else:
+        _save(viewer.screenshot(canvas_only=False, flash=False), "07-objects.png")
+
+
 def main() -> int:
     import warnings
 
@@ -109,6 +127,11 @@ def main() -> int:
 
     widget.predict_button.click()
     _wait(app, lambda: widget.state.busy is None)
+    if os.environ.get("SHOTS") == "objects":
+        _objects_shot(viewer, app, widget, themes=False)
+        print("errors", widget.state.errors)
+        viewer.close()
+        return 0
     _save_themes(viewer, app, "01-predict.png")
 
     widget.new_corrections_button.click()
@@ -144,6 +167,7 @@ def main() -> int:
         viewer.layers[name].visible = False
     _close_toasts(viewer)
     _save_themes(viewer, app, "06-paint-here-next.png")
+    _objects_shot(viewer, app, widget)
     print("timings", widget.state.timings, "errors", widget.state.errors)
     viewer.close()
     return 0

@@ -26,6 +26,7 @@ from napari_finetune._qt.layers import (
     prediction_layers,
     show_predictions,
 )
+from napari_finetune._qt.objects_step import describe_roles
 from napari_finetune._qt.state import CheckpointInfo, Untrusted, release_trainer, shut_down
 from napari_finetune._qt.trust import ask_to_trust, info_job, refusal
 from napari_finetune._qt.worker import Job, start_call, start_job
@@ -143,6 +144,7 @@ class Controller:
         if not path or (s.info is not None and s.info.path == path):
             return
         release_trainer(s)  # a new model: the old run's weights no longer apply
+        s.probabilities, s.predicted_image = {}, None  # its roles and channels may differ
         s.info = None
         self.w.settings.set_lora_share(0.0)
         self.w.checkpoint_label.setText("reading checkpoint…")
@@ -164,6 +166,7 @@ class Controller:
         self.w.checkpoint_label.setText(
             f"{Path(result.path).name}: {result.dims}D, channels {', '.join(result.channel_names)}"
         )
+        self.w.objects_label.setText(describe_roles(result))
         self.follow_corrections(self.w.corrections_layer())
 
     def answer_untrusted(self, question: Untrusted) -> None:
@@ -183,16 +186,20 @@ class Controller:
         if layer is None or s.info is None:
             return
         model = s.trainer.model if s.trainer is not None else None
+        # The channels with a role keep their probability too, for the Objects step.
+        keep = [i for i, name in enumerate(s.info.channel_names) if name in s.info.roles]
         self.run_job("predict", jobs.predict_job, s.info.path, corr.image_level0(layer),
                      len(s.info.channel_names), self.w.settings.device_name(), model=model,
-                     normalization=s.info.normalization, trust=s.info.trust,
+                     normalization=s.info.normalization, trust=s.info.trust, keep=keep,
                      what="Prediction failed", on_result=self._show_prediction)
 
-    def _show_prediction(self, masks: list[np.ndarray]) -> None:
+    def _show_prediction(self, prediction: jobs.Prediction) -> None:
         s, image = self.state, self.w.image_layer()
         if s.info is None or image is None:
             return
-        info = s.info
+        info, masks = s.info, prediction.masks
+        s.probabilities = {info.channel_names[i]: p for i, p in prediction.probabilities.items()}
+        s.predicted_image, s.prediction_id = image, s.prediction_id + 1
         s.busy = "show"  # the buttons wait for the layers; the job's end leaves this be
 
         def show() -> None:  # into layers that are there, so no stall of two add_labels

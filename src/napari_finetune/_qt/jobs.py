@@ -52,12 +52,43 @@ def model_to_predict(
     return model, intensity_range(image, normalization or {}), channel_count
 
 
+@dataclasses.dataclass
+class Prediction:
+    """A whole-volume prediction: one uint8 mask per channel (1 where prob > 0.5) and the
+    float32 probability of the channels asked for, by channel index."""
+
+    masks: list[np.ndarray]
+    probabilities: dict[int, np.ndarray]
+
+
+class _MaskAndProbability:
+    """A ``predict_volume`` target that writes a channel's mask and keeps its probability.
+
+    Its float dtype makes ``predict_volume`` pass the probability through; the
+    mask is cut here. One prediction gives both, so the Objects step never
+    predicts again, and uses the role's own threshold, not the mask's 0.5.
+    """
+
+    dtype = np.dtype(np.float32)
+
+    def __init__(self, mask: np.ndarray) -> None:
+        self.mask = mask
+        self.probability = np.zeros(mask.shape, np.float32)
+        self.shape = mask.shape
+
+    def __setitem__(self, index: tuple[slice, ...], values: np.ndarray) -> None:
+        self.mask[index] = values > 0.5
+        self.probability[index] = values
+
+
 def predict_job(
     checkpoint_path: str, image: Any, channel_count: int | None, device: str,
     model: Any = None, normalization: dict | None = None, trust: Sequence[str] = (),
-) -> Job[list[np.ndarray]]:
-    """Whole-volume prediction, blockwise, returning one uint8 mask per channel;
-    ``model`` (a fine-tuned one) skips loading."""
+    keep: Sequence[int] = (),
+) -> Job[Prediction]:
+    """Whole-volume prediction, blockwise: one uint8 mask per channel, and the probability
+    of the channels in ``keep`` (indices; the ones with an instance role); ``model`` (a
+    fine-tuned one) skips loading."""
     from napari_finetune.config import PredictConfig
     from napari_finetune.predict import predict_volume
 
@@ -66,14 +97,18 @@ def predict_job(
     )
     shape = tuple(int(s) for s in image.shape)
     masks = [np.zeros(shape, dtype=np.uint8) for _ in range(channel_count or 1)]
+    targets: list[Any] = [
+        _MaskAndProbability(mask) if i in keep else mask for i, mask in enumerate(masks)
+    ]
     config = PredictConfig(device=device)
     with core_left_for_the_ui():
         yield from with_progress(
-            lambda progress: predict_volume(model, image, low_high, config, out=masks,
+            lambda progress: predict_volume(model, image, low_high, config, out=targets,
                                             progress=progress),
             "predict",
         )
-    return masks
+    return Prediction(masks, {i: t.probability for i, t in enumerate(targets)
+                              if isinstance(t, _MaskAndProbability)})
 
 
 def train_job(
@@ -152,16 +187,41 @@ def export_job(trainer: Any, path: str) -> Job[str]:
 
 def save_predictions_job(
     store_path: str, arrays: Sequence[tuple[str, str, np.ndarray]],
+    objects: Sequence[tuple[str, np.ndarray]] = (),
 ) -> Job[list[str]]:
     """Write each ``(channel, colour, mask)`` into ``<store>/labels/prediction-<channel>``
-    with its colour and class name; returns the names written."""
-    from napari_finetune.io.labels import prediction_metadata
-    from napari_finetune.io.omezarr import write_labels
+    with its colour and class name, and each ``(channel, uint32 ids)`` into
+    ``labels/objects-<channel>``; returns the names written.
 
-    names = []
-    for i, (channel, color, array) in enumerate(arrays):
-        name = f"prediction-{channel}"
-        write_labels(store_path, name, array, *prediction_metadata(channel, color))
-        names.append(name)
-        yield Progress(i + 1, len(arrays), "save predictions")
-    return names
+    As ``napari-finetune predict --instances`` does: every image is written
+    whole, every level, in a staging folder, and all are swapped in together
+    after the last one is complete, so a failure (full disk, an error) leaves
+    the store's previous labels, none half written and none of a mixed save.
+    """
+    from contextlib import ExitStack
+
+    import zarr
+
+    from napari_finetune.io.labels import create_labels_array, prediction_metadata
+    from napari_finetune.io.pyramid import fill_pyramid, write_level0
+    from napari_finetune.io.staging import staged_replace
+    from napari_finetune.io.volume import open_volume
+    from napari_finetune.predict_store import objects_names
+
+    store = open_volume(store_path).path  # the image group, as the CLI stages into
+    channels = [channel for channel, _ in objects]
+    items = [(f"prediction-{channel}", array, np.uint8, prediction_metadata(channel, color))
+             for channel, color, array in arrays]
+    items += [(name, array, np.uint32, (None, None))
+              for name, (_, array) in zip(objects_names("prediction", channels), objects,
+                                          strict=True)]
+    with ExitStack() as stack:  # left in reverse order: every swap after the last write
+        for i, (name, array, dtype, (colors, properties)) in enumerate(items):
+            staging = stack.enter_context(staged_replace(store, name))
+            level0 = create_labels_array(store_path, name, tuple(array.shape), dtype,
+                                         colors=colors, properties=properties,
+                                         staging=staging)
+            write_level0(level0, array)
+            fill_pyramid(zarr.open_group(str(staging / "labels" / name), mode="r+"))
+            yield Progress(i + 1, len(items), "save predictions")
+    return [name for name, *_ in items]

@@ -206,3 +206,69 @@ def camera_of(viewer: Any) -> Any:
     """``viewer.scene.camera`` (napari >= 0.9), else the older ``viewer.camera``."""
     scene = getattr(viewer, "scene", None)
     return scene.camera if scene is not None else viewer.camera
+
+
+OBJECTS_KEY = "napari_finetune_objects"  # metadata: the channel an objects layer counts
+OBJECTS_PREDICTION_KEY = "napari_finetune_objects_prediction"  # which prediction it came from
+
+
+def objects_layer_name(channel: str, role: str | None) -> str:
+    """Layer name of a channel's objects: ``"cells"`` for the membrane boundary channel
+    (what a biologist counts there), else ``"<channel> objects"``."""
+    if role == "boundary" and channel == "membrane":
+        return "cells"
+    return f"{channel} objects"
+
+
+def show_objects_later(
+    viewer: Any, image_layer: Any, objects: Sequence[tuple[str, str, np.ndarray]],
+    store_path: str | None, prediction_id: int, alive: Callable[[], bool],
+    then: Callable[[], None], below: Any = None,
+) -> None:
+    """Show each ``(layer name, channel, uint32 ids)`` as a plain Labels layer, one per
+    event-loop turn, then call ``then()``.
+
+    Plain Labels of uint32 ids: napari gives every id its own colour. A layer
+    of that name is refilled (same shape) or replaced (another image), else
+    added below ``below`` (the corrections layer: strokes stay on top). One
+    layer per turn for the reason :func:`fit_prediction_layers_later` gives,
+    and the layer being painted is made active again at the end. ``alive()``
+    False (the widget closed) ends the chain without ``then``.
+    """
+    from napari.layers import Labels
+    from qtpy.QtCore import QTimer
+
+    pending = list(objects)
+    active = viewer.layers.selection.active  # napari activates each layer it adds
+
+    def add_next() -> None:
+        if not alive():
+            return
+        if not pending:
+            if active is not None and active in viewer.layers:
+                viewer.layers.selection.active = active
+            then()
+            return
+        name, channel, labels = pending.pop(0)
+        metadata = {OBJECTS_KEY: channel, OBJECTS_PREDICTION_KEY: prediction_id}
+        if store_path:
+            metadata["ome_zarr_path"] = store_path
+        if name in viewer.layers and isinstance(viewer.layers[name], Labels):
+            layer = viewer.layers[name]
+            layer.data = labels
+            layer.scale, layer.translate = image_layer.scale, image_layer.translate
+            layer.metadata = {**layer.metadata, **metadata}
+        else:
+            layer = Labels(labels, name=name, scale=image_layer.scale,
+                           translate=image_layer.translate, opacity=0.6, metadata=metadata)
+            at = viewer.layers.index(below) if below in viewer.layers else len(viewer.layers)
+            viewer.layers.insert(at, layer)
+        QTimer.singleShot(TURN_GAP_MS, add_next)
+
+    QTimer.singleShot(TURN_GAP_MS, add_next)
+
+
+def objects_layers(viewer: Any, prediction_id: int) -> list[Any]:
+    """The objects layers computed from prediction ``prediction_id`` (older ones skipped)."""
+    return [layer for layer in viewer.layers if layer.metadata.get(OBJECTS_KEY)
+            and layer.metadata.get(OBJECTS_PREDICTION_KEY) == prediction_id]

@@ -15,7 +15,12 @@ from napari.utils.notifications import show_info
 from napari_finetune._qt import corrections as corr
 from napari_finetune._qt import jobs, share, suggest
 from napari_finetune._qt.actions import Controller, say
-from napari_finetune._qt.layers import PREDICTION_KEY, prediction_layers
+from napari_finetune._qt.layers import (
+    OBJECTS_KEY,
+    PREDICTION_KEY,
+    objects_layers,
+    prediction_layers,
+)
 from napari_finetune.uncertainty import Suggestion
 
 
@@ -112,7 +117,8 @@ def _exported(c: Controller, path: str) -> None:
 
 
 def save_predictions(c: Controller) -> None:
-    """Write each prediction layer into the store as ``labels/prediction-<channel>``."""
+    """Write each prediction layer into the store as ``labels/prediction-<channel>``, and
+    the objects layers of that prediction as ``labels/objects-<channel>``."""
     s = c.state
     store = corr.store_path_of(c.w.image_layer())
     layers = prediction_layers(c.w.viewer, s.info.channel_names) if s.info else []
@@ -123,10 +129,14 @@ def save_predictions(c: Controller) -> None:
     colors = dict(zip(s.info.channel_names, s.info.colors, strict=True))
     arrays = [(layer.metadata[PREDICTION_KEY], colors[layer.metadata[PREDICTION_KEY]],
                np.array(layer.data, copy=True)) for layer in layers]
+    # The Objects of this prediction only: those of an earlier one would not match its masks.
+    objects = [(layer.metadata[OBJECTS_KEY], np.array(layer.data, dtype=np.uint32, copy=True))
+               for layer in objects_layers(c.w.viewer, s.prediction_id)
+               if tuple(layer.data.shape) == tuple(arrays[0][2].shape)]
 
     def written(names: list[str]) -> None:
         c.w.output_label.setText(f"predictions written as labels: {', '.join(names)}")
         show_info(f"Predictions saved into {store}")
 
-    c.run_job("save", jobs.save_predictions_job, store, arrays,
+    c.run_job("save", jobs.save_predictions_job, store, arrays, objects,
               what="Saving predictions failed", on_result=written)

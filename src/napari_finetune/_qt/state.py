@@ -21,6 +21,9 @@ from napari_finetune._qt.corrections import Autosaver
 from napari_finetune._qt.shutdown import JobWorker, end_jobs
 
 if TYPE_CHECKING:
+    from napari.layers import Image
+
+    from napari_finetune.objects import ChannelRole
     from napari_finetune.trainer.loop import Finetuner
     from napari_finetune.trainer.status import Status
 
@@ -39,6 +42,10 @@ class CheckpointInfo:
     dims: int
     trust: tuple[str, ...] = ()  # factories the user trusted for this file (the dialog's Yes)
     lora_share_per_rank: float = 0.0  # weights LoRA adds per unit of rank (model.lora)
+    # The channels with an instance role (objects.roles_from_metadata), in channel order;
+    # ``roles_problem`` is the one-line reason when the checkpoint's roles could not be read.
+    roles: dict[str, ChannelRole] = field(default_factory=dict)
+    roles_problem: str = ""
 
     def colors_for(self, channel_names: Sequence[str]) -> list[str]:
         """This model's channel colours for a layer of ``channel_names``; none (the
@@ -64,7 +71,7 @@ class RunState:
     ``info``, ``busy``, ``trainer`` and ``closed``."""
 
     info: CheckpointInfo | None = None
-    busy: str | None = None  # "predict", "show" (its layers), "train", "export", "save" or None
+    busy: str | None = None  # "predict", "objects", "show" (layers), "train", "export", "save"
     trainer: Finetuner | None = None  # kept after a run, for Export and Predict
     worker: JobWorker | None = None
     autosaver: Autosaver | None = None
@@ -86,6 +93,13 @@ class RunState:
     uncertainty: np.ndarray | None = None
     uncertainty_key: tuple | None = None
     suggested: list[tuple[slice, ...]] = field(default_factory=list)
+    # The Objects step: the float32 probability of each channel with a role from the last
+    # prediction shown (the masks keep only prob > 0.5, and a role has its own threshold),
+    # the image it was predicted on, and a count of predictions shown so far, which objects
+    # layers carry so that Save skips objects of an earlier prediction.
+    probabilities: dict[str, np.ndarray] = field(default_factory=dict)
+    predicted_image: Image | None = None
+    prediction_id: int = 0
 
     def mark(self, name: str) -> None:
         """Record the first time ``name`` happened, in seconds after the Fine-tune click."""

@@ -96,10 +96,18 @@ def info_job(path: str, trust: tuple[str, ...] = ()) -> Job[CheckpointInfo | Unt
             raise
         return Untrusted(path, factory)  # the widget asks the user; nothing was imported
     from napari_finetune.model.lora import adapter_overhead
+    from napari_finetune.objects import roles_from_metadata
 
     names = ckpt.channel_names
+    try:
+        roles = {name: role for name, role in roles_from_metadata(ckpt.metadata, names).items()
+                 if role.role is not None}
+        problem = ""
+    except ValueError as exc:  # bad roles cost the Objects step, not the whole checkpoint
+        roles, problem = {}, str(exc)
     return CheckpointInfo(
         path=path, channel_names=names, colors=channel_colors(names, ckpt.metadata),
         normalization=ckpt.normalization, dims=int(getattr(ckpt.model, "dims", 3)),
         trust=tuple(trust), lora_share_per_rank=adapter_overhead(ckpt.model, 1),
+        roles=roles, roles_problem=problem,
     )

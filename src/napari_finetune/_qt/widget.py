@@ -28,7 +28,7 @@ from qtpy.QtWidgets import (
     QWidget,
 )
 
-from napari_finetune._qt import results
+from napari_finetune._qt import objects_step, results
 from napari_finetune._qt.actions import Controller
 from napari_finetune._qt.corrections import METADATA_KEY, is_corrections_candidate, store_path_of
 from napari_finetune._qt.layers import camera_of, visible_region
@@ -76,6 +76,12 @@ class FinetuneWidget(QWidget):
         self.checkpoint_label.setWordWrap(True)
         self.predict_button = QPushButton("Predict")
         self.predict_button.setToolTip("Predict the whole volume with the model")
+        self.objects_button = QPushButton("Objects")
+        self.objects_button.setToolTip(
+            "Count the objects of the last prediction: one layer per channel with a role "
+            "(cells from the membranes, mitochondria), each object its own colour")
+        self.objects_label = QLabel("")
+        self.objects_label.setWordWrap(True)
         self.corrections_combo = layer_combo(napari_viewer, Labels, is_corrections_candidate)
         self.new_corrections_button = QPushButton("New corrections layer")
         self.autosave_label = QLabel("corrections: not saved yet")
@@ -104,7 +110,8 @@ class FinetuneWidget(QWidget):
         model_box = group("Data and model", [
             row(QLabel("Image:"), self.image_combo.native),
             row(QLabel("Model:"), self.checkpoint_edit, browse),
-            self.checkpoint_label, self.predict_button,
+            self.checkpoint_label, row(self.predict_button, self.objects_button),
+            self.objects_label,
         ])
         paint_box = group("Corrections", [
             row(QLabel("Layer:"), self.corrections_combo.native),
@@ -137,6 +144,7 @@ class FinetuneWidget(QWidget):
         a = self.actions
         self.checkpoint_edit.editingFinished.connect(self._checkpoint_changed)
         self.predict_button.clicked.connect(a.predict)
+        self.objects_button.clicked.connect(lambda: objects_step.compute_objects(a))
         self.new_corrections_button.clicked.connect(self._new_corrections)
         self.corrections_combo.changed.connect(self._corrections_changed)
         self.image_combo.changed.connect(self._image_changed)
@@ -222,6 +230,9 @@ class FinetuneWidget(QWidget):
         ready = self.image_layer() is not None and s.info is not None
         idle = s.busy is None
         self.predict_button.setEnabled(idle and ready)
+        # A prediction of the image in view, kept with its role channels' probabilities.
+        self.objects_button.setEnabled(idle and bool(s.probabilities) and s.info is not None
+                                       and s.predicted_image is self.image_layer())
         self.new_corrections_button.setEnabled(ready)
         self.finetune_button.setEnabled(idle and ready and self.corrections_layer() is not None)
         self.stop_button.setEnabled(s.busy == "train")

@@ -1,0 +1,200 @@
+"""The Objects step, clicked in a docked widget: layers, counts, no roles, saving."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from napari.layers import Labels
+from qtpy.QtCore import Qt
+
+from conftest import CHANNELS, choose_checkpoint, make_volume, wait_idle
+from napari_finetune._qt import objects_step
+from napari_finetune._qt.layers import OBJECTS_KEY
+from napari_finetune.objects import ChannelRole, instances_of, roles_to_metadata
+
+# Thresholds that cut the tiny random UNet's probabilities (membrane ~0.12-0.81,
+# mitochondria ~0.11-0.91) into a few dozen regions each, so the counts mean something.
+ROLES = {
+    "membrane": ChannelRole("boundary", threshold=0.41, min_size=20, seed_distance=2.0),
+    "mitochondria": ChannelRole("object", threshold=0.62, min_size=5),
+}
+LAYER_NAMES = {"membrane": "cells", "mitochondria": "mitochondria objects"}
+
+
+def _save_tiny_unet(path: Path, roles: dict[str, ChannelRole]) -> Path:
+    import torch
+
+    from napari_finetune.model.checkpoint import save_checkpoint
+    from napari_finetune.model.unet import UNet
+
+    torch.manual_seed(0)
+    model = UNet(dims=3, in_channels=1, out_channels=2, depth=2, features=4)
+    return save_checkpoint(path, model, roles_to_metadata(roles, {
+        "channel_names": CHANNELS,
+        "normalization": {"method": "percentile", "low": 1.0, "high": 99.0},
+    }))
+
+
+@pytest.fixture
+def tiny_checkpoint(tmp_path: Path) -> Path:
+    """The conftest's tiny UNet, with a role for each channel (the docked widget loads it)."""
+    return _save_tiny_unet(tmp_path / "tiny_roles.pt", ROLES)
+
+
+@pytest.fixture
+def tiny_store(tmp_path: Path) -> Path:
+    """The conftest's tiny store with a second, 2x smaller level (Save writes every level)."""
+    import zarr
+    from ome_zarr.io import parse_url
+    from ome_zarr.writer import write_image
+
+    path = tmp_path / "tiny-two-levels.ome.zarr"
+    root = zarr.group(store=parse_url(str(path), mode="w").store)
+    write_image(make_volume(), root, axes="zyx", scale_factors=[{"z": 1, "y": 2, "x": 2}],
+                storage_options={"chunks": (16, 32, 32)})
+    return path
+
+
+def _predict_then_objects(qtbot, widget) -> float:
+    """Predict, then click Objects; returns how long the Objects click handler took."""
+    qtbot.mouseClick(widget.predict_button, Qt.LeftButton)
+    wait_idle(qtbot, widget)
+    assert widget.objects_button.isEnabled()
+    start = time.perf_counter()
+    qtbot.mouseClick(widget.objects_button, Qt.LeftButton)
+    return time.perf_counter() - start
+
+
+def _wait_for_objects(qtbot, viewer, widget) -> None:
+    qtbot.waitUntil(lambda: all(name in viewer.layers for name in LAYER_NAMES.values()),
+                    timeout=60_000)
+    wait_idle(qtbot, widget)
+    assert not widget.state.errors, widget.state.errors
+
+
+def test_objects_button_shows_one_labels_layer_and_count_per_role_channel(docked, qtbot):
+    viewer, widget, image = docked
+    assert "cells (membrane, boundary)" in widget.objects_label.text()
+    assert not widget.objects_button.isEnabled()  # nothing predicted yet
+    took = _predict_then_objects(qtbot, widget)
+    # The click only starts the worker: no layer yet when it returns, and it returned fast.
+    assert not any(name in viewer.layers for name in LAYER_NAMES.values())
+    assert took < 0.5, f"the Objects click took {took:.2f} s on the main thread"
+    _wait_for_objects(qtbot, viewer, widget)
+
+    probabilities = widget.state.probabilities
+    assert sorted(probabilities) == sorted(ROLES)
+    for channel, prob in probabilities.items():
+        assert prob.dtype == np.float32 and prob.shape == image.data.shape
+        # One prediction gave both: the mask layer is this probability above 0.5.
+        mask = viewer.layers[f"{channel} prediction"].data
+        np.testing.assert_array_equal(mask, (prob > 0.5).astype(np.uint8))
+    stacked = np.stack([probabilities[c] for c in CHANNELS])
+    expected = instances_of(stacked, ROLES, CHANNELS)
+    log = widget.status_panel.log.toPlainText()
+    for channel, name in LAYER_NAMES.items():
+        layer = viewer.layers[name]
+        assert isinstance(layer, Labels) and layer.data.dtype == np.uint32
+        assert layer.metadata[OBJECTS_KEY] == channel
+        np.testing.assert_array_equal(layer.data, expected[channel])
+        count = int(layer.data.max())
+        assert count >= 2, f"{name}: too few objects for the test to mean anything"
+        # Ids unique: exactly 1..N, each one object (consecutive, as instances_of numbers them).
+        np.testing.assert_array_equal(np.unique(layer.data), np.arange(count + 1))
+        assert f"{name}: {count}" in log
+        assert f"{name}: {count}" in widget.objects_label.text()
+
+
+def test_a_checkpoint_without_roles_says_how_to_set_them_and_adds_no_layer(
+    docked, qtbot, tmp_path
+):
+    viewer, widget, image = docked
+    path = _save_tiny_unet(tmp_path / "no_roles.pt", {})
+    choose_checkpoint(qtbot, widget, path)
+    qtbot.waitUntil(lambda: widget.state.info is not None
+                    and widget.state.info.path == str(path), timeout=20_000)
+    qtbot.mouseClick(widget.predict_button, Qt.LeftButton)
+    wait_idle(qtbot, widget)
+    assert widget.state.probabilities == {}
+    assert not widget.objects_button.isEnabled()
+    message = widget.objects_label.text()
+    assert "no channel an instance role" in message and "--role membrane=" in message
+    assert "\n" not in message
+    objects_step.compute_objects(widget.actions)  # what the button would do, enabled or not
+    wait_idle(qtbot, widget)
+    assert message in widget.status_panel.log.toPlainText()
+    assert not [layer for layer in viewer.layers if OBJECTS_KEY in layer.metadata]
+    assert not widget.state.errors
+
+
+def _labels_levels(store: str, name: str) -> list[np.ndarray]:
+    import zarr
+
+    group = zarr.open_group(f"{store}/labels/{name}", mode="r")
+    paths = [d["path"] for d in group.attrs["ome"]["multiscales"][0]["datasets"]]
+    return [np.asarray(group[p]) for p in paths]
+
+
+def test_save_predictions_writes_the_objects_as_uint32_labels(docked, qtbot):
+    viewer, widget, image = docked
+    _predict_then_objects(qtbot, widget)
+    _wait_for_objects(qtbot, viewer, widget)
+    qtbot.mouseClick(widget.save_predictions_button, Qt.LeftButton)
+    wait_idle(qtbot, widget)
+    assert not widget.state.errors, widget.state.errors
+
+    from napari_finetune.io.omezarr import list_labels, open_volume
+
+    store = image.metadata["ome_zarr_path"]
+    image_levels = len(open_volume(store).levels)
+    for channel, name in LAYER_NAMES.items():
+        assert f"objects-{channel}" in list_labels(store)
+        levels = _labels_levels(store, f"objects-{channel}")
+        assert len(levels) == image_levels == 2  # the image's pyramid
+        assert levels[1].shape == (16, 32, 32) and levels[1].dtype == np.uint32
+        assert levels[0].dtype == np.uint32
+        np.testing.assert_array_equal(levels[0], viewer.layers[name].data)
+        saved = np.asarray(open_volume(f"{store}/labels/objects-{channel}").data)
+        np.testing.assert_array_equal(saved, viewer.layers[name].data)
+    assert "objects-membrane" in widget.output_label.text()
+
+
+def test_a_failed_save_leaves_the_store_as_it_was(docked, qtbot, monkeypatch):
+    """Never half written: the last image fails, so no image of the save is swapped in."""
+    viewer, widget, image = docked
+    _predict_then_objects(qtbot, widget)
+    _wait_for_objects(qtbot, viewer, widget)
+    from napari_finetune.io import pyramid
+    from napari_finetune.io.omezarr import list_labels
+
+    store = image.metadata["ome_zarr_path"]
+    qtbot.mouseClick(widget.save_predictions_button, Qt.LeftButton)  # a first, good save
+    wait_idle(qtbot, widget)
+    before = list_labels(store)
+    saved = {name: _labels_levels(store, name) for name in before}
+    viewer.layers["cells"].data = np.zeros_like(viewer.layers["cells"].data)  # edited since
+    viewer.layers["membrane prediction"].data[:] = 0
+    real = pyramid.fill_pyramid
+    filled = []
+
+    def fill_then_fail(group) -> None:
+        real(group)
+        filled.append(group)
+        if len(filled) == 4:  # the masks' two, cells, then the mitochondria objects fail
+            raise OSError("disk full")
+
+    monkeypatch.setattr(pyramid, "fill_pyramid", fill_then_fail)
+    qtbot.mouseClick(widget.save_predictions_button, Qt.LeftButton)
+    wait_idle(qtbot, widget)
+    assert len(filled) == 4
+    assert any("disk full" in e for e in widget.state.errors)
+    assert list_labels(store) == before
+    for name, levels in saved.items():  # every image as the first save left it
+        for level, old in zip(_labels_levels(store, name), levels, strict=True):
+            np.testing.assert_array_equal(level, old)
+    assert saved["objects-membrane"][0].max() > 0
+    assert not [p.name for p in Path(store).iterdir() if p.name.startswith(".")
+                and p.is_dir() and "staging" in p.name]
