@@ -8,9 +8,7 @@ modules and does the engine's whole job on a tiny volume: generate the sample, f
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
+from import_blocker import run_without
 
 BLOCKED = [
     "napari", "npe2", "app_model", "vispy", "qtpy", "PyQt5", "PyQt6", "PySide2", "PySide6",
@@ -30,62 +28,40 @@ ENGINE = [
     "napari_finetune.testing",
 ]
 
-SCRIPT = textwrap.dedent(
-    """
-    import importlib
-    import importlib.abc
-    import os
-    import sys
-    import tempfile
+BODY = """
+import importlib
+import os
+import tempfile
 
-    BLOCKED = set({blocked!r})
+for module in {engine!r}:
+    importlib.import_module(module)
 
+import numpy as np
 
-    class Blocker(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path, target=None):
-            if name.split(".")[0] in BLOCKED:
-                raise ImportError(f"{{name}} is not installed on this machine")
-            return None
+from napari_finetune.config import FinetuneConfig, PredictConfig
+from napari_finetune.model.checkpoint import load_checkpoint
+from napari_finetune.model.unet import UNet
+from napari_finetune.predict import predict_volume
+from napari_finetune.samples.synthetic_em import generate_volume, sample_checkpoint_path
+from napari_finetune.trainer.loop import Finetuner
 
-
-    sys.meta_path.insert(0, Blocker())
-    for module in {engine!r}:
-        importlib.import_module(module)
-
-    import numpy as np
-
-    from napari_finetune.config import FinetuneConfig, PredictConfig
-    from napari_finetune.model.checkpoint import load_checkpoint
-    from napari_finetune.model.unet import UNet
-    from napari_finetune.predict import predict_volume
-    from napari_finetune.samples.synthetic_em import generate_volume, sample_checkpoint_path
-    from napari_finetune.trainer.loop import Finetuner
-
-    image, truth = generate_volume((16, 32, 32), 0)
-    corrections = np.zeros(image.shape, np.uint8)
-    corrections[4] = truth[4] + 1
-    for mode in ("lora",):  # LoRA reaches peft too; a full run imports nothing more
-        config = FinetuneConfig(steps=1, batch_size=2, patch_shape=(8, 16, 16), mode=mode,
-                                device="cpu", validation_fraction=0.0)
-        trainer = Finetuner(UNet(dims=3, depth=2, features=4), image, corrections, config)
-        kinds = [status.kind for status in trainer.run()]
-        assert kinds[-1] == "finished", kinds
-        path = trainer.export(os.path.join(tempfile.mkdtemp(), "model.pt"))
-        model = load_checkpoint(path).model
-        probs = predict_volume(model, image, (float(image.min()), float(image.max())),
-                               PredictConfig(device="cpu"))
-        assert probs.shape == (2, 16, 32, 32)
-    load_checkpoint(sample_checkpoint_path())
-    leaked = sorted(name for name in sys.modules if name.split(".")[0] in BLOCKED)
-    assert not leaked, leaked
-    print("engine ok")
-    """
-)
+image, truth = generate_volume((16, 32, 32), 0)
+corrections = np.zeros(image.shape, np.uint8)
+corrections[4] = truth[4] + 1
+# LoRA reaches peft too; a full run imports nothing more.
+config = FinetuneConfig(steps=1, batch_size=2, patch_shape=(8, 16, 16), mode="lora",
+                        device="cpu", validation_fraction=0.0)
+trainer = Finetuner(UNet(dims=3, depth=2, features=4), image, corrections, config)
+kinds = [status.kind for status in trainer.run()]
+assert kinds[-1] == "finished", kinds
+path = trainer.export(os.path.join(tempfile.mkdtemp(), "model.pt"))
+model = load_checkpoint(path).model
+probs = predict_volume(model, image, (float(image.min()), float(image.max())),
+                       PredictConfig(device="cpu"))
+assert probs.shape == (2, 16, 32, 32)
+load_checkpoint(sample_checkpoint_path())
+"""
 
 
 def test_the_engine_needs_no_napari_qt_zarr_or_dask():
-    script = SCRIPT.format(blocked=BLOCKED, engine=ENGINE)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip().endswith("engine ok")
+    run_without(BLOCKED, BODY.format(engine=ENGINE))

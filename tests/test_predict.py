@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import zarr
 
+from array_readers import CountingReader
 from napari_finetune.config import PredictConfig
 from napari_finetune.model.unet import UNet
 from napari_finetune.predict import axis_cores, block_grid, predict_block, predict_volume
@@ -14,25 +15,6 @@ from napari_finetune.predict import axis_cores, block_grid, predict_block, predi
 def _model(dims: int, norm: str = "none", out_channels: int = 2) -> UNet:
     # depth 2: receptive-field radius ~23 voxels, so a halo of 24 makes blocks exact.
     return UNet(dims=dims, depth=2, features=4, out_channels=out_channels, norm=norm).eval()
-
-
-class CountingReader:
-    """Array-like that records every region read from it."""
-
-    def __init__(self, array: np.ndarray) -> None:
-        self.array = array
-        self.shape = array.shape
-        self.dtype = array.dtype
-        self.ndim = array.ndim
-        self.reads: list[int] = []
-
-    def __getitem__(self, index):
-        part = self.array[index]
-        self.reads.append(int(part.size))
-        return part
-
-    def __array__(self, *args, **kwargs):  # a whole read would show up here
-        raise AssertionError("the whole image was converted to numpy")
 
 
 def test_predict_block_shape_range_and_odd_sizes():

@@ -6,29 +6,11 @@ import numpy as np
 import pytest
 from scipy import ndimage
 
+from array_readers import CountingReader
 from napari_finetune.objects import ChannelRole, boundary_instances, object_instances, segment
 from napari_finetune.objects.blockwise import blockwise_instances, default_halo
 
 OBJECT = ChannelRole("object", threshold=0.5, min_size=0)
-
-
-class CountingReader:
-    """Array-like that records the size of every region read from it."""
-
-    def __init__(self, array: np.ndarray) -> None:
-        self.array = array
-        self.shape = array.shape
-        self.dtype = array.dtype
-        self.ndim = array.ndim
-        self.reads: list[int] = []
-
-    def __getitem__(self, index):
-        part = self.array[index]
-        self.reads.append(int(part.size))
-        return part
-
-    def __array__(self, *args, **kwargs):  # a whole read would show up here
-        raise AssertionError("the whole volume was converted to numpy")
 
 
 def same_up_to_relabelling(a: np.ndarray, b: np.ndarray) -> bool:
