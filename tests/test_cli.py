@@ -300,6 +300,15 @@ def test_demo_quick(capsys, tmp_path, monkeypatch):
     assert (out / "before_after.png").stat().st_size > 10_000
     tuned = load_checkpoint(out / "finetuned.pt")
     assert tuned.metadata["run"]["painted_voxels"] == results["painted_voxels"]
+    # The objects rows: cells against the store's cell truth, mitochondria against the
+    # visible blobs, before and after, with their counts.
+    assert "objects on held-out slices" in stdout
+    rows = {r["channel"]: r for r in results["objects"]}
+    assert rows["membrane"]["measure"] == "adapted Rand error"
+    assert rows["mitochondria"]["measure"] == "F1 (IoU > 0.5)"
+    for row in rows.values():
+        assert 0 <= row["before"] <= 1 and 0 <= row["after"] <= 1 and row["true"] > 0
+        assert row["before_count"] >= 0 and row["after_count"] >= 0
 
 
 def test_2d_train_and_predict(capsys, tmp_path):
