@@ -178,6 +178,32 @@ def _as_target(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return values.astype(dtype, copy=False)
 
 
+class MaskAndProbability:
+    """A prediction target that stores a channel's decision and keeps its probability.
+
+    Its float dtype makes :func:`write_probs` pass the probability through; the
+    decision is cut here as for any integer target. One prediction gives both,
+    so objects (each role with its own threshold) need no second prediction.
+
+    Parameters
+    ----------
+    mask : array-like
+        Integer or bool target of the decision (prob > 0.5).
+    probability : array-like
+        Float target of the probability (numpy, or a zarr array beside the store).
+    """
+
+    dtype = np.dtype(np.float32)
+
+    def __init__(self, mask: Any, probability: Any) -> None:
+        self.mask, self.probability = mask, probability
+        self.shape = mask.shape
+
+    def __setitem__(self, index: tuple[slice, ...], values: np.ndarray) -> None:
+        self.mask[index] = _as_target(values, self.mask.dtype)
+        self.probability[index] = values
+
+
 def write_probs(out: Any, core: tuple[slice, ...], probs: np.ndarray) -> None:
     """Write ``(C, *core)`` probabilities into one array or per-channel arrays."""
     if isinstance(out, (list, tuple)):

@@ -37,7 +37,7 @@ import numpy as np
 from napari_finetune.config import PredictConfig
 from napari_finetune.devices import check_model_fits_image, on_device, resolve_device
 from napari_finetune.objects import ChannelRole, blockwise_instances
-from napari_finetune.predict import Progress, spatial_config, write_probs
+from napari_finetune.predict import MaskAndProbability, Progress, spatial_config, write_probs
 from napari_finetune.predict_regions import Log, RegionPredictor, region_grid
 
 
@@ -129,11 +129,11 @@ def predict_to_omezarr(
             prob = zarr.open_array(str(staging / "probability"), mode="w", zarr_format=3,
                                    shape=tuple(image.shape), chunks=chunks, dtype=np.float32)
             index = ckpt.channel_names.index(channel)
-            targets[index] = _MaskAndProbability(targets[index], prob)
+            targets[index] = MaskAndProbability(targets[index], prob)
         _predict_regions(ckpt.model, image, (low, high), halo, device, regions, targets,
                          progress, log)
         for role, target, out in zip(roles.values(), [t for t in targets
-                                     if isinstance(t, _MaskAndProbability)], objects, strict=True):
+                                     if isinstance(t, MaskAndProbability)], objects, strict=True):
             blockwise_instances(target.probability, role, chunks, out)
         for labels_image in pyramids:  # the image's smaller levels, before the swap
             fill_pyramid(zarr.open_group(str(labels_image), mode="r+"))
@@ -168,22 +168,6 @@ def _instance_roles(
             "e.g. --role CHANNEL=boundary or --role CHANNEL=object."
         )
     return roles
-
-
-class _MaskAndProbability:
-    """A prediction target that stores the mask (1 where prob > 0.5) and keeps the
-    probability too, for the channel's instances (float dtype: ``write_probs`` passes
-    the probability through)."""
-
-    dtype = np.dtype(np.float32)
-
-    def __init__(self, mask: Any, probability: Any) -> None:
-        self.mask, self.probability = mask, probability
-        self.shape = mask.shape
-
-    def __setitem__(self, index: tuple[slice, ...], values: np.ndarray) -> None:
-        self.mask[index] = (values > 0.5).astype(self.mask.dtype)
-        self.probability[index] = values
 
 
 def _predict_regions(

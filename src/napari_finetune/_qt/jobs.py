@@ -61,26 +61,6 @@ class Prediction:
     probabilities: dict[int, np.ndarray]
 
 
-class _MaskAndProbability:
-    """A ``predict_volume`` target that writes a channel's mask and keeps its probability.
-
-    Its float dtype makes ``predict_volume`` pass the probability through; the
-    mask is cut here. One prediction gives both, so the Objects step never
-    predicts again, and uses the role's own threshold, not the mask's 0.5.
-    """
-
-    dtype = np.dtype(np.float32)
-
-    def __init__(self, mask: np.ndarray) -> None:
-        self.mask = mask
-        self.probability = np.zeros(mask.shape, np.float32)
-        self.shape = mask.shape
-
-    def __setitem__(self, index: tuple[slice, ...], values: np.ndarray) -> None:
-        self.mask[index] = values > 0.5
-        self.probability[index] = values
-
-
 def predict_job(
     checkpoint_path: str, image: Any, channel_count: int | None, device: str,
     model: Any = None, normalization: dict | None = None, trust: Sequence[str] = (),
@@ -90,7 +70,7 @@ def predict_job(
     of the channels in ``keep`` (indices; the ones with an instance role); ``model`` (a
     fine-tuned one) skips loading."""
     from napari_finetune.config import PredictConfig
-    from napari_finetune.predict import predict_volume
+    from napari_finetune.predict import MaskAndProbability, predict_volume
 
     model, low_high, channel_count = model_to_predict(
         checkpoint_path, image, channel_count, model, normalization, trust
@@ -98,7 +78,8 @@ def predict_job(
     shape = tuple(int(s) for s in image.shape)
     masks = [np.zeros(shape, dtype=np.uint8) for _ in range(channel_count or 1)]
     targets: list[Any] = [
-        _MaskAndProbability(mask) if i in keep else mask for i, mask in enumerate(masks)
+        MaskAndProbability(mask, np.zeros(shape, np.float32)) if i in keep else mask
+        for i, mask in enumerate(masks)
     ]
     config = PredictConfig(device=device)
     with core_left_for_the_ui():
@@ -108,7 +89,7 @@ def predict_job(
             "predict",
         )
     return Prediction(masks, {i: t.probability for i, t in enumerate(targets)
-                              if isinstance(t, _MaskAndProbability)})
+                              if isinstance(t, MaskAndProbability)})
 
 
 def train_job(
