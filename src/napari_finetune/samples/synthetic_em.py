@@ -137,7 +137,11 @@ def _geometry(shape, seed: int, instances: bool = False):
     vesicles = _vesicles(rng, shape, truth)
     if not instances:
         return truth, cristae, vesicles, None
-    labels = {"cells": _cell_instances(cells, truth), "mitochondria": _consecutive(mito_ids)}
+    from skimage.segmentation import relabel_sequential
+
+    # Ids 1..N in the order they were drawn (a mitochondrion drawn over entirely is gone).
+    mitochondria = relabel_sequential(mito_ids)[0]
+    labels = {"cells": _cell_instances(cells, truth), "mitochondria": mitochondria}
     return truth, cristae, vesicles, labels
 
 
@@ -158,15 +162,6 @@ def _cell_instances(cells: np.ndarray, truth: np.ndarray) -> np.ndarray:
     out = np.zeros(truth.shape, np.uint32)
     out[interior] = ids.astype(np.uint32) + 1
     return out
-
-
-def _consecutive(labels: np.ndarray) -> np.ndarray:
-    """``labels`` renumbered 1..N in order of first id (0 stays 0)."""
-    present = np.unique(labels)
-    present = present[present != 0]
-    lut = np.zeros(int(labels.max()) + 1, np.uint32)
-    lut[present] = np.arange(1, present.size + 1, dtype=np.uint32)
-    return lut[labels]
 
 
 def _add_mitochondria(rng, shape, cells, d_mem, width, truth, cristae, mito_ids=None) -> None:
