@@ -89,15 +89,10 @@ def inference_mode(model: Any) -> Iterator[None]:
     """The model in eval mode without gradients; each module's own mode restored after."""
     import torch
 
-    # Per module, not model.train(flag): a training model may hold parts kept in eval.
-    modes = [(m, m.training) for m in model.modules()]
-    try:
-        model.eval()
-        with torch.no_grad():
-            yield
-    finally:
-        for module, training in modes:
-            module.training = training
+    from napari_finetune.model.modes import evaluating
+
+    with evaluating(model), torch.no_grad():
+        yield
 
 
 class PendingProbs:

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from napari_finetune.model.modes import evaluating
+
 MAX_LEVEL = 6  # multiples up to 2**6 = 64 are found by probing
 DEFAULT_PROBE_SIZE = 32
 
@@ -151,15 +153,12 @@ def _check_instance_norms(model: nn.Module, patch: tuple[int, ...]) -> None:
             single.append(names[module])
 
     handles = [m.register_forward_pre_hook(record) for m in names]
-    modes = [(m, m.training) for m in model.modules()]
     try:
-        model.eval()
-        _run(model, patch)
+        with evaluating(model):
+            _run(model, patch)
     finally:
         for handle in handles:
             handle.remove()
-        for module, training in modes:
-            module.training = training
     if single:
         larger = " ".join(str(2 * s) for s in patch)
         raise ModelShapeError(
@@ -235,10 +234,8 @@ def probe_geometry(model: nn.Module, start_shape: Sequence[int]) -> ModelGeometr
     in BatchNorm statistics (eval mode, ``no_grad``).
     """
     start = tuple(int(s) for s in start_shape)
-    modes = [(m, m.training) for m in model.modules()]
     tried: list[str] = []
-    try:
-        model.eval()
+    with evaluating(model):
         level, channels, why = None, None, ""
         for k in range(MAX_LEVEL + 1):
             shape = tuple(_size_at(s, k) for s in start)
@@ -265,8 +262,5 @@ def probe_geometry(model: nn.Module, start_shape: Sequence[int]) -> ModelGeometr
                     own = k
                     break
             multiple.append(2**own)
-    finally:
-        for module, training in modes:
-            module.training = training
     return ModelGeometry(channels, tuple(multiple), "probe")
 

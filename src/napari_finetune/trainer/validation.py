@@ -25,6 +25,7 @@ import torch
 from napari_finetune.data.holdout import HeldOut, Tile
 from napari_finetune.data.normalization import missing_mask, normalize
 from napari_finetune.data.sampling import PatchSampler
+from napari_finetune.model.modes import evaluating
 from napari_finetune.trainer.precision import Precision
 
 
@@ -153,16 +154,9 @@ def forward_probabilities(
     at, so a check costs what a training forward pass costs); each module's
     train/eval flag is put back, so BatchNorm statistics are untouched.
     """
-    # Per module, not model.train(flag): a training model may hold parts kept in eval.
-    modes = [(m, m.training) for m in model.modules()]
-    try:
-        model.eval()
-        with torch.no_grad(), precision.autocast():
-            x = torch.from_numpy(np.ascontiguousarray(blocks)).unsqueeze(1).to(device)
-            return torch.sigmoid(model(x).float()).cpu().numpy()
-    finally:
-        for module, training in modes:
-            module.training = training
+    with evaluating(model), torch.no_grad(), precision.autocast():
+        x = torch.from_numpy(np.ascontiguousarray(blocks)).unsqueeze(1).to(device)
+        return torch.sigmoid(model(x).float()).cpu().numpy()
 
 
 def count_holdout(trainer: Scorer, channels: Sequence[int]) -> list[Counts]:
