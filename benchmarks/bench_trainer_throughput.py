@@ -7,7 +7,9 @@ whole-step loss normalisation, BatchNorm snapshots, finiteness checks and
 Status events. A/B are interleaved in one process (round-robin blocks of
 steps) so machine load hits both alike; the first round is warm-up. Steps are
 timed one by one; the table gives medians and the throughput ratio
-(Finetuner steps/s divided by bare steps/s; the goal is >= 0.95).
+(Finetuner steps/s divided by bare steps/s; the goal is >= 0.95), and the
+ratio of the total times, in which the held-out checks count (the goal with
+validation on is >= 0.90).
 
     python benchmarks/bench_trainer_throughput.py [--device cuda] [--rounds 6]
 """
@@ -142,10 +144,14 @@ def measure(
                     times[side].append(time.perf_counter() - t0)
     ours.stop()
     med = {k: statistics.median(v) for k, v in times.items()}
+    # The median leaves the held-out checks out (they land in a few steps'
+    # times); the totals keep them, which is what a user's wall clock sees.
+    total_s = {k: sum(v) for k, v in times.items()}
     return {
         "finetuner_ms": med["finetuner"] * 1e3,
         "bare_ms": med["bare"] * 1e3,
         "ratio": med["bare"] / med["finetuner"],
+        "wall_ratio": total_s["bare"] / total_s["finetuner"],
         "n": len(times["bare"]),
         "dtype": ours.precision.dtype_name,
     }
@@ -178,8 +184,8 @@ def main() -> None:
         f"{args.block} steps per side, interleaved, torch threads {args.threads}\n"
     )
     print("| mode | loss terms | validation | dtype | Finetuner ms/step | bare ms/step "
-          "| throughput ratio | steps |")
-    print("|---|---|---|---|---:|---:|---:|---:|")
+          "| throughput ratio (median step) | wall ratio (checks included) | steps |")
+    print("|---|---|---|---|---:|---:|---:|---:|---:|")
     for mode in args.modes:
         for teacher in (t == "on" for t in args.teacher):
             for validation in args.validation:
@@ -190,6 +196,7 @@ def main() -> None:
                 print(
                     f"| {mode} | {label} | {checked} | {r['dtype']} | "
                     f"{r['finetuner_ms']:.1f} | {r['bare_ms']:.1f} | {r['ratio']:.3f} | "
+                    f"{r['wall_ratio']:.3f} | "
                     f"{r['n']} |", flush=True
                 )
 
