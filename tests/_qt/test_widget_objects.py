@@ -199,3 +199,28 @@ def test_a_failed_save_leaves_the_store_as_it_was(docked, qtbot, monkeypatch):
     assert saved["objects-membrane"][0].max() > 0
     assert not [p.name for p in Path(store).iterdir() if p.name.startswith(".")
                 and p.is_dir() and "staging" in p.name]
+
+
+def test_saved_objects_open_with_napari_ome_zarr(docked, qtbot, make_napari_viewer):
+    """Another reader sees what Save wrote: napari-ome-zarr shows each objects image as a
+    Labels layer holding the same uint32 ids."""
+    viewer, widget, image = docked
+    _predict_then_objects(qtbot, widget)
+    _wait_for_objects(qtbot, viewer, widget)
+    qtbot.mouseClick(widget.save_predictions_button, Qt.LeftButton)
+    wait_idle(qtbot, widget)
+    assert not widget.state.errors, widget.state.errors
+
+    other = make_napari_viewer()
+    opened = other.open(image.metadata["ome_zarr_path"], plugin="napari-ome-zarr")
+    # napari-ome-zarr names a label image by its path ("labels/labels/objects-membrane").
+    labels = {layer.name.rsplit("/", 1)[-1]: layer for layer in opened
+              if isinstance(layer, Labels)}
+    assert {f"objects-{channel}" for channel in LAYER_NAMES} <= set(labels), list(labels)
+    for channel, name in LAYER_NAMES.items():
+        layer = labels[f"objects-{channel}"]
+        level0 = layer.data[0] if layer.multiscale else layer.data
+        assert level0.dtype == np.uint32
+        written = viewer.layers[name].data
+        assert int(written.max()) >= 2
+        np.testing.assert_array_equal(np.asarray(level0), written)
