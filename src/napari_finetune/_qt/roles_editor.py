@@ -1,6 +1,6 @@
 """The Objects step's role editor: each output channel's instance role, threshold, min size.
 
-magicgui inputs, one row per channel of the chosen model, filled from the
+magicgui inputs in a grid, one row per channel of the chosen model, filled from the
 checkpoint's roles (:func:`RolesEditor.show_roles`) and read back as
 :class:`~napari_finetune.objects.ChannelRole` values (:func:`RolesEditor.roles`),
 which validate themselves: a value no role can have is one ValueError line.
@@ -13,12 +13,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from magicgui.widgets import ComboBox, Container, FloatSpinBox, SpinBox
-from qtpy.QtWidgets import QAbstractSpinBox, QLabel, QVBoxLayout, QWidget
+from magicgui.widgets import ComboBox, FloatSpinBox, SpinBox
+from qtpy.QtCore import Signal
+from qtpy.QtWidgets import (
+    QAbstractSpinBox,
+    QComboBox,
+    QGridLayout,
+    QLabel,
+    QVBoxLayout,
+    QWidget,
+)
 
 if TYPE_CHECKING:
-    from psygnal import SignalInstance
-
     from napari_finetune.objects import ChannelRole
 
 NO_ROLE = "none"  # the combo's text for role None (magicgui takes None as "no choice")
@@ -40,47 +46,59 @@ class RoleInputs:
     threshold: FloatSpinBox
     min_size: SpinBox
 
+    @property
+    def widgets(self) -> tuple[ComboBox, FloatSpinBox, SpinBox]:
+        """The inputs in the grid's column order."""
+        return self.role, self.threshold, self.min_size
+
     def follow_role(self, role: str) -> None:
         """Threshold and min size mean nothing without a role: greyed out then."""
         self.threshold.enabled = self.min_size.enabled = role != NO_ROLE
 
 
 class RolesEditor(QWidget):
-    """One row per output channel: role (none, boundary, object), threshold, min size.
+    """A grid, one row per output channel: its name, role (none, boundary, object),
+    threshold and min size under one header (the dock stays as narrow as the settings).
 
     ``changed`` emits whenever an input changes (not while :meth:`show_roles`
     fills them).
     """
 
+    changed = Signal()
+
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.inputs: dict[str, RoleInputs] = {}
-        self.rows = Container(labels=False)
-        self.rows.margins = (0, 0, 0, 0)
-        self.rows.native.layout().setSpacing(2)
         self.title = QLabel("Instance roles (Objects uses them; Export keeps them):")
         self.title.setWordWrap(True)
-        layout = QVBoxLayout(self)
-        layout.setContentsMargins(0, 0, 0, 0)
-        layout.addWidget(self.title)
-        layout.addWidget(self.rows.native)
+        self.grid = QWidget()
+        self._layout = QVBoxLayout(self)
+        self._layout.setContentsMargins(0, 0, 0, 0)
+        self._layout.addWidget(self.title)
+        self._layout.addWidget(self.grid)
         self.setVisible(False)  # until a checkpoint's channels are known
-
-    @property
-    def changed(self) -> SignalInstance:
-        """Emits after any input changed."""
-        return self.rows.changed
 
     def show_roles(self, roles: dict[str, ChannelRole]) -> None:
         """One row per channel of ``roles`` (a new model: new rows), set to its values."""
-        with self.rows.changed.blocked():
-            self.rows.clear()
-            self.inputs = {channel: _inputs(channel, role) for channel, role in roles.items()}
-            for inputs in self.inputs.values():
-                row = Container(widgets=[inputs.role, inputs.threshold, inputs.min_size],
-                                layout="horizontal", labels=True)
-                row.margins = (0, 0, 0, 0)
-                self.rows.append(row)
+        self.inputs = {channel: _inputs(channel, role) for channel, role in roles.items()}
+        grid = QWidget()
+        layout = QGridLayout(grid)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setVerticalSpacing(2)
+        for column, text in enumerate(("channel", "role", "threshold", "min size")):
+            layout.addWidget(QLabel(text), 0, column)
+        for row, (channel, inputs) in enumerate(self.inputs.items(), start=1):
+            layout.addWidget(QLabel(channel), row, 0)
+            for column, widget in enumerate(inputs.widgets, start=1):
+                layout.addWidget(widget.native, row, column)
+                widget.changed.connect(lambda *_: self.changed.emit())
+        for column in (1, 2, 3):
+            layout.setColumnStretch(column, 1)
+        # The old rows go with their grid (a new model may have other channels).
+        self._layout.replaceWidget(self.grid, grid)
+        self.grid.setParent(None)  # off the editor now (it would cover the title until deleted)
+        self.grid.deleteLater()
+        self.grid = grid
         self.setVisible(bool(roles))
 
     def roles(self, base: dict[str, ChannelRole]) -> dict[str, ChannelRole]:
@@ -119,6 +137,7 @@ def _inputs(channel: str, role: ChannelRole) -> RoleInputs:
     inputs.threshold.value = role.threshold  # again, at three decimals (0.125 stays)
     for box in (inputs.threshold, inputs.min_size):
         box.native.setButtonSymbols(QAbstractSpinBox.NoButtons)  # arrows and wheel still step
+    inputs.role.native.setSizeAdjustPolicy(QComboBox.AdjustToContents)  # "boundary" whole
     inputs.role.changed.connect(inputs.follow_role)
     inputs.follow_role(inputs.role.value)
     return inputs
