@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from qtpy.QtCore import Qt
-from qtpy.QtWidgets import QFileDialog
+from qtpy.QtWidgets import QFileDialog, QWidget
 from tests._qt.conftest import CHANNELS, choose_checkpoint, wait_idle
 from tests._qt.test_widget_objects import (  # the same tiny model, with roles
     LAYER_NAMES,
@@ -64,6 +64,12 @@ def test_the_editor_shows_the_checkpoint_roles(docked):
         assert inputs[channel].threshold.value == pytest.approx(role.threshold)
         assert inputs[channel].min_size.value == role.min_size
     assert widget.state.roles == ROLES
+    # Filled again (as for the next model), before any event is processed: one grid, the
+    # earlier rows not left lying over the title until Qt deletes them.
+    editor = widget.roles_editor
+    editor.show_roles(widget.state.roles)
+    assert [child for child in editor.children() if isinstance(child, QWidget)
+            and child is not editor.title] == [editor.grid]
 
 
 def test_role_none_gives_no_layer_for_that_channel(docked, qtbot):
