@@ -11,7 +11,6 @@ from napari.layers import Labels
 from qtpy.QtCore import Qt
 
 from conftest import CHANNELS, choose_checkpoint, make_volume, wait_idle
-from napari_finetune._qt import objects_step
 from napari_finetune._qt.layers import OBJECTS_KEY
 from napari_finetune.objects import ChannelRole, instances_of, roles_to_metadata
 
@@ -108,7 +107,7 @@ def test_objects_button_shows_one_labels_layer_and_count_per_role_channel(docked
         assert f"{name}: {count}" in widget.objects_label.text()
 
 
-def test_a_checkpoint_without_roles_says_how_to_set_them_and_adds_no_layer(
+def test_a_checkpoint_without_roles_points_at_the_editor_and_adds_no_layer(
     docked, qtbot, tmp_path
 ):
     viewer, widget, image = docked
@@ -116,14 +115,16 @@ def test_a_checkpoint_without_roles_says_how_to_set_them_and_adds_no_layer(
     choose_checkpoint(qtbot, widget, path)
     qtbot.waitUntil(lambda: widget.state.info is not None
                     and widget.state.info.path == str(path), timeout=20_000)
+    editor = widget.roles_editor
+    assert not editor.isHidden() and sorted(editor.inputs) == sorted(CHANNELS)
+    assert all(inputs.role.value == "none" for inputs in editor.inputs.values())
     qtbot.mouseClick(widget.predict_button, Qt.LeftButton)
     wait_idle(qtbot, widget)
-    assert widget.state.probabilities == {}
-    assert not widget.objects_button.isEnabled()
+    assert widget.state.probabilities == {}  # no role: no probability kept
     message = widget.objects_label.text()
-    assert "no channel an instance role" in message and "--role membrane=" in message
-    assert "\n" not in message
-    objects_step.compute_objects(widget.actions)  # what the button would do, enabled or not
+    assert "no channel an instance role" in message and "under Objects" in message
+    assert "--role membrane=" in message and "\n" not in message
+    qtbot.mouseClick(widget.objects_button, Qt.LeftButton)
     wait_idle(qtbot, widget)
     assert message in widget.status_panel.log.toPlainText()
     assert not [layer for layer in viewer.layers if OBJECTS_KEY in layer.metadata]
@@ -198,3 +199,28 @@ def test_a_failed_save_leaves_the_store_as_it_was(docked, qtbot, monkeypatch):
     assert saved["objects-membrane"][0].max() > 0
     assert not [p.name for p in Path(store).iterdir() if p.name.startswith(".")
                 and p.is_dir() and "staging" in p.name]
+
+
+def test_saved_objects_open_with_napari_ome_zarr(docked, qtbot, make_napari_viewer):
+    """Another reader sees what Save wrote: napari-ome-zarr shows each objects image as a
+    Labels layer holding the same uint32 ids."""
+    viewer, widget, image = docked
+    _predict_then_objects(qtbot, widget)
+    _wait_for_objects(qtbot, viewer, widget)
+    qtbot.mouseClick(widget.save_predictions_button, Qt.LeftButton)
+    wait_idle(qtbot, widget)
+    assert not widget.state.errors, widget.state.errors
+
+    other = make_napari_viewer()
+    opened = other.open(image.metadata["ome_zarr_path"], plugin="napari-ome-zarr")
+    # napari-ome-zarr names a label image by its path ("labels/labels/objects-membrane").
+    labels = {layer.name.rsplit("/", 1)[-1]: layer for layer in opened
+              if isinstance(layer, Labels)}
+    assert {f"objects-{channel}" for channel in LAYER_NAMES} <= set(labels), list(labels)
+    for channel, name in LAYER_NAMES.items():
+        layer = labels[f"objects-{channel}"]
+        level0 = layer.data[0] if layer.multiscale else layer.data
+        assert level0.dtype == np.uint32
+        written = viewer.layers[name].data
+        assert int(written.max()) >= 2
+        np.testing.assert_array_equal(np.asarray(level0), written)

@@ -111,3 +111,19 @@ def test_release_frees_training_state_but_keeps_export_and_predict(tmp_path):
     assert reloaded.metadata["run"]["steps_done"] == 2
     with pytest.raises(RuntimeError, match="released"):
         next(trainer.run())
+
+
+def test_export_metadata_replaces_those_entries_in_the_file_only(tmp_path):
+    """The widget's edited instance roles go into the file; the run's metadata is kept."""
+    stored = {"membrane": {"role": "boundary", "threshold": 0.5}}
+    edited = {"mitochondria": {"role": "object", "threshold": 0.4, "min_size": 7}}
+    metadata = {"channel_names": ["membrane", "mitochondria"], "instance_roles": stored}
+    trainer = make_trainer(steps=1, batch_size=1, metadata=metadata)
+    list(trainer.run())
+    ckpt = load_checkpoint(trainer.export(tmp_path / "out.pt",
+                                          metadata={"instance_roles": edited}))
+    assert ckpt.metadata["instance_roles"] == edited
+    assert ckpt.channel_names == ["membrane", "mitochondria"] and ckpt.metadata["run"]
+    assert trainer.metadata["instance_roles"] == stored
+    plain = load_checkpoint(trainer.export(tmp_path / "plain.pt"))
+    assert plain.metadata["instance_roles"] == stored

@@ -26,7 +26,7 @@ from napari_finetune._qt.layers import (
     prediction_layers,
     show_predictions,
 )
-from napari_finetune._qt.objects_step import describe_roles
+from napari_finetune._qt.objects_step import show_checkpoint_roles
 from napari_finetune._qt.state import CheckpointInfo, Untrusted, release_trainer, shut_down
 from napari_finetune._qt.trust import ask_to_trust, info_job, refusal
 from napari_finetune._qt.worker import Job, start_call, start_job
@@ -145,6 +145,8 @@ class Controller:
             return
         release_trainer(s)  # a new model: the old run's weights no longer apply
         s.probabilities, s.predicted_image = {}, None  # its roles and channels may differ
+        s.roles, s.roles_error = {}, ""
+        self.w.roles_editor.show_roles({})  # no rows until this model's channels are known
         s.info = None
         self.w.settings.set_lora_share(0.0)
         self.w.checkpoint_label.setText("reading checkpoint…")
@@ -166,7 +168,7 @@ class Controller:
         self.w.checkpoint_label.setText(
             f"{Path(result.path).name}: {result.dims}D, channels {', '.join(result.channel_names)}"
         )
-        self.w.objects_label.setText(describe_roles(result))
+        show_checkpoint_roles(self)
         self.follow_corrections(self.w.corrections_layer())
 
     def answer_untrusted(self, question: Untrusted) -> None:
@@ -186,8 +188,10 @@ class Controller:
         if layer is None or s.info is None:
             return
         model = s.trainer.model if s.trainer is not None else None
-        # The channels with a role keep their probability too, for the Objects step.
-        keep = [i for i, name in enumerate(s.info.channel_names) if name in s.info.roles]
+        # The channels with a role (the editor's, now) keep their probability too, for
+        # the Objects step.
+        keep = [i for i, name in enumerate(s.info.channel_names)
+                if name in s.roles and s.roles[name].role is not None]
         self.run_job("predict", jobs.predict_job, s.info.path, corr.image_level0(layer),
                      len(s.info.channel_names), self.w.settings.device_name(), model=model,
                      normalization=s.info.normalization, trust=s.info.trust, keep=keep,

@@ -10,13 +10,16 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from napari_finetune._qt.events import Preview, Progress, RunStatus, Saved, TrainerReady
 from napari_finetune._qt.worker import Job, core_left_for_the_ui, with_progress
 from napari_finetune.data.patch_shape import fit_patch_shape
+
+if TYPE_CHECKING:
+    from napari_finetune.objects import ChannelRole
 
 
 def warm_up_job() -> Job[None]:
@@ -160,10 +163,17 @@ def _build_and_run(
         trainer.release()
 
 
-def export_job(trainer: Any, path: str) -> Job[str]:
-    """``trainer.export(path)`` off the main thread; returns where it was written."""
+def export_job(trainer: Any, path: str, roles: dict[str, ChannelRole] | None = None) -> Job[str]:
+    """``trainer.export(path)`` off the main thread, with ``roles`` (every channel's, as
+    the widget's editor holds them) as the file's instance roles; returns where it was
+    written."""
     yield from ()
-    return str(trainer.export(path))
+    metadata = None
+    if roles:
+        from napari_finetune.objects import roles_to_metadata
+
+        metadata = roles_to_metadata(roles, {})
+    return str(trainer.export(path, metadata=metadata))
 
 
 def save_predictions_job(

@@ -34,25 +34,55 @@ class ChannelObjects:
     count: int
 
 
+def with_role(roles: Mapping[str, ChannelRole]) -> dict[str, ChannelRole]:
+    """The channels of ``roles`` that have a role (instances come from these only)."""
+    return {channel: role for channel, role in roles.items() if role.role is not None}
+
+
 def no_roles_message(info: CheckpointInfo) -> str:
-    """One line: why this checkpoint gives no objects and how to give it roles."""
-    if info.roles_problem:
-        return f"No objects: {info.roles_problem}"
+    """One line: why no channel gives objects, and where to give one a role."""
     first = info.channel_names[0] if info.channel_names else "CHANNEL"
+    where = ("choose a role (boundary or object) for a channel under Objects, or count "
+             f"from the command line: napari-finetune predict CKPT STORE --instances "
+             f"--role {first}=boundary|object")
+    if info.roles_problem:
+        return f"No objects: {info.roles_problem} To count: {where}"
     return (f"No objects: {Path(info.path).name} gives no channel an instance role "
-            f"(channels: {', '.join(info.channel_names)}); the checkpoint needs roles "
-            "(metadata 'instance_roles', napari_finetune.objects.roles_to_metadata), or "
-            f"count from the command line: napari-finetune predict CKPT STORE --instances "
-            f"--role {first}=boundary|object")
+            f"(channels: {', '.join(info.channel_names)}); {where}")
 
 
-def describe_roles(info: CheckpointInfo) -> str:
-    """What Objects will show for this checkpoint, or the no-roles line."""
-    if not info.roles:
+def describe_roles(info: CheckpointInfo, roles: Mapping[str, ChannelRole]) -> str:
+    """What Objects will show with these roles, or the no-roles line."""
+    chosen = with_role(roles)
+    if not chosen:
         return no_roles_message(info)
     layers = ", ".join(f"{objects_layer_name(channel, role.role)} ({channel}, {role.role})"
-                       for channel, role in info.roles.items())
+                       for channel, role in chosen.items())
     return f"objects after Predict: {layers}"
+
+
+def show_checkpoint_roles(c: Controller) -> None:
+    """A checkpoint was read: the editor and the state start from its stored roles."""
+    s, w = c.state, c.w
+    if s.info is None:
+        return
+    s.roles, s.roles_error = dict(s.info.roles), ""
+    w.roles_editor.show_roles(s.roles)
+    w.objects_label.setText(describe_roles(s.info, s.roles))
+
+
+def roles_edited(c: Controller) -> None:
+    """An input of the role editor changed: the state takes its values, or the one-line
+    reason they cannot be (then the state keeps the last valid roles, which Objects and
+    Export refuse to use until it is fixed)."""
+    s, w = c.state, c.w
+    if s.info is None:
+        return
+    try:
+        s.roles, s.roles_error = w.roles_editor.roles(s.roles), ""
+    except ValueError as exc:
+        s.roles_error = str(exc)
+    w.objects_label.setText(s.roles_error or describe_roles(s.info, s.roles))
 
 
 def objects_job(
@@ -78,18 +108,27 @@ def compute_objects(c: Controller) -> None:
     s, w = c.state, c.w
     if s.info is None or s.busy is not None:
         return
-    if not s.info.roles:
+    if s.roles_error:
+        w.objects_label.setText(s.roles_error)
+        return
+    roles = with_role(s.roles)
+    if not roles:
         message = no_roles_message(s.info)
         w.objects_label.setText(message)
         w.status_panel.append_log(message)
         return
     image = s.predicted_image
-    if not s.probabilities or image is None or image not in w.viewer.layers:
+    if image is None or image not in w.viewer.layers:
         w.objects_label.setText("objects: press Predict first")
         return
-    roles = dict(s.info.roles)
+    missing = [channel for channel in roles if channel not in s.probabilities]
+    if missing:  # Predict keeps the probability of the channels with a role then only
+        w.objects_label.setText(
+            f"objects: press Predict again: the last Predict kept no probability of "
+            f"{', '.join(missing)} (no role then)")
+        return
     # The arrays themselves, not copies: a new prediction replaces them, never writes into them.
-    probabilities = dict(s.probabilities)
+    probabilities = {channel: s.probabilities[channel] for channel in roles}
     prediction_id, store = s.prediction_id, corr.store_path_of(image)
 
     def computed(objects: dict[str, ChannelObjects]) -> None:

@@ -103,11 +103,16 @@ def default_export_path(c: Controller) -> str:
 
 
 def export(c: Controller, path: str) -> None:
-    """``trainer.export(path)`` in a worker; the path is shown and notified."""
-    if c.state.trainer is None or c.state.busy is not None:
+    """``trainer.export(path)`` in a worker, with the instance roles as the editor holds
+    them; the path is shown and notified."""
+    s = c.state
+    if s.trainer is None or s.busy is not None:
         return
-    c.run_job("export", jobs.export_job, c.state.trainer, path, what="Export failed",
-              on_result=lambda written: _exported(c, written))
+    if s.roles_error:  # the editor shows a value the file could not keep
+        c.fail(ValueError(s.roles_error), "Cannot export")
+        return
+    c.run_job("export", jobs.export_job, s.trainer, path, roles=dict(s.roles),
+              what="Export failed", on_result=lambda written: _exported(c, written))
 
 
 def _exported(c: Controller, path: str) -> None:

@@ -42,8 +42,9 @@ class CheckpointInfo:
     dims: int
     trust: tuple[str, ...] = ()  # factories the user trusted for this file (the dialog's Yes)
     lora_share_per_rank: float = 0.0  # weights LoRA adds per unit of rank (model.lora)
-    # The channels with an instance role (objects.roles_from_metadata), in channel order;
-    # ``roles_problem`` is the one-line reason when the checkpoint's roles could not be read.
+    # Every channel's instance role as stored (objects.roles_from_metadata; role None: no
+    # objects), in channel order; ``roles_problem`` is the one-line reason when the
+    # checkpoint's roles could not be read (then every channel has role None).
     roles: dict[str, ChannelRole] = field(default_factory=dict)
     roles_problem: str = ""
 
@@ -100,6 +101,13 @@ class RunState:
     probabilities: dict[str, np.ndarray] = field(default_factory=dict)
     predicted_image: Image | None = None
     prediction_id: int = 0
+    # Every channel's instance role as the Objects editor holds it (role None included),
+    # starting from the checkpoint's: the next Predict keeps the probability of the channels
+    # with a role, Objects labels them and Export stores them. ``roles_error`` is the
+    # one-line reason while the editor holds a value no role can have (``roles`` keeps the
+    # last valid ones, which nothing uses until the error is fixed).
+    roles: dict[str, ChannelRole] = field(default_factory=dict)
+    roles_error: str = ""
 
     def mark(self, name: str) -> None:
         """Record the first time ``name`` happened, in seconds after the Fine-tune click."""

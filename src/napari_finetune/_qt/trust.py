@@ -96,15 +96,17 @@ def info_job(path: str, trust: tuple[str, ...] = ()) -> Job[CheckpointInfo | Unt
             raise
         return Untrusted(path, factory)  # the widget asks the user; nothing was imported
     from napari_finetune.model.lora import adapter_overhead
-    from napari_finetune.objects import roles_from_metadata
+
+    # Here, in the worker: importing napari_finetune.objects costs ~1.6 s, which the role
+    # editor (on the main thread) then finds already paid.
+    from napari_finetune.objects import ChannelRole, roles_from_metadata
 
     names = ckpt.channel_names
     try:
-        roles = {name: role for name, role in roles_from_metadata(ckpt.metadata, names).items()
-                 if role.role is not None}
+        roles = roles_from_metadata(ckpt.metadata, names)
         problem = ""
-    except ValueError as exc:  # bad roles cost the Objects step, not the whole checkpoint
-        roles, problem = {}, str(exc)
+    except ValueError as exc:  # bad roles cost the stored roles, not the whole checkpoint
+        roles, problem = {name: ChannelRole() for name in names}, str(exc)
     return CheckpointInfo(
         path=path, channel_names=names, colors=channel_colors(names, ckpt.metadata),
         normalization=ckpt.normalization, dims=int(getattr(ckpt.model, "dims", 3)),

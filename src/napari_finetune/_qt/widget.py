@@ -41,6 +41,7 @@ from napari_finetune._qt.parts import (
     preload,
     row,
 )
+from napari_finetune._qt.roles_editor import RolesEditor
 from napari_finetune._qt.settings import SettingsForm
 from napari_finetune._qt.shutdown import CLOSE_WAIT_S, WindowCloseWatcher
 from napari_finetune._qt.state import RunState, shut_down, stop
@@ -80,6 +81,7 @@ class FinetuneWidget(QWidget):
         self.objects_button.setToolTip(
             "Count the objects of the last prediction: one layer per channel with a role "
             "(cells from the membranes, mitochondria), each object its own colour")
+        self.roles_editor = RolesEditor()
         self.objects_label = QLabel("")
         self.objects_label.setWordWrap(True)
         self.corrections_combo = layer_combo(napari_viewer, Labels, is_corrections_candidate)
@@ -111,7 +113,7 @@ class FinetuneWidget(QWidget):
             row(QLabel("Image:"), self.image_combo.native),
             row(QLabel("Model:"), self.checkpoint_edit, browse),
             self.checkpoint_label, row(self.predict_button, self.objects_button),
-            self.objects_label,
+            self.roles_editor, self.objects_label,
         ])
         paint_box = group("Corrections", [
             row(QLabel("Layer:"), self.corrections_combo.native),
@@ -145,6 +147,7 @@ class FinetuneWidget(QWidget):
         self.checkpoint_edit.editingFinished.connect(self._checkpoint_changed)
         self.predict_button.clicked.connect(a.predict)
         self.objects_button.clicked.connect(lambda: objects_step.compute_objects(a))
+        self.roles_editor.changed.connect(lambda *_: objects_step.roles_edited(a))
         self.new_corrections_button.clicked.connect(self._new_corrections)
         self.corrections_combo.changed.connect(self._corrections_changed)
         self.image_combo.changed.connect(self._image_changed)
@@ -230,8 +233,9 @@ class FinetuneWidget(QWidget):
         ready = self.image_layer() is not None and s.info is not None
         idle = s.busy is None
         self.predict_button.setEnabled(idle and ready)
-        # A prediction of the image in view, kept with its role channels' probabilities.
-        self.objects_button.setEnabled(idle and bool(s.probabilities) and s.info is not None
+        # A prediction of the image in view (Objects says which roles it cannot serve).
+        self.objects_button.setEnabled(idle and s.info is not None
+                                       and s.predicted_image is not None
                                        and s.predicted_image is self.image_layer())
         self.new_corrections_button.setEnabled(ready)
         self.finetune_button.setEnabled(idle and ready and self.corrections_layer() is not None)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -207,7 +207,10 @@ class Finetuner(RunSetup):
         with self.lock:
             return predict_block(self.model, block, device=str(self.device))
 
-    def export(self, path: str | os.PathLike, ended: str | None = None) -> os.PathLike:
+    def export(
+        self, path: str | os.PathLike, ended: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> os.PathLike:
         """Write the updated checkpoint (adapters merged, run record) atomically.
 
         Parameters
@@ -218,9 +221,13 @@ class Finetuner(RunSetup):
             How the run ended, for the record's ``"ended"`` (e.g. ``"out of memory at
             step 9: ..."``); default ``"finished"`` when every step ran, else
             ``"stopped after step N"``.
+        metadata : mapping, optional
+            Entries that replace the checkpoint's in the file (e.g. the instance
+            roles set in the widget); plain types only. The run's own metadata
+            is not changed.
         """
         with self.lock:
-            return record.export_checkpoint(self, path, ended)
+            return record.export_checkpoint(self, path, ended, metadata)
 
 
 __all__ = ["Finetuner"]

@@ -9,6 +9,7 @@ should start from so it does not run out of memory the same way again.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -148,9 +149,11 @@ def apply_previous_run(
 
 
 def export_checkpoint(
-    trainer: Finetuner, path: str | os.PathLike, ended: str | None = None
+    trainer: Finetuner, path: str | os.PathLike, ended: str | None = None,
+    metadata_updates: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Merge the adapters into a copy and save it with the record, atomically."""
+    """Merge the adapters into a copy and save it with the record, atomically;
+    ``metadata_updates`` replace those entries of the checkpoint's metadata."""
     from napari_finetune.model.checkpoint import (
         DEFAULT_NORMALIZATION,
         architecture_of,
@@ -160,7 +163,7 @@ def export_checkpoint(
     from napari_finetune.model.lora import merged_copy
 
     model = merged_copy(trainer.model)
-    metadata = dict(trainer.metadata)
+    metadata = {**trainer.metadata, **(metadata_updates or {})}
     metadata["channel_names"] = channel_names_of(metadata, trainer.out_channels)
     metadata["normalization"] = dict(metadata.get("normalization") or DEFAULT_NORMALIZATION)
     previous = metadata.get("run")

@@ -1,0 +1,190 @@
+"""The Objects role editor, clicked in a docked widget: what Objects does with the roles
+set there, the one-line errors, a checkpoint without roles, and Export keeping them."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from qtpy.QtCore import Qt
+from qtpy.QtWidgets import QFileDialog, QWidget
+from tests._qt.conftest import CHANNELS, choose_checkpoint, wait_idle
+from tests._qt.test_widget_objects import (  # the same tiny model, with roles
+    LAYER_NAMES,
+    ROLES,
+    _save_tiny_unet,
+    tiny_checkpoint,  # noqa: F401 (the fixture: this model replaces the conftest's)
+)
+
+from napari_finetune._qt.layers import OBJECTS_KEY
+from napari_finetune.objects import ChannelRole, instances_of, roles_from_metadata
+
+
+def choose_role(qtbot, widget, channel: str, role: str) -> None:
+    """Type the role's first letters into the channel's role list, as a keyboard user does."""
+    combo = widget.roles_editor.inputs[channel].role.native
+    combo.setFocus()
+    qtbot.keyClicks(combo, role)
+    assert combo.currentText() == role
+
+
+def type_value(qtbot, widget, channel: str, field: str, text: str) -> None:
+    """Select the channel's ``field`` input and type ``text``, then Return."""
+    box = getattr(widget.roles_editor.inputs[channel], field).native
+    box.setFocus()
+    box.selectAll()
+    qtbot.keyClicks(box, text)
+    qtbot.keyClick(box, Qt.Key_Return)
+
+
+def objects_layers(viewer) -> dict[str, np.ndarray]:
+    return {layer.metadata[OBJECTS_KEY]: layer.data for layer in viewer.layers
+            if OBJECTS_KEY in layer.metadata}
+
+
+def predict(qtbot, widget) -> None:
+    qtbot.mouseClick(widget.predict_button, Qt.LeftButton)
+    wait_idle(qtbot, widget)
+    assert widget.objects_button.isEnabled()
+
+
+def click_objects(qtbot, widget) -> None:
+    qtbot.mouseClick(widget.objects_button, Qt.LeftButton)
+    wait_idle(qtbot, widget)
+    assert not widget.state.errors, widget.state.errors
+
+
+def test_the_editor_shows_the_checkpoint_roles(docked):
+    _, widget, _ = docked
+    inputs = widget.roles_editor.inputs
+    assert not widget.roles_editor.isHidden() and list(inputs) == CHANNELS
+    for channel, role in ROLES.items():
+        assert inputs[channel].role.value == role.role
+        assert inputs[channel].threshold.value == pytest.approx(role.threshold)
+        assert inputs[channel].min_size.value == role.min_size
+    assert widget.state.roles == ROLES
+    # Filled again (as for the next model), before any event is processed: one grid, the
+    # earlier rows not left lying over the title until Qt deletes them.
+    editor = widget.roles_editor
+    editor.show_roles(widget.state.roles)
+    assert [child for child in editor.children() if isinstance(child, QWidget)
+            and child is not editor.title] == [editor.grid]
+
+
+def test_role_none_gives_no_layer_for_that_channel(docked, qtbot):
+    viewer, widget, _ = docked
+    predict(qtbot, widget)
+    choose_role(qtbot, widget, "membrane", "none")
+    assert widget.state.roles["membrane"].role is None
+    assert not widget.roles_editor.inputs["membrane"].threshold.enabled  # means nothing now
+    assert "cells" not in widget.objects_label.text()
+    click_objects(qtbot, widget)
+    layers = objects_layers(viewer)
+    assert list(layers) == ["mitochondria"], list(layers)
+    assert LAYER_NAMES["membrane"] not in viewer.layers
+    expected = instances_of(widget.state.probabilities["mitochondria"][None],
+                            {"mitochondria": ROLES["mitochondria"]}, ["mitochondria"])
+    np.testing.assert_array_equal(layers["mitochondria"], expected["mitochondria"])
+
+
+def test_a_new_threshold_is_used_by_the_next_objects_click(docked, qtbot):
+    viewer, widget, _ = docked
+    predict(qtbot, widget)
+    click_objects(qtbot, widget)
+    name = LAYER_NAMES["mitochondria"]
+    before = int(viewer.layers[name].data.max())
+    type_value(qtbot, widget, "mitochondria", "threshold", "0.45")
+    edited = replace(ROLES["mitochondria"], threshold=0.45)
+    assert widget.state.roles["mitochondria"] == edited
+    click_objects(qtbot, widget)
+    after = viewer.layers[name].data
+    expected = instances_of(widget.state.probabilities["mitochondria"][None],
+                            {"mitochondria": edited}, ["mitochondria"])["mitochondria"]
+    np.testing.assert_array_equal(after, expected)
+    assert int(after.max()) != before, "the threshold changed nothing in the count"
+    assert f"{name}: {int(after.max())}" in widget.objects_label.text()
+
+
+def test_a_value_no_role_can_have_is_one_line_and_objects_waits(docked, qtbot):
+    viewer, widget, _ = docked
+    predict(qtbot, widget)
+    type_value(qtbot, widget, "membrane", "threshold", "1")
+    message = widget.objects_label.text()
+    assert "'membrane'" in message and "threshold must be in (0, 1)" in message
+    assert "\n" not in message and "Traceback" not in message
+    assert widget.state.roles == ROLES  # the last valid roles are kept, not used
+    click_objects(qtbot, widget)
+    assert widget.objects_label.text() == message
+    assert not objects_layers(viewer)
+    type_value(qtbot, widget, "membrane", "threshold", "0.41")  # fixed: Objects works again
+    assert widget.state.roles_error == ""
+    click_objects(qtbot, widget)
+    assert sorted(objects_layers(viewer)) == sorted(CHANNELS)
+
+
+def test_roles_set_on_a_checkpoint_without_roles_give_objects(docked, qtbot, tmp_path):
+    viewer, widget, _ = docked
+    path = _save_tiny_unet(tmp_path / "no_roles.pt", {})
+    choose_checkpoint(qtbot, widget, path)
+    qtbot.waitUntil(lambda: widget.state.info is not None
+                    and widget.state.info.path == str(path), timeout=20_000)
+    predict(qtbot, widget)  # nothing kept: no channel had a role
+    choose_role(qtbot, widget, "membrane", "boundary")
+    type_value(qtbot, widget, "membrane", "threshold", "0.41")
+    type_value(qtbot, widget, "membrane", "min_size", "20")
+    click_objects(qtbot, widget)
+    assert "press Predict again" in widget.objects_label.text()
+    assert not objects_layers(viewer)
+    predict(qtbot, widget)
+    assert list(widget.state.probabilities) == ["membrane"]
+    click_objects(qtbot, widget)
+    role = ChannelRole("boundary", threshold=0.41, min_size=20)  # seed distance: default
+    expected = instances_of(widget.state.probabilities["membrane"][None],
+                            {"membrane": role}, ["membrane"])["membrane"]
+    layers = objects_layers(viewer)
+    assert list(layers) == ["membrane"]
+    np.testing.assert_array_equal(layers["membrane"], expected)
+    assert expected.max() >= 2
+
+
+@pytest.mark.slow
+def test_the_exported_checkpoint_carries_the_edited_roles(docked, qtbot, monkeypatch, tmp_path):
+    viewer, widget, _ = docked
+    qtbot.mouseClick(widget.new_corrections_button, Qt.LeftButton)
+    corrections = viewer.layers["corrections"]
+    corrections.brush_size = 5
+    corrections.paint((8, 24, 24), 3)
+    corrections.paint((8, 8, 40), 1)
+    widget.settings.steps.value = 1
+    widget.settings.batch_size.value = 1
+    widget.settings.preview_interval.value = 0.0
+    widget.settings.device.value = "cpu"
+    qtbot.mouseClick(widget.finetune_button, Qt.LeftButton)
+    wait_idle(qtbot, widget)
+    assert widget.export_button.isEnabled(), widget.state.errors
+
+    choose_role(qtbot, widget, "membrane", "none")
+    type_value(qtbot, widget, "mitochondria", "threshold", "0.5")
+    type_value(qtbot, widget, "mitochondria", "min_size", "7")
+    target = tmp_path / "exported.pt"
+    monkeypatch.setattr(QFileDialog, "getSaveFileName",
+                        staticmethod(lambda *args: (str(target), "")))
+    qtbot.mouseClick(widget.export_button, Qt.LeftButton)
+    wait_idle(qtbot, widget)
+    assert widget.state.exported == str(target), widget.state.errors
+
+    from napari_finetune.model.checkpoint import load_checkpoint
+
+    stored = roles_from_metadata(load_checkpoint(target).metadata, CHANNELS)
+    assert stored == {"membrane": ChannelRole(),
+                      "mitochondria": replace(ROLES["mitochondria"], threshold=0.5,
+                                              min_size=7)}
+    # The run's own metadata is left as the checkpoint gave it.
+    assert roles_from_metadata(widget.state.trainer.metadata, CHANNELS) == ROLES
+    # Chosen again, the exported file fills the editor with its roles.
+    choose_checkpoint(qtbot, widget, target)
+    qtbot.waitUntil(lambda: widget.state.info is not None
+                    and widget.state.info.path == str(target), timeout=20_000)
+    assert widget.roles_editor.inputs["membrane"].role.value == "none"
+    assert widget.roles_editor.inputs["mitochondria"].min_size.value == 7
