@@ -198,20 +198,19 @@ def predict(args: argparse.Namespace) -> int:
 
     config = config_from_args(PredictConfig, args)
     overrides = _parse_roles(args.role)
-    if (args.instances or overrides) and predict_cluster.wanted(args):
-        from napari_finetune.cli import UsageError
-
-        raise UsageError("--instances is not available with --workers/--scheduler yet; "
-                         "run predict --instances without them (one process).")
     if overrides and not args.instances:
         from napari_finetune.cli import UsageError
 
         raise UsageError("--role sets a channel's role for --instances; add --instances.")
+    instances = None
+    if args.instances:
+        ckpt = load_checkpoint(args.checkpoint, trust=args.trust_factory)
+        instances = _instance_roles(ckpt, overrides)
     if predict_cluster.wanted(args):  # the default stays in process, below
         _say_missing(open_volume(args.volume))
-        return predict_cluster.run(args, config)
-    ckpt = load_checkpoint(args.checkpoint, trust=args.trust_factory)
-    instances = _instance_roles(ckpt, overrides) if args.instances else None
+        return predict_cluster.run(args, config, instances)
+    if not args.instances:
+        ckpt = load_checkpoint(args.checkpoint, trust=args.trust_factory)
     _say_missing(open_volume(args.volume))
     bars: list = []  # made at the first block, so an early error prints no empty bar
 

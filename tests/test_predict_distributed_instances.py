@@ -1,0 +1,108 @@
+"""``predict --instances --workers N``: objects labelled block by block on dask.distributed.
+
+Real LocalClusters (started by the command line), real OME-Zarr stores with a
+pyramid, a real subprocess SIGKILLed mid-run and run again. The reference is
+the in-process ``predict --instances`` of the same store and blocks.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from napari_finetune.io.omezarr import list_labels, open_volume
+from napari_finetune.io.staging import STAGING_PREFIX
+from napari_finetune.predict_job import job_dir, labelled_blocks
+from ngff_validation import assert_valid_ngff
+from test_cli import run_cli
+from test_cli_instances import BLOCK, OBJECTS, same_up_to_relabelling, textured  # noqa: F401
+from test_predict_store import _ngff_store
+
+pytestmark = pytest.mark.serial  # LocalClusters of worker processes
+
+MASKS = ["prediction-membrane", "prediction-mitochondria"]
+BLOCKS = 2 * 3 * 3  # (16, 48, 48) in blocks of (8, 16, 16)
+
+
+def _labels(store: Path, name: str) -> np.ndarray:
+    return np.asarray(open_volume(store / "labels" / name).levels[0])
+
+
+@pytest.fixture
+def reference(capsys, tmp_path, textured) -> Path:  # noqa: F811
+    """The in-process ``predict --instances`` of the test store."""
+    store = _ngff_store(tmp_path / "ref.zarr", "0.5", (2, 4))
+    code, _, err = run_cli(capsys, "predict", textured, store, "--instances", *BLOCK)
+    assert code == 0, err
+    return store
+
+
+def _assert_same_as(store: Path, reference: Path) -> None:
+    assert sorted(list_labels(store)) == sorted(MASKS + OBJECTS)
+    for name in MASKS:
+        np.testing.assert_array_equal(_labels(store, name), _labels(reference, name))
+    for name in OBJECTS:
+        got, want = _labels(store, name), _labels(reference, name)
+        assert want.max() > 1, name  # objects to compare, not an empty volume
+        assert same_up_to_relabelling(got, want), name
+        ids = np.unique(got[got > 0])
+        assert ids.tolist() == list(range(1, ids.size + 1))  # renumbered 1..N
+        levels = open_volume(store / "labels" / name).levels
+        assert [a.shape for a in levels] == [a.shape for a in open_volume(store).levels]
+        assert all(np.dtype(a.dtype) == np.uint32 for a in levels)
+    assert_valid_ngff(store)
+    assert not job_dir(store, "prediction").exists()
+    assert not list(store.glob(STAGING_PREFIX + "*"))
+
+
+@pytest.mark.slow
+def test_instances_on_two_workers_equal_the_in_process_objects(capsys, tmp_path, textured,  # noqa: F811
+                                                              reference):
+    store = _ngff_store(tmp_path / "vol.zarr", "0.5", (2, 4))
+    code, out, err = run_cli(capsys, "predict", textured, store, "--instances", "--workers", "2",
+                             *BLOCK)
+    assert code == 0, err
+    for name in OBJECTS:
+        assert f"{name}: " in out and f"{BLOCKS} blocks labelled and {BLOCKS} relabelled" in out
+        assert f"labels/{name}" in out
+    _assert_same_as(store, reference)
+
+
+def _cli(*argv: object) -> list[str]:
+    return [sys.executable, "-m", "napari_finetune.cli", "predict", *map(str, argv)]
+
+
+@pytest.mark.slow
+def test_instances_killed_mid_labelling_then_resumed(tmp_path, textured, reference):  # noqa: F811
+    """SIGKILL the command (its process group: workers too) once some blocks are labelled;
+    nothing new is listed; the same command again labels only the rest and writes the
+    in-process objects."""
+    store = _ngff_store(tmp_path / "vol.zarr", "0.5", (2, 4))
+    argv = _cli(textured, store, "--instances", "--workers", "2", *BLOCK)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True, env=env)
+    folder = job_dir(store, "prediction")
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if len(labelled_blocks(folder, OBJECTS[0])) >= 2:
+            break
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+    assert list_labels(store) == []  # nothing half visible
+    before = {name: labelled_blocks(folder, name) for name in OBJECTS}
+    assert 0 < sum(map(len, before.values())) < 2 * BLOCKS, before
+
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0, result.stderr
+    for name in OBJECTS:
+        assert f"{BLOCKS - len(before[name])} blocks labelled" in result.stdout
+    _assert_same_as(store, reference)
