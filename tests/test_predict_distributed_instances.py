@@ -106,3 +106,49 @@ def test_instances_killed_mid_labelling_then_resumed(tmp_path, textured, referen
     for name in OBJECTS:
         assert f"{BLOCKS - len(before[name])} blocks labelled" in result.stdout
     _assert_same_as(store, reference)
+
+
+def _executing(dask_worker) -> int:
+    return len(dask_worker.state.executing)
+
+
+@pytest.mark.slow
+def test_interrupted_while_relabelling_resumes_with_the_same_objects(tmp_path, textured,  # noqa: F811
+                                                                     reference):
+    """Ctrl-C in the client once the first blocks have their final ids: the same call again
+    labels nothing, relabels only the blocks without a final marker, and the objects
+    are the in-process ones."""
+    from distributed import Client
+
+    from napari_finetune.config import PredictConfig
+    from napari_finetune.model.checkpoint import load_checkpoint
+    from napari_finetune.objects import roles_from_metadata
+    from napari_finetune.predict_distributed import local_cluster, predict_on_cluster
+    from napari_finetune.predict_job import final_blocks
+
+    ckpt = load_checkpoint(textured)
+    roles = roles_from_metadata(ckpt.metadata, ckpt.channel_names)
+    config = PredictConfig(block_shape=(8, 16, 16), halo=(8, 16, 16), device="cpu")
+    store = _ngff_store(tmp_path / "vol.zarr", "0.5", (2, 4))
+    folder = job_dir(store, "prediction")
+
+    def interrupt_once_relabelling(done: int, total: int) -> None:
+        if final_blocks(folder, OBJECTS[0]):
+            raise KeyboardInterrupt
+
+    cluster, _ = local_cluster(2, dashboard_address=":0")
+    with cluster, Client(cluster) as client:
+        with pytest.raises(KeyboardInterrupt):
+            predict_on_cluster(textured, store, client, config=config, instances=roles,
+                               progress=interrupt_once_relabelling)
+        end = time.monotonic() + 60
+        while any(client.run(_executing).values()) and time.monotonic() < end:
+            time.sleep(0.05)
+        assert list_labels(store) == []
+        final = final_blocks(folder, OBJECTS[0])
+        assert 0 < len(final) < BLOCKS
+        assert all(len(labelled_blocks(folder, n)) == BLOCKS for n in OBJECTS)
+        run = predict_on_cluster(textured, store, client, config=config, instances=roles)
+    assert run.computed == [] and len(run.skipped) == run.total  # no region again
+    assert run.blocks[OBJECTS[0]] == (0, BLOCKS - len(final))
+    _assert_same_as(store, reference)
