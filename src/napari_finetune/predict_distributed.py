@@ -74,7 +74,7 @@ from napari_finetune.predict_tasks import (
 from napari_finetune.predict_tiling import chunk_aligned_block, region_grid
 
 if TYPE_CHECKING:
-    from distributed import Client, LocalCluster
+    from distributed import Client, Future, LocalCluster
 
 MISSING_DISTRIBUTED = (
     "--workers and --scheduler need dask.distributed: pip install 'napari-finetune[distributed]'"
@@ -275,13 +275,10 @@ def predict_on_cluster(
     tick()
     labelling = []
     for o in objects:  # each block once the regions it reads are written
-        labelled = labelled_blocks(folder, o.name)
-        labelling += [
-            client.submit(label_object_block, o, b, core,
-                          *_regions_read(core, o.halo, shape, region_shape, futures),
-                          key=f"nf-label-{token}-{o.name}-{b}", pure=False)
-            for b, (_, core) in enumerate(blocks) if b not in labelled
-        ]
+        labelling += submit_labelling(
+            client, o, blocks, token,
+            lambda core, o=o: _regions_read(core, o.halo, shape, region_shape, futures),
+        )
     try:
         for future in as_completed([*futures.values(), *labelling]):
             result = future.result()  # re-raises the task's error
@@ -289,8 +286,8 @@ def predict_on_cluster(
                 run.computed.append(result)
             tick(future)
         for o in objects:
-            run.objects[o.name], relabelled = _relabel(client, o, blocks, shape, folder,
-                                                       token, tick)
+            run.objects[o.name], relabelled = relabel_blocks(client, o, blocks, shape, token,
+                                                             tick)
             run.blocks[o.name] = (sum(f.key.startswith(f"nf-label-{token}-{o.name}-")
                                       for f in labelling), relabelled)
     except BaseException:
@@ -310,12 +307,35 @@ def _regions_read(core: tuple[slice, ...], halo: Sequence[int], shape: Sequence[
     return [futures[i] for i in wanted if i in futures]
 
 
-def _relabel(client: Client, task: ObjectsTask, blocks: list, shape: tuple[int, ...],
-             folder: Path, token: str, tick: Callable[[object], None]) -> tuple[int, int]:
-    """Join every block's record on the client, then one task per block writes its final
-    ids. Returns (objects, blocks relabelled by this run)."""
+def submit_labelling(
+    client: Client, task: ObjectsTask, blocks: list[tuple[tuple[int, ...], tuple[slice, ...]]],
+    token: str, after: Callable[[tuple[slice, ...]], list[object]] = lambda core: [],
+) -> list[Future]:
+    """One labelling task per block of ``task``'s objects image not labelled yet.
+
+    ``after(core)`` gives the futures the block must wait for (the regions it
+    reads). Blocks are ``block_cores(shape, block)``, in its order.
+    """
+    labelled = labelled_blocks(Path(task.folder), task.name)
+    return [
+        client.submit(label_object_block, task, b, core, *after(core),
+                      key=f"nf-label-{token}-{task.name}-{b}", pure=False)
+        for b, (_, core) in enumerate(blocks) if b not in labelled
+    ]
+
+
+def relabel_blocks(
+    client: Client, task: ObjectsTask, blocks: list[tuple[tuple[int, ...], tuple[slice, ...]]],
+    shape: tuple[int, ...], token: str, tick: Callable[[object], None] | None = None,
+) -> tuple[int, int]:
+    """Join every labelled block's record on the client (every block must be labelled),
+    then one task per block without a final marker writes its final ids.
+
+    Returns (objects N, blocks relabelled by this call). ``tick(future)`` after each.
+    """
     from distributed import as_completed
 
+    folder = Path(task.folder)
     joiner = FaceJoiner(shape, contextual(task.role))
     offsets, counts = [], []
     for b, (index, core) in enumerate(blocks):  # C order, as the in-process join
@@ -336,7 +356,8 @@ def _relabel(client: Client, task: ObjectsTask, blocks: list, shape: tuple[int, 
     try:
         for future in as_completed(futures):
             future.result()
-            tick(future)
+            if tick is not None:
+                tick(future)
     except BaseException:
         client.cancel(futures)
         raise
