@@ -65,7 +65,8 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--instances", action="store_true",
         help="also write labels/objects-<channel>: one id per object over the whole volume, "
-        "for every channel with an instance role (the checkpoint's, or --role)",
+        "for every channel with an instance role (the checkpoint's, or --role); with "
+        "--workers/--scheduler the blocks are labelled on the cluster, resumable too",
     )
     p.add_argument(
         "--role", action="append", default=[], metavar="CHANNEL=ROLE",
