@@ -42,7 +42,7 @@ from napari_finetune.objects import (
 )
 from napari_finetune.objects.blockwise import block_cores, default_halo
 from napari_finetune.predict import predict_volume
-from napari_finetune.predict_job import labels_array_path, probability_path, provisional_path
+from napari_finetune.predict_job import labels_array_path, prepare_objects, probability_path
 from napari_finetune.predict_tasks import ObjectsTask
 from napari_finetune.samples.synthetic_em import ensure_sample, sample_checkpoint_path
 
@@ -94,13 +94,10 @@ def job_folder(where: Path, prob: np.ndarray, role: ChannelRole,
     written, for one objects image."""
     folder = where / uuid.uuid4().hex[:8]
     name = "objects"
-    zarr.open_array(str(probability_path(folder, "mask")), mode="w", zarr_format=3,
-                    shape=prob.shape, chunks=block, dtype=np.float32)[...] = prob
-    for path in (provisional_path(folder, name), labels_array_path(folder, name)):
-        zarr.open_array(str(path), mode="w", zarr_format=3, shape=prob.shape, chunks=block,
-                        dtype=np.uint32)
-    (folder / "blocks" / name).mkdir(parents=True)
-    (folder / "final" / name).mkdir(parents=True)
+    prepare_objects(folder, "mask", name, prob.shape, block)
+    zarr.open_array(str(probability_path(folder, "mask")), mode="r+")[...] = prob
+    zarr.open_array(str(labels_array_path(folder, name)), mode="w", zarr_format=3,
+                    shape=prob.shape, chunks=block, dtype=np.uint32)
     return ObjectsTask(str(folder), "mask", name, role, default_halo(role, prob.ndim))
 
 

@@ -16,9 +16,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import zarr
 
 from napari_finetune.io.omezarr import list_labels, open_volume
 from napari_finetune.io.staging import STAGING_PREFIX
+from napari_finetune.objects import ChannelRole
 from napari_finetune.predict_job import job_dir, labelled_blocks
 from ngff_validation import assert_valid_ngff
 from test_cli import run_cli
@@ -73,6 +75,54 @@ def test_instances_on_two_workers_equal_the_in_process_objects(capsys, tmp_path,
         assert f"{name}: " in out and f"{BLOCKS} blocks labelled and {BLOCKS} relabelled" in out
         assert f"labels/{name}" in out
     _assert_same_as(store, reference)
+
+
+@pytest.mark.parametrize("role", [
+    ChannelRole("boundary", threshold=0.5, seed_distance=1.0, min_size=4),
+    ChannelRole("object", threshold=0.65, min_size=6),
+    ChannelRole("object", threshold=0.5, split=True, seed_distance=2.0),
+], ids=["boundary", "object", "object-split"])
+def test_blocks_labelled_in_any_order_and_joined_equal_blockwise_instances(tmp_path, role):
+    """The workers' task functions, run here in reverse block order (a cluster finishes
+    them in any order), joined from their records alone and relabelled (one block twice,
+    as a retried task), give blockwise_instances' ids voxel for voxel. No cluster: the
+    tasks are plain functions."""
+    from scipy import ndimage
+
+    from napari_finetune.objects import blockwise_instances
+    from napari_finetune.objects.blockwise import block_cores, default_halo
+    from napari_finetune.predict_distributed import join_blocks
+    from napari_finetune.predict_job import (
+        labels_array_path,
+        prepare_objects,
+        probability_path,
+    )
+    from napari_finetune.predict_tasks import (
+        ObjectsTask,
+        label_object_block,
+        relabel_object_block,
+    )
+
+    shape, block = (12, 40, 40), (6, 16, 16)
+    rng = np.random.default_rng(1)
+    prob = ndimage.gaussian_filter(rng.random(shape), 2.0).astype(np.float32)
+    prob = (prob - prob.min()) / (prob.max() - prob.min())
+    prepare_objects(tmp_path, "mask", "objects", shape, block)
+    zarr.open_array(str(probability_path(tmp_path, "mask")), mode="r+")[...] = prob
+    out = zarr.open_array(str(labels_array_path(tmp_path, "objects")), mode="w",
+                          zarr_format=3, shape=shape, chunks=block, dtype=np.uint32)
+    task = ObjectsTask(str(tmp_path), "mask", "objects", role, default_halo(role, 3))
+    blocks = list(block_cores(shape, block))
+    for b in reversed(range(len(blocks))):
+        label_object_block(task, b, blocks[b][1])
+    tables = join_blocks(task, blocks, shape)
+    for b, (_, core) in [*enumerate(blocks), (0, blocks[0])]:
+        relabel_object_block(task, b, core, tables[b])
+
+    want = np.zeros(shape, np.uint32)
+    n = blockwise_instances(prob, role, block, want)
+    assert n > 3
+    np.testing.assert_array_equal(out[...], want)
 
 
 def _cli(*argv: object) -> list[str]:

@@ -335,24 +335,13 @@ def relabel_blocks(
     """
     from distributed import as_completed
 
-    folder = Path(task.folder)
-    joiner = FaceJoiner(shape, contextual(task.role))
-    offsets, counts = [], []
-    for b, (index, core) in enumerate(blocks):  # C order, as the in-process join
-        record = read_block_record(block_record_path(folder, task.name, b), len(shape))
-        offsets.append(joiner.add(index, core, record))
-        counts.append(record.n)
-    lut = joiner.final_ids(task.role.min_size)
-    final = final_blocks(folder, task.name)
-    futures = []
-    for b, (_, core) in enumerate(blocks):
-        if b in final:
-            continue
-        # Its own ids 0..n -> final ids: a small table per task, not the volume's.
-        own = lut[offsets[b]:offsets[b] + counts[b] + 1].copy()
-        own[0] = 0
-        futures.append(client.submit(relabel_object_block, task, b, core, own,
-                                     key=f"nf-relabel-{token}-{task.name}-{b}", pure=False))
+    tables = join_blocks(task, blocks, shape)
+    final = final_blocks(Path(task.folder), task.name)
+    futures = [
+        client.submit(relabel_object_block, task, b, core, tables[b],
+                      key=f"nf-relabel-{token}-{task.name}-{b}", pure=False)
+        for b, (_, core) in enumerate(blocks) if b not in final
+    ]
     try:
         for future in as_completed(futures):
             future.result()
@@ -361,4 +350,31 @@ def relabel_blocks(
     except BaseException:
         client.cancel(futures)
         raise
-    return int(lut.max(initial=0)), len(futures)
+    return int(max((t.max(initial=0) for t in tables), default=0)), len(futures)
+
+
+def join_blocks(
+    task: ObjectsTask, blocks: list[tuple[tuple[int, ...], tuple[slice, ...]]],
+    shape: tuple[int, ...],
+) -> list[np.ndarray]:
+    """Per block, its own ids 0..n -> final ids 1..N (uint32; 0 stays 0), from the blocks'
+    records alone (every block labelled), as the in-process join gives them.
+
+    Reads one record at a time; holds what :class:`FaceJoiner` holds (the faces
+    waiting for their upper block, the links, one size per id), never a block.
+    """
+    folder = Path(task.folder)
+    joiner = FaceJoiner(shape, contextual(task.role))
+    offsets, counts = [], []
+    for b, (index, core) in enumerate(blocks):  # C order, as the in-process join
+        record = read_block_record(block_record_path(folder, task.name, b), len(shape))
+        offsets.append(joiner.add(index, core, record))
+        counts.append(record.n)
+    lut = joiner.final_ids(task.role.min_size)
+    tables = []
+    for offset, n in zip(offsets, counts, strict=True):
+        # Its own slice of the volume's table: what one task needs, not the whole.
+        own = lut[offset:offset + n + 1].copy()
+        own[0] = 0
+        tables.append(own)
+    return tables

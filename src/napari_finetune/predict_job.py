@@ -126,8 +126,6 @@ def open_job(
     (Path, bool)
         The folder, and whether an earlier job's done regions were kept.
     """
-    import zarr
-
     from napari_finetune.io.labels import create_labels_array, prediction_metadata
 
     folder = job_dir(store, name_prefix)
@@ -142,12 +140,7 @@ def open_job(
     (folder / "done").mkdir()
     for mask, name, _ in spec.instances:
         create_labels_array(store, name, spec.shape, np.uint32, chunks, staging=folder)
-        for array, dtype in ((probability_path(folder, mask), np.float32),
-                             (provisional_path(folder, name), np.uint32)):
-            zarr.open_array(str(array), mode="w", zarr_format=3, shape=spec.shape,
-                            chunks=chunks, dtype=dtype)
-        (folder / "blocks" / name).mkdir(parents=True)
-        (folder / "final" / name).mkdir(parents=True)
+        prepare_objects(folder, mask, name, spec.shape, chunks)
     # Written last: a folder without it (killed while being made) is never resumed.
     _atomic_write(folder / "job.json", spec.to_json())
     return folder, False
@@ -166,6 +159,20 @@ def _resumable(folder: Path, spec: JobSpec) -> bool:
 def labels_array_path(folder: Path, name: str) -> Path:
     """Level 0 of the labels image ``name`` inside a job folder."""
     return folder / "labels" / name / "s0"
+
+
+def prepare_objects(folder: Path, mask: str, name: str, shape: tuple[int, ...],
+                    chunks: tuple[int, ...]) -> None:
+    """The empty probability (of ``mask``'s channel) and provisional ids of the objects
+    image ``name``, and its marker folders (the labels image is made apart)."""
+    import zarr
+
+    for array, dtype in ((probability_path(folder, mask), np.float32),
+                         (provisional_path(folder, name), np.uint32)):
+        zarr.open_array(str(array), mode="w", zarr_format=3, shape=shape, chunks=chunks,
+                        dtype=dtype)
+    (folder / "blocks" / name).mkdir(parents=True)
+    (folder / "final" / name).mkdir(parents=True)
 
 
 def probability_path(folder: Path, mask: str) -> Path:
