@@ -125,6 +125,26 @@ def test_blocks_labelled_in_any_order_and_joined_equal_blockwise_instances(tmp_p
     np.testing.assert_array_equal(out[...], want)
 
 
+@pytest.mark.parametrize("shape, chunks, region, halo", [
+    ((30, 33, 20), (3, 11, 5), (3, 22, 10), (6, 4, 2)),
+    ((64, 256, 256), (32, 64, 64), (32, 64, 64), (8, 8, 8)),
+])
+def test_a_block_waits_for_every_region_it_reads(shape, chunks, region, halo):
+    """The regions a block's labelling task waits for cover what it reads, the boundary
+    role's one voxel lower included (odd chunks put a block's read on an odd start)."""
+    from napari_finetune.objects.blockwise import _read_box, block_cores
+    from napari_finetune.predict_distributed import _regions_read
+    from napari_finetune.predict_tiling import region_grid
+
+    regions = region_grid(shape, region)
+    futures = {i: f"region {i}" for i in range(len(regions))}  # any value: it is only named
+    for _, core in block_cores(shape, chunks):
+        box = _read_box(core, halo, shape, even=True)
+        read = {f"region {i}" for i, r in enumerate(regions)
+                if all(a.start < b.stop and b.start < a.stop for a, b in zip(r, box, strict=True))}
+        assert read <= set(_regions_read(core, halo, shape, region, futures)), core
+
+
 def _cli(*argv: object) -> list[str]:
     return [sys.executable, "-m", "napari_finetune.cli", "predict", *map(str, argv)]
 

@@ -299,8 +299,12 @@ def predict_on_cluster(
 
 def _regions_read(core: tuple[slice, ...], halo: Sequence[int], shape: Sequence[int],
                   region_shape: Sequence[int], futures: Mapping[int, object]) -> list[object]:
-    """The futures of the regions (not yet done) that a block's core plus halo reads."""
-    per_axis = [range(max(0, c.start - h) // r, (min(n, c.stop + h) - 1) // r + 1)
+    """The futures of the regions (not yet done) that a block's core plus halo reads.
+
+    One voxel more below: the boundary role may start its read one voxel lower
+    (its coarse grid stays on the volume's even voxels).
+    """
+    per_axis = [range(max(0, c.start - h - 1) // r, (min(n, c.stop + h) - 1) // r + 1)
                 for c, h, n, r in zip(core, halo, shape, region_shape, strict=True)]
     counts = [-(-n // r) for n, r in zip(shape, region_shape, strict=True)]
     wanted = (int(np.ravel_multi_index(i, counts)) for i in itertools.product(*per_axis))
