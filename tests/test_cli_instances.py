@@ -141,10 +141,14 @@ def test_a_bad_role_is_a_one_line_error(capsys, store, checkpoint, role, says):
     assert list_labels(store) == []
 
 
-def test_instances_with_workers_is_not_available_yet(capsys, store, checkpoint):
-    code, _, err = run_cli(capsys, "predict", checkpoint, store, "--instances", "--workers", "2")
+def test_instances_with_workers_checks_the_roles_before_starting_a_cluster(capsys, tmp_path,
+                                                                          store):
+    model = UNet(dims=3, depth=2, features=4, out_channels=2)
+    plain = save_checkpoint(tmp_path / "plain.pt", model, {"channel_names": ["a", "b"]})
+    code, out, err = run_cli(capsys, "predict", plain, store, "--instances", "--workers", "2")
     assert_one_line_error(code, err, expected=2)
-    assert "not available with --workers" in err
+    assert "--role" in err and "local dask cluster" not in out
+    assert list_labels(store) == []
 
 
 def test_role_none_turns_a_channel_off(capsys, store, checkpoint):

@@ -18,6 +18,17 @@ version, and each worker process loads it once and keeps it
 (:mod:`napari_finetune.predict_tasks`). Workers therefore need the
 store and the checkpoint at the same paths (a shared file system on a cluster).
 
+With ``instances`` (``predict --instances``), each channel with a role also
+gets ``labels/objects-<channel>`` as the in-process path writes it
+(:func:`~napari_finetune.objects.blockwise_instances`, block = output chunk):
+the regions keep that channel's probability in the job folder; one task per
+block labels it in its own ids as soon as the regions it reads (core plus
+halo) are written; the client joins the blocks' records (offsets, face links,
+``min_size`` on whole objects: :class:`~napari_finetune.objects.blockwise.FaceJoiner`,
+cheap: faces only); and one task per block writes its final ids 1..N. Every
+phase keeps markers in the job folder (:mod:`napari_finetune.predict_job`), so
+a killed run resumed finishes with the same objects.
+
 When every region is done, the client fills the smaller levels and swaps the
 labels images into the store (:func:`~napari_finetune.predict_job.finish_job`):
 until then nothing new is listed in ``labels``.
@@ -25,28 +36,45 @@ until then nothing new is listed in ``labels``.
 
 from __future__ import annotations
 
+import itertools
+import json
 import logging
 import os
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from napari_finetune.config import PredictConfig
+from napari_finetune.objects import ChannelRole
+from napari_finetune.objects.blockwise import FaceJoiner, block_cores, contextual, default_halo
 from napari_finetune.predict import Progress, spatial_config
 from napari_finetune.predict_job import (
     JobSpec,
+    block_record_path,
     checkpoint_version,
     done_regions,
+    final_blocks,
     finish_job,
+    labelled_blocks,
     open_job,
 )
-from napari_finetune.predict_tasks import RegionTask, predict_region
+from napari_finetune.predict_store import instance_roles, objects_names
+from napari_finetune.predict_tasks import (
+    ObjectsTask,
+    RegionTask,
+    label_object_block,
+    predict_region,
+    read_block_record,
+    relabel_object_block,
+)
 from napari_finetune.predict_tiling import chunk_aligned_block, region_grid
 
 if TYPE_CHECKING:
-    from distributed import Client, LocalCluster
+    from distributed import Client, Future, LocalCluster
 
 MISSING_DISTRIBUTED = (
     "--workers and --scheduler need dask.distributed: pip install 'napari-finetune[distributed]'"
@@ -79,12 +107,19 @@ class ClusterRun:
         Regions found done by an earlier run, not computed again.
     computed : list of (int, int)
         (region index, worker process id) of each region computed by this run.
+    objects : dict of str to int
+        Per objects image written (``--instances``), its number of objects.
+    blocks : dict of str to (int, int)
+        Per objects image, the blocks this run labelled and relabelled (the
+        others were done by an earlier run).
     """
 
     names: list[str]
     total: int
     skipped: list[int] = field(default_factory=list)
     computed: list[tuple[int, int]] = field(default_factory=list)
+    objects: dict[str, int] = field(default_factory=dict)
+    blocks: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 def usable_cores() -> int:
@@ -145,6 +180,7 @@ def predict_on_cluster(
     torch_threads: int | None = None,
     progress: Progress | None = None,
     log: Callable[[str], None] | None = None,
+    instances: Mapping[str, ChannelRole] | None = None,
 ) -> ClusterRun:
     """Predict an OME-Zarr store region by region on the cluster of ``client``.
 
@@ -172,6 +208,9 @@ def predict_on_cluster(
         ``progress(done, total)`` as regions complete (skipped ones count as done).
     log : callable, optional
         Receives a line when an earlier job is resumed.
+    instances : mapping of channel name to ChannelRole, optional
+        Channels with a role also get ``labels/objects-<channel>`` (module doc),
+        as :func:`~napari_finetune.predict_store.predict_to_omezarr` writes them.
 
     Returns a :class:`ClusterRun`. A task's error (e.g. out of memory at the
     smallest block) is raised here, after cancelling the other tasks.
@@ -195,33 +234,151 @@ def predict_on_cluster(
     low, high = intensity_range(image, ckpt.normalization)
     mtime, size = checkpoint_version(path)
     names = tuple(f"{name_prefix}-{channel}" for channel in ckpt.channel_names)
-    spec = JobSpec(str(path), mtime, size, names, shape, region_shape, tuple(halo), low, high)
+    roles = instance_roles(instances, ckpt.channel_names)
+    object_names = objects_names(name_prefix, list(roles))
+    entries = tuple((f"{name_prefix}-{channel}", name, json.dumps(asdict(role), sort_keys=True))
+                    for (channel, role), name in zip(roles.items(), object_names, strict=True))
+    spec = JobSpec(str(path), mtime, size, names, shape, region_shape, tuple(halo), low, high,
+                   entries, chunks if entries else ())
     store = volume.path.resolve()  # workers elsewhere have another working directory
     classes = list(zip(ckpt.channel_names, ckpt.channel_colors, strict=True))
     folder, resumed = open_job(store, name_prefix, spec, chunks, classes)
     done = done_regions(folder)
     if resumed and log is not None:
         log(f"resuming: {len(done)} of {len(regions)} regions already written, not recomputed")
-    run = ClusterRun(list(names), len(regions), skipped=sorted(done))
+    run = ClusterRun(list(names) + object_names, len(regions), skipped=sorted(done))
     task = RegionTask(
         spec, tuple(trust), str(store), str(folder),
         (config or PredictConfig()).device, torch_threads,
     )
     token = uuid.uuid4().hex[:8]  # keys of this run only: a rerun never meets old results
-    futures = [
-        client.submit(predict_region, task, i, core, key=f"nf-region-{token}-{i}", pure=False)
+    futures = {
+        i: client.submit(predict_region, task, i, core, key=f"nf-region-{token}-{i}",
+                         pure=False)
         for i, core in enumerate(regions)
         if i not in done
+    }
+    objects = [ObjectsTask(str(folder), mask, name, roles[channel],
+                           default_halo(roles[channel], len(shape)))
+               for (mask, name, _), channel in zip(entries, roles, strict=True)]
+    blocks = list(block_cores(shape, chunks))
+    total = len(regions) + 2 * len(blocks) * len(objects)
+    counted = [len(done) + sum(len(labelled_blocks(folder, o.name)) + len(final_blocks(
+        folder, o.name)) for o in objects)]
+
+    def tick(_future: object = None) -> None:
+        if _future is not None:
+            counted[0] += 1
+        if progress is not None:
+            progress(counted[0], total)
+
+    tick()
+    labelling = []
+    for o in objects:  # each block once the regions it reads are written
+        labelling += submit_labelling(
+            client, o, blocks, token,
+            lambda core, o=o: _regions_read(core, o.halo, shape, region_shape, futures),
+        )
+    try:
+        for future in as_completed([*futures.values(), *labelling]):
+            result = future.result()  # re-raises the task's error
+            if future.key.startswith("nf-region-"):
+                run.computed.append(result)
+            tick(future)
+        for o in objects:
+            run.objects[o.name], relabelled = relabel_blocks(client, o, blocks, shape, token,
+                                                             tick)
+            run.blocks[o.name] = (sum(f.key.startswith(f"nf-label-{token}-{o.name}-")
+                                      for f in labelling), relabelled)
+    except BaseException:
+        client.cancel([*futures.values(), *labelling])  # the markers stay
+        raise
+    finish_job(store, folder, names + tuple(object_names))
+    return run
+
+
+def _regions_read(core: tuple[slice, ...], halo: Sequence[int], shape: Sequence[int],
+                  region_shape: Sequence[int], futures: Mapping[int, object]) -> list[object]:
+    """The futures of the regions (not yet done) that a block's core plus halo reads.
+
+    One voxel more below: the boundary role may start its read one voxel lower
+    (its coarse grid stays on the volume's even voxels).
+    """
+    per_axis = [range(max(0, c.start - h - 1) // r, (min(n, c.stop + h) - 1) // r + 1)
+                for c, h, n, r in zip(core, halo, shape, region_shape, strict=True)]
+    counts = [-(-n // r) for n, r in zip(shape, region_shape, strict=True)]
+    wanted = (int(np.ravel_multi_index(i, counts)) for i in itertools.product(*per_axis))
+    return [futures[i] for i in wanted if i in futures]
+
+
+def submit_labelling(
+    client: Client, task: ObjectsTask, blocks: list[tuple[tuple[int, ...], tuple[slice, ...]]],
+    token: str, after: Callable[[tuple[slice, ...]], list[object]] = lambda core: [],
+) -> list[Future]:
+    """One labelling task per block of ``task``'s objects image not labelled yet.
+
+    ``after(core)`` gives the futures the block must wait for (the regions it
+    reads). Blocks are ``block_cores(shape, block)``, in its order.
+    """
+    labelled = labelled_blocks(Path(task.folder), task.name)
+    return [
+        client.submit(label_object_block, task, b, core, *after(core),
+                      key=f"nf-label-{token}-{task.name}-{b}", pure=False)
+        for b, (_, core) in enumerate(blocks) if b not in labelled
     ]
-    if progress is not None:
-        progress(len(done), len(regions))
+
+
+def relabel_blocks(
+    client: Client, task: ObjectsTask, blocks: list[tuple[tuple[int, ...], tuple[slice, ...]]],
+    shape: tuple[int, ...], token: str, tick: Callable[[object], None] | None = None,
+) -> tuple[int, int]:
+    """Join every labelled block's record on the client (every block must be labelled),
+    then one task per block without a final marker writes its final ids.
+
+    Returns (objects N, blocks relabelled by this call). ``tick(future)`` after each.
+    """
+    from distributed import as_completed
+
+    tables = join_blocks(task, blocks, shape)
+    final = final_blocks(Path(task.folder), task.name)
+    futures = [
+        client.submit(relabel_object_block, task, b, core, tables[b],
+                      key=f"nf-relabel-{token}-{task.name}-{b}", pure=False)
+        for b, (_, core) in enumerate(blocks) if b not in final
+    ]
     try:
         for future in as_completed(futures):
-            run.computed.append(future.result())  # re-raises the task's error
-            if progress is not None:
-                progress(len(done) + len(run.computed), len(regions))
+            future.result()
+            if tick is not None:
+                tick(future)
     except BaseException:
-        client.cancel(futures)  # Ctrl-C or a failed task: the done markers stay
+        client.cancel(futures)
         raise
-    finish_job(store, folder, names)
-    return run
+    return int(max((t.max(initial=0) for t in tables), default=0)), len(futures)
+
+
+def join_blocks(
+    task: ObjectsTask, blocks: list[tuple[tuple[int, ...], tuple[slice, ...]]],
+    shape: tuple[int, ...],
+) -> list[np.ndarray]:
+    """Per block, its own ids 0..n -> final ids 1..N (uint32; 0 stays 0), from the blocks'
+    records alone (every block labelled), as the in-process join gives them.
+
+    Reads one record at a time; holds what :class:`FaceJoiner` holds (the faces
+    waiting for their upper block, the links, one size per id), never a block.
+    """
+    folder = Path(task.folder)
+    joiner = FaceJoiner(shape, contextual(task.role))
+    offsets, counts = [], []
+    for b, (index, core) in enumerate(blocks):  # C order, as the in-process join
+        record = read_block_record(block_record_path(folder, task.name, b), len(shape))
+        offsets.append(joiner.add(index, core, record))
+        counts.append(record.n)
+    lut = joiner.final_ids(task.role.min_size)
+    tables = []
+    for offset, n in zip(offsets, counts, strict=True):
+        # Its own slice of the volume's table: what one task needs, not the whole.
+        own = lut[offset:offset + n + 1].copy()
+        own[0] = 0
+        tables.append(own)
+    return tables

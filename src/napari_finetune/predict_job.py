@@ -8,6 +8,19 @@ folder of the store, ``.napari-finetune-job-<name prefix>``::
     labels/<name>/        the labels images, every level, NGFF metadata written
     done/<region index>   one empty file per region whose chunks are all written
 
+With instances (``predict --instances``), per objects image ``labels/<objects name>``
+(uint32, staged like the masks) and its phases' state::
+
+    probability/<mask name>        the channel's probability, written with its mask
+    provisional/<objects name>     each block's own ids 1..n (level-0 shape)
+    blocks/<objects name>/<b>.npz  block b labelled: n, voxels per id, its face slabs
+    final/<objects name>/<b>       block b's final ids written into the labels image
+
+Each marker (``.npz`` or empty file) is written atomically after what it
+records, and every phase is idempotent (the final ids are read from the
+provisional ones, never from themselves), so a killed job resumed finishes
+with the same objects.
+
 A region's marker is written (atomically: a temporary name renamed) only after
 its chunks are, so a region without a marker is computed again, and a region
 with one never is. A rerun of the same command finds the folder, checks that
@@ -53,6 +66,11 @@ class JobSpec:
         Context read around each region.
     low, high : float
         Normalisation range, found once by the client.
+    instances : tuple of (str, str, str)
+        Per channel with an instance role: (its mask's name, objects image
+        name, the role as JSON).
+    object_block : tuple of int
+        The core block of the instance labelling (the output chunks).
     """
 
     checkpoint: str
@@ -64,6 +82,8 @@ class JobSpec:
     halo: tuple[int, ...]
     low: float
     high: float
+    instances: tuple[tuple[str, str, str], ...] = ()
+    object_block: tuple[int, ...] = ()
 
     def to_json(self) -> str:
         """The spec as JSON text (tuples become lists)."""
@@ -118,6 +138,9 @@ def open_job(
         create_labels_array(store, name, spec.shape, np.uint8, chunks, colors, properties,
                             staging=folder)
     (folder / "done").mkdir()
+    for mask, name, _ in spec.instances:
+        create_labels_array(store, name, spec.shape, np.uint32, chunks, staging=folder)
+        prepare_objects(folder, mask, name, spec.shape, chunks)
     # Written last: a folder without it (killed while being made) is never resumed.
     _atomic_write(folder / "job.json", spec.to_json())
     return folder, False
@@ -128,13 +151,67 @@ def _resumable(folder: Path, spec: JobSpec) -> bool:
         found = (folder / "job.json").read_text()
     except OSError:
         return False
-    images = all((folder / "labels" / name).is_dir() for name in spec.names)
+    names = [*spec.names, *(name for _, name, _ in spec.instances)]
+    images = all((folder / "labels" / name).is_dir() for name in names)
     return found == spec.to_json() and images and (folder / "done").is_dir()
 
 
 def labels_array_path(folder: Path, name: str) -> Path:
     """Level 0 of the labels image ``name`` inside a job folder."""
     return folder / "labels" / name / "s0"
+
+
+def prepare_objects(folder: Path, mask: str, name: str, shape: tuple[int, ...],
+                    chunks: tuple[int, ...]) -> None:
+    """The empty probability (of ``mask``'s channel) and provisional ids of the objects
+    image ``name``, and its marker folders (the labels image is made apart)."""
+    import zarr
+
+    for array, dtype in ((probability_path(folder, mask), np.float32),
+                         (provisional_path(folder, name), np.uint32)):
+        zarr.open_array(str(array), mode="w", zarr_format=3, shape=shape, chunks=chunks,
+                        dtype=dtype)
+    (folder / "blocks" / name).mkdir(parents=True)
+    (folder / "final" / name).mkdir(parents=True)
+
+
+def probability_path(folder: Path, mask: str) -> Path:
+    """The probability of the mask image ``mask``'s channel in a job folder (instances)."""
+    return folder / "probability" / mask
+
+
+def provisional_path(folder: Path, name: str) -> Path:
+    """The block-local ids of the objects image ``name`` inside a job folder."""
+    return folder / "provisional" / name
+
+
+def block_record_path(folder: Path, name: str, block: int) -> Path:
+    """Block ``block``'s labelling record of the objects image ``name``."""
+    return folder / "blocks" / name / f"{block}.npz"
+
+
+def mark_final(folder: Path, name: str, block: int) -> None:
+    """Record that block ``block`` of ``name`` has its final ids written."""
+    _atomic_write(folder / "final" / name / str(block), "")
+
+
+def final_blocks(folder: Path, name: str) -> set[int]:
+    """Blocks of the objects image ``name`` whose final ids are written."""
+    return _indices(folder / "final" / name)
+
+
+def labelled_blocks(folder: Path, name: str) -> set[int]:
+    """Blocks of the objects image ``name`` labelled (their record written)."""
+    where = folder / "blocks" / name
+    if not where.is_dir():
+        return set()
+    return {int(p.stem) for p in where.glob("*.npz") if p.stem.isdigit()}
+
+
+def _indices(where: Path) -> set[int]:
+    if not where.is_dir():
+        return set()
+    return {int(p.name) for p in where.iterdir() if p.name.isdigit()}
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -150,10 +227,7 @@ def mark_done(folder: Path, index: int) -> None:
 
 def done_regions(folder: Path) -> set[int]:
     """Indices of the regions recorded as written."""
-    done = folder / "done"
-    if not done.is_dir():
-        return set()
-    return {int(p.name) for p in done.iterdir() if p.name.isdigit()}
+    return _indices(folder / "done")
 
 
 def finish_job(store: Path, folder: Path, names: tuple[str, ...]) -> None:

@@ -101,7 +101,7 @@ def predict_to_omezarr(
     block_shape, halo = spatial_config(config, image.ndim)
     chunks = tuple(min(b, s) for b, s in zip(block_shape, image.shape, strict=True))
     names = [f"{name_prefix}-{channel}" for channel in ckpt.channel_names]
-    roles = _instance_roles(instances, ckpt.channel_names)
+    roles = instance_roles(instances, ckpt.channel_names)
     object_names = objects_names(name_prefix, list(roles))
     low, high = intensity_range(image, ckpt.normalization)
     device = resolve_device(config.device)
@@ -147,7 +147,7 @@ def objects_names(name_prefix: str, channels: list[str]) -> list[str]:
     return [f"{prefix}-{channel}" for channel in channels]
 
 
-def _instance_roles(
+def instance_roles(
     instances: Mapping[str, ChannelRole] | None, channel_names: list[str]
 ) -> dict[str, ChannelRole]:
     """The channels with a role, in channel order; a one-line ValueError for a bad one."""

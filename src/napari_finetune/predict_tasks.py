@@ -16,8 +16,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from napari_finetune.predict import write_probs
-from napari_finetune.predict_job import JobSpec, labels_array_path, mark_done
+import numpy as np
+
+from napari_finetune.objects.blockwise import LabelledBlock, label_block
+from napari_finetune.objects.roles import ChannelRole
+from napari_finetune.predict import MaskAndProbability, write_probs
+from napari_finetune.predict_job import (
+    JobSpec,
+    block_record_path,
+    labels_array_path,
+    mark_done,
+    mark_final,
+    probability_path,
+    provisional_path,
+)
 
 if TYPE_CHECKING:  # torch is imported at the first task, not with this module
     import torch
@@ -121,6 +133,92 @@ def predict_region(task: RegionTask, index: int, core: tuple[slice, ...]) -> tup
         zarr.open_array(str(labels_array_path(folder, name)), mode="r+")
         for name in task.spec.names
     ]
+    for mask, _, _ in task.spec.instances:  # its probability too, for the objects
+        at = task.spec.names.index(mask)
+        prob = zarr.open_array(str(probability_path(folder, mask)), mode="r+")
+        targets[at] = MaskAndProbability(targets[at], prob)
     write_probs(targets, core, probs)
     mark_done(folder, index)  # after the chunks: a marked region is always complete
     return index, os.getpid()
+
+
+@dataclass(frozen=True)
+class ObjectsTask:
+    """What a worker needs to label or relabel any block of one objects image.
+
+    Attributes
+    ----------
+    folder : str
+        The job folder.
+    mask, name : str
+        The mask image whose channel's probability is read, and the objects
+        image written.
+    role : ChannelRole
+        The channel's role (its threshold, seeds...; ``min_size`` is applied by
+        the client to whole objects).
+    halo : tuple of int
+        Context read around each block.
+    """
+
+    folder: str
+    mask: str
+    name: str
+    role: ChannelRole
+    halo: tuple[int, ...]
+
+
+def label_object_block(task: ObjectsTask, block: int, core: tuple[slice, ...],
+                       *after: object) -> tuple[int, int]:
+    """Label block ``block`` (its ``core``) in its own ids; write them and its record.
+
+    ``after`` are the regions whose probabilities the block reads (futures on
+    the cluster: the scheduler runs this once they are written). Reads the
+    core plus halo only. The record (ids, voxels per id, face slabs) is written
+    last, atomically: a block with a record is complete. Returns (block,
+    process id).
+    """
+    import zarr
+
+    folder = Path(task.folder)
+    prob = zarr.open_array(str(probability_path(folder, task.mask)), mode="r")
+    labelled = label_block(prob, task.role, core, task.halo)
+    provisional = zarr.open_array(str(provisional_path(folder, task.name)), mode="r+")
+    provisional[core] = labelled.core_ids
+    _write_record(block_record_path(folder, task.name, block), labelled)
+    return block, os.getpid()
+
+
+def _write_record(path: Path, labelled: LabelledBlock) -> None:
+    slabs = {f"lower{axis}": slab for axis, slab in labelled.lower.items()}
+    slabs.update({f"upper{axis}": slab for axis, slab in labelled.upper.items()})
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
+    np.savez(tmp, n=np.int64(labelled.n), sizes=labelled.sizes, **slabs)
+    os.replace(tmp, path)  # a reader sees the whole record or none
+
+
+def read_block_record(path: Path, ndim: int) -> LabelledBlock:
+    """A block's record as written by :func:`label_object_block` (no core ids)."""
+    with np.load(path) as record:
+        return LabelledBlock(
+            int(record["n"]), record["sizes"],
+            {a: record[f"lower{a}"] for a in range(ndim) if f"lower{a}" in record},
+            {a: record[f"upper{a}"] for a in range(ndim) if f"upper{a}" in record},
+            np.empty(0, np.uint32),
+        )
+
+
+def relabel_object_block(task: ObjectsTask, block: int, core: tuple[slice, ...],
+                         lut: np.ndarray) -> tuple[int, int]:
+    """Write block ``block``'s final ids: ``lut[local id]`` (``lut[0]`` is 0), then mark it.
+
+    Reads the provisional ids, never the labels it writes, so a rerun of a
+    killed task writes the same. Returns (block, process id).
+    """
+    import zarr
+
+    folder = Path(task.folder)
+    local = np.asarray(zarr.open_array(str(provisional_path(folder, task.name)), mode="r")[core])
+    out = zarr.open_array(str(labels_array_path(folder, task.name)), mode="r+")
+    out[core] = lut[local]
+    mark_final(folder, task.name, block)
+    return block, os.getpid()

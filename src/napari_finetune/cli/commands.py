@@ -65,7 +65,8 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--instances", action="store_true",
         help="also write labels/objects-<channel>: one id per object over the whole volume, "
-        "for every channel with an instance role (the checkpoint's, or --role)",
+        "for every channel with an instance role (the checkpoint's, or --role); with "
+        "--workers/--scheduler the blocks are labelled on the cluster, resumable too",
     )
     p.add_argument(
         "--role", action="append", default=[], metavar="CHANNEL=ROLE",
@@ -198,20 +199,19 @@ def predict(args: argparse.Namespace) -> int:
 
     config = config_from_args(PredictConfig, args)
     overrides = _parse_roles(args.role)
-    if (args.instances or overrides) and predict_cluster.wanted(args):
-        from napari_finetune.cli import UsageError
-
-        raise UsageError("--instances is not available with --workers/--scheduler yet; "
-                         "run predict --instances without them (one process).")
     if overrides and not args.instances:
         from napari_finetune.cli import UsageError
 
         raise UsageError("--role sets a channel's role for --instances; add --instances.")
+    instances = None
+    if args.instances:
+        ckpt = load_checkpoint(args.checkpoint, trust=args.trust_factory)
+        instances = _instance_roles(ckpt, overrides)
     if predict_cluster.wanted(args):  # the default stays in process, below
         _say_missing(open_volume(args.volume))
-        return predict_cluster.run(args, config)
-    ckpt = load_checkpoint(args.checkpoint, trust=args.trust_factory)
-    instances = _instance_roles(ckpt, overrides) if args.instances else None
+        return predict_cluster.run(args, config, instances)
+    if not args.instances:
+        ckpt = load_checkpoint(args.checkpoint, trust=args.trust_factory)
     _say_missing(open_volume(args.volume))
     bars: list = []  # made at the first block, so an early error prints no empty bar
 

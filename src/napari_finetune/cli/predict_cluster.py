@@ -4,13 +4,15 @@ dask.distributed (:mod:`napari_finetune.predict_distributed`), with a progress b
 ``--workers N`` starts a LocalCluster of N worker processes on this machine
 (torch threads per worker set so workers x threads <= cores) and prints its
 dashboard address; ``--scheduler`` connects to a running cluster. A rerun of
-the same command resumes where a killed one stopped.
+the same command resumes where a killed one stopped. With ``--instances`` the
+objects of every channel with a role are labelled on the cluster too.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
 from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
@@ -19,6 +21,8 @@ from napari_finetune.config import PredictConfig
 if TYPE_CHECKING:  # imported when the command runs, not with the CLI
     from distributed import Client
     from tqdm import tqdm
+
+    from napari_finetune.objects import ChannelRole
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
@@ -42,8 +46,10 @@ def wanted(args: argparse.Namespace) -> bool:
     return args.workers is not None or args.scheduler is not None
 
 
-def run(args: argparse.Namespace, config: PredictConfig) -> int:
-    """Predict ``args.volume`` with ``args.checkpoint`` on a dask cluster; print the result."""
+def run(args: argparse.Namespace, config: PredictConfig,
+        instances: Mapping[str, ChannelRole] | None = None) -> int:
+    """Predict ``args.volume`` with ``args.checkpoint`` on a dask cluster (with
+    ``instances``, the objects of the channels with a role too); print the result."""
     from napari_finetune.cli import CLIError
     from napari_finetune.predict_distributed import (
         DistributedUnavailableError,
@@ -66,7 +72,7 @@ def run(args: argparse.Namespace, config: PredictConfig) -> int:
             outcome = predict_on_cluster(
                 args.checkpoint, args.volume, client, args.name, config,
                 trust=args.trust_factory, torch_threads=threads,
-                progress=bar.update, log=bar.write,
+                progress=bar.update, log=bar.write, instances=instances,
             )
         except PredictOutOfMemoryError as exc:
             raise CLIError(f"{exc} The previous labels of the store are kept.") from None
@@ -74,6 +80,9 @@ def run(args: argparse.Namespace, config: PredictConfig) -> int:
         f"{len(outcome.computed)} regions computed, {len(outcome.skipped)} already written "
         f"by an earlier run (of {outcome.total})"
     )
+    for name, (labelled, relabelled) in outcome.blocks.items():
+        print(f"{name}: {outcome.objects[name]} objects; {labelled} blocks labelled and "
+              f"{relabelled} relabelled by this run")
     for name in outcome.names:
         print(f"wrote {args.volume}/labels/{name}")
     return 0
@@ -117,7 +126,7 @@ class _Bar:
         from tqdm import tqdm
 
         if self.bar is None:
-            self.bar = tqdm(total=total, unit="region", disable=self.quiet, file=sys.stderr,
+            self.bar = tqdm(total=total, unit="task", disable=self.quiet, file=sys.stderr,
                             dynamic_ncols=True)
         self.bar.n = done
         self.bar.refresh()

@@ -35,7 +35,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -186,41 +186,17 @@ def blockwise_instances(
     block = tuple(int(b) for b in block_shape)
     halo = default_halo(params, len(shape)) if halo is None else tuple(int(h) for h in halo)
     _check_args(prob, out, params, block, halo)
-    contextual = params.role == "boundary" or params.split
-    label = segment.boundary_instances if params.role == "boundary" else segment.object_instances
-    local_params = replace(params, min_size=0)  # min_size counts whole objects (module doc)
     cores = list(block_cores(shape, block))
     total = 2 * len(cores)
-
-    used = 0  # ids handed out so far
-    sizes: list[np.ndarray] = [np.zeros(1, np.int64)]  # core voxels per id; id 0 first
-    links: list[np.ndarray] = []
-    waiting: dict[tuple[int, tuple[int, ...]], np.ndarray] = {}  # faces of earlier blocks
+    joiner = FaceJoiner(shape, contextual(params))
     for done, (index, core) in enumerate(cores, start=1):
-        box = _read_box(core, halo if contextual else (0,) * len(shape), shape,
-                        even=params.role == "boundary")
-        local = label(np.asarray(prob[box], dtype=np.float32), local_params)
-        n_local = int(local.max(initial=0))
-        if used + n_local > segment.MAX_ID:
-            raise ValueError(
-                f"more than {segment.MAX_ID} provisional ids would overflow uint32 labels; "
-                "raise min_size/seed_distance or use larger blocks."
-            )
-        ids = local.astype(np.int64)
-        ids[local > 0] += used
-        inner = tuple(slice(c.start - b.start, c.stop - b.start)
-                      for c, b in zip(core, box, strict=True))
-        core_ids = ids[inner]
-        out[core] = core_ids.astype(np.uint32)
-        sizes.append(np.bincount((core_ids[core_ids > 0] - used).ravel(),
-                                 minlength=n_local + 1)[1:])
-        for axis in range(len(shape)):
-            links.extend(_faces(axis, index, core, ids, inner, shape, contextual, waiting))
-        used += n_local
+        labelled = label_block(prob, params, core, halo)
+        offset = joiner.add(index, core, labelled)
+        out[core] = with_offset(labelled.core_ids, offset).astype(np.uint32)
         if progress is not None:
             progress(done, total)
 
-    lut = _final_ids(used, np.concatenate(sizes), links, params.min_size)
+    lut = joiner.final_ids(params.min_size)
     n = int(lut.max(initial=0))
     for done, (_, core) in enumerate(cores, start=len(cores) + 1):
         out[core] = lut[np.asarray(out[core])]
@@ -229,45 +205,124 @@ def blockwise_instances(
     return n
 
 
-def _faces(
-    axis: int,
-    index: tuple[int, ...],
-    core: tuple[slice, ...],
-    ids: np.ndarray,
-    inner: tuple[slice, ...],
-    shape: tuple[int, ...],
-    contextual: bool,
-    waiting: dict[tuple[int, tuple[int, ...]], np.ndarray],
-) -> list[np.ndarray]:
-    """Link this block to its lower neighbour along ``axis``; keep its upper face for later.
+def contextual(params: ChannelRole) -> bool:
+    """Whether a block's labels depend on context (halo agreement), not only its voxels."""
+    return params.role == "boundary" or bool(params.split)
 
-    A face's slab is two slices across the border: the lower block's last core
-    slice and the upper block's first (with ``contextual`` labels each block
-    labels both, one from its halo; otherwise each keeps its own core slice).
+
+def with_offset(ids: np.ndarray, offset: int) -> np.ndarray:
+    """Block-local ids moved up by ``offset`` (int64; the background stays 0)."""
+    ids = ids.astype(np.int64)
+    ids[ids > 0] += offset
+    return ids
+
+
+@dataclass
+class LabelledBlock:
+    """One block's labels, in its own ids 1..n, and what the join needs of it.
+
+    Attributes
+    ----------
+    n : int
+        Local ids 1..n.
+    sizes : ndarray of int64, (n,)
+        Core voxels per local id.
+    lower, upper : dict of int to ndarray
+        Per axis with a neighbour below (above): the slab across that face
+        (:func:`blockwise_instances`' module doc), in local ids.
+    core_ids : ndarray of uint32
+        The core's local ids.
     """
-    def slab(start: int, stop: int) -> np.ndarray:
+
+    n: int
+    sizes: np.ndarray
+    lower: dict[int, np.ndarray]
+    upper: dict[int, np.ndarray]
+    core_ids: np.ndarray
+
+
+def label_block(prob: Any, params: ChannelRole, core: tuple[slice, ...],
+                halo: Sequence[int]) -> LabelledBlock:
+    """Label one core block from its halo'd view of ``prob`` (``min_size`` deferred: it
+    counts whole objects), reading only that view."""
+    shape = tuple(int(s) for s in prob.shape)
+    ctx = contextual(params)
+    label = segment.boundary_instances if params.role == "boundary" else segment.object_instances
+    box = _read_box(core, halo if ctx else (0,) * len(shape), shape,
+                    even=params.role == "boundary")
+    local = label(np.asarray(prob[box], dtype=np.float32), replace(params, min_size=0))
+    n_local = int(local.max(initial=0))
+    inner = tuple(slice(c.start - b.start, c.stop - b.start)
+                  for c, b in zip(core, box, strict=True))
+    core_ids = np.asarray(local[inner], dtype=np.uint32)
+
+    def slab(axis: int, start: int, stop: int) -> np.ndarray:
         where = list(inner)
         where[axis] = slice(start, stop)
-        return ids[tuple(where)]
+        return np.array(local[tuple(where)], dtype=np.uint32)
 
-    lo, hi = inner[axis].start, inner[axis].stop
-    found = []
-    if core[axis].start > 0:
-        lower = waiting.pop((axis, index))
-        if contextual:
-            mine = slab(lo - 1, lo + 1)  # [lower's last core slice (my halo), my first]
-            lower_core, lower_view = (np.take(lower, [k], axis=axis) for k in (0, 1))
-            my_view, my_core = (np.take(mine, [k], axis=axis) for k in (0, 1))
-            found.append(_majority_links(lower_core, my_view))  # its core, as I see it
-            found.append(_majority_links(my_core, lower_view))  # my core, as it sees it
-        else:
-            found.append(_adjacent_links(lower, slab(lo, lo + 1)))
-    if core[axis].stop < shape[axis]:
-        upper = list(index)
-        upper[axis] += 1
-        waiting[(axis, tuple(upper))] = (slab(hi - 1, hi + 1) if contextual
-                                         else slab(hi - 1, hi)).copy()
-    return found
+    lower, upper = {}, {}
+    for axis in range(len(shape)):
+        lo, hi = inner[axis].start, inner[axis].stop
+        if core[axis].start > 0:  # [lower's last core slice (my halo), my first] or my first
+            lower[axis] = slab(axis, lo - 1, lo + 1) if ctx else slab(axis, lo, lo + 1)
+        if core[axis].stop < shape[axis]:  # [my last core slice, upper's first (my halo)]
+            upper[axis] = slab(axis, hi - 1, hi + 1) if ctx else slab(axis, hi - 1, hi)
+    sizes = np.bincount(core_ids[core_ids > 0].ravel(), minlength=n_local + 1)[1:]
+    return LabelledBlock(n_local, sizes.astype(np.int64), lower, upper, core_ids)
+
+
+class FaceJoiner:
+    """Block ids offset and joined across faces, blocks added in C order (module doc, 1-3).
+
+    Holds the ids used so far, each id's core voxels, the links found, and the
+    upper faces of the blocks added until their upper neighbour comes.
+    """
+
+    def __init__(self, shape: Sequence[int], contextual: bool) -> None:
+        self.shape = tuple(int(s) for s in shape)
+        self.contextual = contextual
+        self.used = 0  # ids handed out so far
+        self.sizes: list[np.ndarray] = [np.zeros(1, np.int64)]  # id 0 first
+        self.links: list[np.ndarray] = []
+        self.waiting: dict[tuple[int, tuple[int, ...]], np.ndarray] = {}
+
+    def add(self, index: tuple[int, ...], core: tuple[slice, ...],
+            block: LabelledBlock) -> int:
+        """Join the next block (C order); return the offset of its ids.
+
+        Raises a one-line ValueError when the ids would overflow uint32.
+        """
+        offset = self.used
+        if offset + block.n > segment.MAX_ID:
+            raise ValueError(
+                f"more than {segment.MAX_ID} provisional ids would overflow uint32 labels; "
+                "raise min_size/seed_distance or use larger blocks."
+            )
+        self.sizes.append(np.asarray(block.sizes, np.int64))
+        for axis in range(len(self.shape)):
+            if axis in block.lower:
+                lower = self.waiting.pop((axis, tuple(index)))
+                self.links.extend(self._join(axis, lower, with_offset(block.lower[axis],
+                                                                      offset)))
+            if axis in block.upper:
+                upper = list(index)
+                upper[axis] += 1
+                self.waiting[(axis, tuple(upper))] = with_offset(block.upper[axis], offset)
+        self.used += block.n
+        return offset
+
+    def _join(self, axis: int, lower: np.ndarray, mine: np.ndarray) -> list[np.ndarray]:
+        if not self.contextual:
+            return [_adjacent_links(lower, mine)]
+        lower_core, lower_view = (np.take(lower, [k], axis=axis) for k in (0, 1))
+        my_view, my_core = (np.take(mine, [k], axis=axis) for k in (0, 1))
+        return [_majority_links(lower_core, my_view),  # its core, as I see it
+                _majority_links(my_core, lower_view)]  # my core, as it sees it
+
+    def final_ids(self, min_size: int) -> np.ndarray:
+        """Provisional id -> final id 1..N (uint32; 0 for the background, small objects)."""
+        return _final_ids(self.used, np.concatenate(self.sizes), self.links, min_size)
 
 
 def _final_ids(used: int, sizes: np.ndarray, links: list[np.ndarray],
