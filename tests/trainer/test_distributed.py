@@ -9,6 +9,7 @@ napari_finetune.cli``. A timeout guards every wait, so a hang fails the test.
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import socket
@@ -30,17 +31,35 @@ from napari_finetune.trainer.retry import optimizer_step
 from napari_finetune.trainer.start import choose_micro_batch
 from napari_finetune.trainer.sync import LocalSync
 
-# Free ports picked then released, a bound on how fast a lost rank is noticed: run alone.
-pytestmark = pytest.mark.serial
+# Ports picked then released: one test of this module at a time (see `resource`).
+pytestmark = pytest.mark.resource
 
 HERE = Path(__file__).parent
 WAIT_S = 120  # far above a 5-step run of the tiny set-up (about 10 s here)
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the kernel's ephemeral range.
+
+    The port is released before rank 0 binds it. A port the kernel hands out (port 0)
+    could in that gap go to a socket of a test running beside this one (the LocalCluster,
+    any connection); below the ephemeral range only an explicit bind takes it, and the
+    tests that bind these are this module's, one at a time (marked ``resource``).
+    """
+    low = 32768  # Linux's default start of the range, where /proc is not there to say
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError):
+        pass
+    # SystemRandom: not reseeded per test, so a port in TIME_WAIT is not tried first again.
+    for port in random.SystemRandom().sample(range(low - 8000, low), 200):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {low - 8000}..{low - 1}")
 
 
 def _env(rank: int, port: int, world: int = 2) -> dict[str, str]:
@@ -199,6 +218,7 @@ def _shown_lines(text: str) -> list[str]:
     return [line for line in shown if line.strip() and not re.search(r"\d+/500 \[", line)]
 
 
+@pytest.mark.serial  # a bound on how fast the lost rank is noticed
 def test_a_killed_rank_ends_the_other_with_one_line_not_a_hang(tmp_path, painted_store, checkpoint):
     out = tmp_path / "tuned.pt"
     port = _free_port()
