@@ -47,25 +47,39 @@ demo: $(VENV)/.installed
 
 # The whole suite on Qt 5 (qtpy's first choice), then the widget tests again on Qt 6
 # (of the napari-process shutdown cases, ~17 s each, the two that lost work before).
-# Each run is two pytest calls: every test that may share a moment with another on
-# $(JOBS) xdist workers, then the tests marked `serial` alone (time bounds, signals,
-# ports, a dask cluster, torch's thread count). --durations names the slowest tests.
+# Each run: every test that may share a moment with another on $(JOBS) xdist workers;
+# beside them, in one more pytest process, the tests marked `resource` one after another
+# (DDP ports, the dask cluster, signalled or SIGKILLed children: each needs its resource
+# to itself, not a quiet machine; its log is printed after the parallel run's); then the
+# tests marked `serial` alone (bounds on wall time or stalls, torch's thread count).
+# (xdist_group + --dist loadgroup would keep them on one worker, but under pytest 9.2
+# loadgroup silently stops grouping: pytest-xdist issue 1386.) --durations names the
+# slowest tests.
 QT6_SKIP := quit-mid-run or remove-dock-mid-run or close-then-exit
 JOBS ?= 2
 PARALLEL := -n $(JOBS) --durations=15
 QT6 := QT_API=pyqt6 PYTEST_QT_API=pyqt6
+RESOURCE_LOG := .pytest_cache/resource-tests.log
+# $(call beside,MARKS,PARALLEL MARKS): the `resource` tests of MARKS in the background,
+# the parallel run in front; fails when either does.
+beside = mkdir -p .pytest_cache; \
+	QT_QPA_PLATFORM=offscreen $(PY) -m pytest --durations=15 -m "resource and $(1)" \
+		> $(RESOURCE_LOG) 2>&1 & resource=$$!; trap 'kill $$resource 2>/dev/null' INT TERM; \
+	$(XVFB) $(PY) -m pytest $(PARALLEL) -m "not resource and $(2)"; parallel=$$?; \
+	wait $$resource; resource_rc=$$?; cat $(RESOURCE_LOG); \
+	test $$parallel = 0 && test $$resource_rc = 0
 test: system-deps $(VENV)/.installed $(VENV)/.test-peers
 	$(VENV)/bin/ruff check src tests benchmarks sample_data
 	$(VENV)/bin/lint-imports
-	$(XVFB) $(PY) -m pytest $(PARALLEL) -m "not slow and not serial"
+	$(call beside,not slow and not serial,not slow and not serial)
 	$(XVFB) $(PY) -m pytest --durations=15 -m "serial and not slow"
 	$(QT6) $(XVFB) $(PY) -m pytest tests/_qt $(PARALLEL) -m "not slow and not serial" \
 		-k "not ($(QT6_SKIP))"
 	$(QT6) $(XVFB) $(PY) -m pytest tests/_qt -m "serial and not slow" -k "not ($(QT6_SKIP))"
 
-# Before a release: everything, the slow end-to-end tests too, the same two ways.
+# Before a release: everything, the slow end-to-end tests too, the same three ways.
 test-all: system-deps $(VENV)/.installed $(VENV)/.test-peers
-	$(XVFB) $(PY) -m pytest $(PARALLEL) -m "not serial"
+	$(call beside,not serial,not serial)
 	$(XVFB) $(PY) -m pytest --durations=15 -m "serial"
 
 # Re-measure docs/benchmarks.md: every benchmark in a few minutes, each table under a

@@ -156,7 +156,7 @@ def _wait_for_steps(proc, n=2, timeout=120.0):
     return err
 
 
-@pytest.mark.serial  # signals to a training process, waits on its steps
+@pytest.mark.resource  # signals to a training process, waits on its steps
 @pytest.mark.parametrize(
     ("signum", "name"),
     [(signal.SIGINT, "Ctrl-C"), (signal.SIGTERM, "SIGTERM"), (signal.SIGHUP, "SIGHUP")],
@@ -181,7 +181,7 @@ def test_ctrl_c_sigterm_and_sighup_stop_after_a_whole_step_and_export(
     assert run["ended"] == f"stopped by {name} after step {run['steps_done']}"
 
 
-@pytest.mark.serial
+@pytest.mark.resource
 def test_ctrl_c_storm_never_leaves_a_traceback_or_half_file(tmp_path, setup):
     """Ctrl-C, then Ctrl-C again and again until the process ends (during the export too)."""
     out = tmp_path / "tuned.pt"

@@ -33,7 +33,8 @@ from ngff_validation import validate_with_ome_zarr_models
 from test_cli import make_store
 from test_predict_store import image_label
 
-pytestmark = pytest.mark.serial  # a shared LocalCluster; its workers are killed
+# One module-scoped LocalCluster whose workers are killed: one test at a time, one cluster.
+pytestmark = pytest.mark.resource
 
 CHANNELS = ["membrane", "mitochondria"]
 NAMES = [f"prediction-{c}" for c in CHANNELS]

@@ -124,7 +124,7 @@ def _killed_writer(target: Path) -> None:
         proc.kill()
 
 
-@pytest.mark.serial  # SIGKILLs its writers
+@pytest.mark.resource  # SIGKILLs its writers
 def test_temporaries_of_killed_writers_are_removed_by_the_next_save(tmp_path):
     target = tmp_path / "finetuned.pt"
     for _ in range(3):

@@ -1,10 +1,12 @@
 """One rank of the multi-process tests (run as a script, one process per rank).
 
 The environment says who it is, as torchrun would (``RANK``, ``WORLD_SIZE``,
-``MASTER_ADDR``, ``MASTER_PORT``). ``python ddp_rank.py OUT SCENARIO``
-trains the tiny set-up of ``engine_setup`` for 5 steps with the gloo backend,
-injects the scenario's fault on one rank, and writes ``OUT/rank-N.pt``: the
-final weights, the events and the run record.
+``MASTER_ADDR``, ``MASTER_PORT``). ``python ddp_rank.py OUT SCENARIO [SCENARIO ...]``
+joins the process group once, then for each scenario in turn trains the tiny
+set-up of ``engine_setup`` for 5 steps with the gloo backend (a new trainer,
+seeded as the first), injects the scenario's fault on one rank, and writes
+``OUT/SCENARIO/rank-N.pt``: the final weights, the events and the run record.
+Several scenarios share one process start and one group (the tests' time).
 
 Scenarios: ``plain``; ``oom`` (rank 1 alone runs out of memory in step 3);
 ``oom-after-step`` (rank 1 alone runs out of memory after its optimizer step 3);
@@ -27,9 +29,17 @@ from napari_finetune.trainer.record import run_record
 STEPS = 5
 
 
-def main(out: Path, scenario: str) -> None:
+def main(out: Path, scenarios: list[str]) -> None:
     torch.set_num_threads(1)
     sync = distributed.start("cpu", timeout_s=float(os.environ.get("DDP_TEST_TIMEOUT", "30")))
+    for scenario in scenarios:
+        folder = out / scenario
+        folder.mkdir(parents=True, exist_ok=True)
+        run_scenario(folder, scenario, sync)
+    distributed.stop()
+
+
+def run_scenario(out: Path, scenario: str, sync: distributed.RankSync) -> None:
     mixed = scenario == "nan"
     # No normalisation layer: a conv bias before GroupNorm has a gradient of pure
     # rounding noise, which AdamW turns into full-size steps of either sign.
@@ -60,8 +70,7 @@ def main(out: Path, scenario: str) -> None:
          "fired": sum(fault.count for fault in faults)},
         out / f"rank-{sync.rank}.pt",
     )
-    distributed.stop()
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2])
+    main(Path(sys.argv[1]), sys.argv[2:])

@@ -9,6 +9,7 @@ napari_finetune.cli``. A timeout guards every wait, so a hang fails the test.
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import socket
@@ -30,17 +31,35 @@ from napari_finetune.trainer.retry import optimizer_step
 from napari_finetune.trainer.start import choose_micro_batch
 from napari_finetune.trainer.sync import LocalSync
 
-# Free ports picked then released, a bound on how fast a lost rank is noticed: run alone.
-pytestmark = pytest.mark.serial
+# Ports picked then released: one test of this module at a time (see `resource`).
+pytestmark = pytest.mark.resource
 
 HERE = Path(__file__).parent
 WAIT_S = 120  # far above a 5-step run of the tiny set-up (about 10 s here)
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the kernel's ephemeral range.
+
+    The port is released before rank 0 binds it. A port the kernel hands out (port 0)
+    could in that gap go to a socket of a test running beside this one (the LocalCluster,
+    any connection); below the ephemeral range only an explicit bind takes it, and the
+    tests that bind these are this module's, one at a time (marked ``resource``).
+    """
+    low = 32768  # Linux's default start of the range, where /proc is not there to say
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError):
+        pass
+    # SystemRandom: not reseeded per test, so a port in TIME_WAIT is not tried first again.
+    for port in random.SystemRandom().sample(range(low - 8000, low), 200):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {low - 8000}..{low - 1}")
 
 
 def _env(rank: int, port: int, world: int = 2) -> dict[str, str]:
@@ -55,12 +74,13 @@ def _env(rank: int, port: int, world: int = 2) -> dict[str, str]:
     }
 
 
-def run_ranks(out: Path, scenario: str) -> list[dict]:
-    """Both ranks of ``ddp_rank.py``; what each wrote."""
+def run_ranks(out: Path, *scenarios: str) -> dict[str, list[dict]]:
+    """Both ranks of ``ddp_rank.py``, the scenarios one after another; what each wrote."""
+    scenario = ", ".join(scenarios)
     port = _free_port()
     procs = [
         subprocess.Popen(
-            [sys.executable, str(HERE / "ddp_rank.py"), str(out), scenario],
+            [sys.executable, str(HERE / "ddp_rank.py"), str(out), *scenarios],
             env=_env(rank, port), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         for rank in range(2)
@@ -78,12 +98,21 @@ def run_ranks(out: Path, scenario: str) -> list[dict]:
                 proc.wait()
     for proc, text in zip(procs, outputs, strict=True):
         assert proc.returncode == 0, text
-    return [torch.load(out / f"rank-{r}.pt", weights_only=False) for r in range(2)]
+    return {
+        name: [torch.load(out / name / f"rank-{r}.pt", weights_only=False) for r in range(2)]
+        for name in scenarios
+    }
 
 
 @pytest.fixture(scope="module")
-def plain(tmp_path_factory) -> list[dict]:
-    return run_ranks(tmp_path_factory.mktemp("plain"), "plain")
+def shared_runs(tmp_path_factory) -> dict[str, list[dict]]:
+    """The default run's scenarios on one pair of processes (one start, one group)."""
+    return run_ranks(tmp_path_factory.mktemp("ddp"), "plain", "oom", "nan")
+
+
+@pytest.fixture(scope="module")
+def plain(shared_runs) -> list[dict]:
+    return shared_runs["plain"]
 
 
 def _same_weights(a: dict, b: dict) -> None:
@@ -119,8 +148,8 @@ def test_two_ranks_train_as_one_process_on_both_ranks_samples(plain):
     assert all(not torch.allclose(start[k], expected[k]) for k in start)  # every weight moved
 
 
-def test_an_oom_on_one_rank_steps_every_rank_down_together(tmp_path, plain):
-    ranks = run_ranks(tmp_path, "oom")
+def test_an_oom_on_one_rank_steps_every_rank_down_together(shared_runs, plain):
+    ranks = shared_runs["oom"]
     _same_weights(ranks[0]["weights"], ranks[1]["weights"])
     for rank in ranks:
         events = rank["events"]
@@ -136,7 +165,7 @@ def test_an_oom_on_one_rank_steps_every_rank_down_together(tmp_path, plain):
 
 @pytest.mark.slow
 def test_an_oom_after_one_ranks_optimizer_step_is_undone_on_every_rank(tmp_path, plain):
-    ranks = run_ranks(tmp_path, "oom-after-step")
+    ranks = run_ranks(tmp_path, "oom-after-step")["oom-after-step"]
     assert ranks[1]["fired"] == 1 and ranks[0]["fired"] == 0
     _same_weights(ranks[0]["weights"], ranks[1]["weights"])
     for rank in ranks:
@@ -164,8 +193,8 @@ def test_autobatch_takes_the_smallest_micro_batch_of_the_ranks():
     assert status.message.endswith("micro-batch 1 × 8, the smallest of the ranks")
 
 
-def test_a_nan_on_one_rank_sends_every_rank_to_fp32(tmp_path):
-    ranks = run_ranks(tmp_path, "nan")
+def test_a_nan_on_one_rank_sends_every_rank_to_fp32(shared_runs):
+    ranks = shared_runs["nan"]
     assert ranks[0]["fired"] >= 1 and ranks[1]["fired"] == 0  # rank 0's NaN alone
     _same_weights(ranks[0]["weights"], ranks[1]["weights"])
     for rank in ranks:
@@ -199,6 +228,7 @@ def _shown_lines(text: str) -> list[str]:
     return [line for line in shown if line.strip() and not re.search(r"\d+/500 \[", line)]
 
 
+@pytest.mark.serial  # a bound on how fast the lost rank is noticed
 def test_a_killed_rank_ends_the_other_with_one_line_not_a_hang(tmp_path, painted_store, checkpoint):
     out = tmp_path / "tuned.pt"
     port = _free_port()
