@@ -27,8 +27,6 @@ from test_cli import run_cli
 from test_cli_instances import BLOCK, OBJECTS, same_up_to_relabelling, textured  # noqa: F401
 from test_predict_store import _ngff_store
 
-pytestmark = pytest.mark.serial  # LocalClusters of worker processes
-
 MASKS = ["prediction-membrane", "prediction-mitochondria"]
 BLOCKS = 2 * 3 * 3  # (16, 48, 48) in blocks of (8, 16, 16)
 
@@ -65,6 +63,7 @@ def _assert_same_as(store: Path, reference: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.resource  # a LocalCluster of worker processes
 def test_instances_on_two_workers_equal_the_in_process_objects(capsys, tmp_path, textured,  # noqa: F811
                                                               reference):
     store = _ngff_store(tmp_path / "vol.zarr", "0.5", (2, 4))
@@ -150,6 +149,7 @@ def _cli(*argv: object) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.resource  # a LocalCluster of worker processes
 def test_instances_killed_mid_labelling_then_resumed(tmp_path, textured, reference):  # noqa: F811
     """SIGKILL the command (its process group: workers too) once some blocks are labelled;
     nothing new is listed; the same command again labels only the rest and writes the
@@ -183,6 +183,7 @@ def _executing(dask_worker) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.resource  # a LocalCluster of worker processes
 def test_interrupted_while_relabelling_resumes_with_the_same_objects(tmp_path, textured,  # noqa: F811
                                                                      reference):
     """Ctrl-C in the client once the first blocks have their final ids: the same call again
