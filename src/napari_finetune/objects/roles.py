@@ -39,7 +39,10 @@ class ChannelRole:
         boundary (so gaps in the boundary narrower than about twice it do not
         merge regions; cells must be wider than twice it to get a seed).
         Object: the smallest distance between two seeds when touching objects
-        are split.
+        are split. With ``seed_threshold`` it leaves the labels of one piece
+        alone; blockwise labelling reads a halo of 4x it around each block,
+        so cores further apart than about that across a block border may be
+        cut elsewhere than in one piece (the sample's 4: 16 voxels).
     split : bool
         Object role only: split touching objects (a watershed); off, each
         connected component is one object. The seeds are the distance
