@@ -20,6 +20,7 @@ Usage::
     python benchmarks/bench_instances.py                          # before only
     python benchmarks/bench_instances.py --checkpoint demo/finetuned.pt
     python benchmarks/bench_instances.py --cache /tmp/probs       # reuse predictions
+    python benchmarks/bench_instances.py --unseen --checkpoint tuned_on_unseen.pt
 """
 
 from __future__ import annotations
@@ -53,11 +54,16 @@ CELL_CHOICES = [
 ]
 MITO_CHOICES = [
     ("default", MITO),
-    ("min_size 0", replace(MITO, min_size=0)),
+    ("no split, min_size 100 (the default before core seeds)",
+     replace(MITO, split=False, seed_threshold=None, min_size=100)),
+    ("no split", replace(MITO, split=False, seed_threshold=None)),
+    ("seed_threshold 0.85", replace(MITO, seed_threshold=0.85)),
+    ("min_size 100", replace(MITO, min_size=100)),
+    ("min_size 200", replace(MITO, min_size=200)),
+    ("threshold 0.35", replace(MITO, threshold=0.35)),
     ("threshold 0.5", replace(MITO, threshold=0.5)),
-    ("threshold 0.6", replace(MITO, threshold=0.6)),
-    ("min_size 50", replace(MITO, min_size=50)),
-    ("split, seed_distance 8", replace(MITO, split=True, seed_distance=8.0)),
+    ("split at distance maxima, seed_distance 8",
+     replace(MITO, seed_threshold=None, seed_distance=8.0)),
 ]
 
 
@@ -103,9 +109,22 @@ def main() -> None:
         "--shape", type=int, nargs=3, default=DEFAULT_SHAPE, metavar=("Z", "Y", "X")
     )
     parser.add_argument("--cache", type=Path, help="folder to keep predictions in between runs")
+    parser.add_argument(
+        "--unseen", action="store_true",
+        help="bench_adaptation's unseen appearance instead of the sample (nothing was tuned "
+        "on it; --shape is ignored); --checkpoint then is one fine-tuned on it",
+    )
     args = parser.parse_args()
 
-    image, semantic, truth = generate_volume(tuple(args.shape), domain="target", instances=True)
+    if args.unseen:
+        from bench_adaptation import UNSEEN_SEED, UNSEEN_SHAPE, unseen_appearance
+
+        image, semantic, truth = generate_volume(
+            UNSEEN_SHAPE, UNSEEN_SEED, appearance=unseen_appearance(), instances=True
+        )
+    else:
+        image, semantic, truth = generate_volume(tuple(args.shape), domain="target",
+                                                 instances=True)
     _, held = split_slices(image.shape[0])
     # Drawn mitochondria overlap (the image shows one blob with no edge between
     # them), so they are also scored against the visible objects: the connected
@@ -113,7 +132,8 @@ def main() -> None:
     visible, _ = ndimage.label(semantic[held] == 2)
     cells = np.unique(truth["cells"][held]).size - 1
     drawn = np.unique(truth["mitochondria"][held]).size - 1
-    print(f"# Instances on the target sample {tuple(image.shape)}; scored on z {held.start}..")
+    what = "unseen appearance" if args.unseen else "target sample"
+    print(f"# Instances on the {what} {tuple(image.shape)}; scored on z {held.start}..")
     print(f"load average {os.getloadavg()[0]:.2f}; held-out half: {cells} cells, {drawn} drawn "
           f"mitochondria in {visible.max()} visible blobs\n")
     models = [("before", sample_checkpoint_path())]

@@ -161,3 +161,22 @@ def test_bad_arguments_are_one_line_errors():
         run(prob, ChannelRole(), (4, 4, 4))
     with pytest.raises(ValueError, match="halo"):
         run(prob, ChannelRole("boundary"), (4, 4, 4), halo=(0, 0, 0))
+
+
+def test_objects_split_at_cores_are_the_one_piece_objects_across_a_block_border():
+    """Two sure balls bridged across a block border: cut where the bridge is faintest."""
+    zz, yy, xx = np.indices((16, 16, 64))
+    a = (zz - 8) ** 2 + (yy - 8) ** 2 + (xx - 12) ** 2 <= 5**2
+    b = (zz - 8) ** 2 + (yy - 8) ** 2 + (xx - 44) ** 2 <= 5**2
+    rod = ((zz - 8) ** 2 + (yy - 8) ** 2 <= 3**2) & (xx > 12) & (xx < 44) & ~a & ~b
+    # Faintest at x = 36, away from the block border at 32, as a bridge need not be.
+    bridge = 0.5 + 0.3 * np.abs(xx - 36) / 24
+    prob = np.where(a | b, 0.95, np.where(rod, bridge, 0.05)).astype(np.float32)
+    # The halo (4 seed distances, 16 voxels) reaches the other ball's core from
+    # each block, so both blocks place the cut where the one piece does.
+    params = ChannelRole("object", threshold=0.4, split=True, seed_threshold=0.9,
+                         seed_distance=4.0)
+    whole = object_instances(prob, params)
+    assert whole.max() == 2 and np.unique(whole[:, :, 37:]).tolist() == [0, whole[8, 8, 44]]
+    out, n = run(prob, params, (16, 16, 32))
+    assert n == 2 and same_up_to_relabelling(out, whole)

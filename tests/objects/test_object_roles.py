@@ -17,7 +17,10 @@ from napari_finetune.samples.synthetic_em import CHANNEL_NAMES
 def test_roles_round_trip_through_a_checkpoint(tmp_path):
     names = ["nuclei", "walls", "background"]
     roles = {
-        "nuclei": ChannelRole("object", threshold=0.4, min_size=30, seed_distance=3.5, split=True),
+        "nuclei": ChannelRole(
+            "object", threshold=0.4, min_size=30, seed_distance=3.5, split=True,
+            seed_threshold=0.8,
+        ),
         "walls": ChannelRole("boundary", threshold=0.6, min_size=500, seed_distance=2),
         "background": ChannelRole(None),
     }
@@ -55,6 +58,9 @@ def test_sample_defaults_without_metadata_and_none_for_other_models():
         ({"role": "object", "min_size": 2.5}, "min_size must be a whole number"),
         ({"role": "boundary", "seed_distance": 0.5}, "every voxel is a seed"),
         ({"role": "object", "sed_distance": 3}, "unknown keys ['sed_distance']"),
+        ({"role": "object", "seed_threshold": 0.5}, "seed_threshold must be None or in"),
+        ({"role": "object", "threshold": 0.4, "seed_threshold": 1}, "in (threshold, 1)"),
+        ({"role": "object", "seed_threshold": "0.9"}, "seed_threshold must be None or in"),
         ("object", "must be a dict"),
     ],
 )

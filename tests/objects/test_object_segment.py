@@ -92,6 +92,55 @@ def test_touching_objects_split_only_when_asked():
     assert sorted(majority) == [1, 2]
 
 
+def _bridged_balls(bridge: float):
+    """Two sure balls (p 0.95) joined by a rod of probability ``bridge``."""
+    zz, yy, xx = np.indices((20, 20, 48))
+    a = (zz - 10) ** 2 + (yy - 10) ** 2 + (xx - 11) ** 2 <= 6**2
+    b = (zz - 10) ** 2 + (yy - 10) ** 2 + (xx - 36) ** 2 <= 6**2
+    rod = ((zz - 10) ** 2 + (yy - 10) ** 2 <= 4**2) & (xx > 11) & (xx < 36) & ~a & ~b
+    prob = np.where(a | b, 0.95, np.where(rod, bridge, 0.05)).astype(np.float32)
+    return prob, a, b
+
+
+def test_the_sample_roles_cut_two_objects_at_a_weak_bridge():
+    # A rod as thick as the balls' necks would be: the distance transform sees
+    # one long object; only the probability tells the bridge is unsure.
+    prob, a, b = _bridged_balls(0.6)
+    assert ndimage.label(prob > 0.4)[1] == 1  # the foreground is one piece
+    labels = object_instances(prob, SAMPLE_ROLES["mitochondria"])
+    assert labels.max() == 2
+    for ball in (a, b):
+        counts = np.bincount(labels[ball], minlength=3)
+        assert counts[1:].max() == ball.sum(), counts  # each ball whole, in one id
+    assert labels[a][0] != labels[b][0]
+    # Sure all along (the same rod at p 0.95): one object, not cut.
+    sure, _, _ = _bridged_balls(0.95)
+    assert object_instances(sure, SAMPLE_ROLES["mitochondria"]).max() == 1
+
+
+def test_core_seeds_keep_a_long_uneven_object_whole():
+    """Distance-transform seeds cut a long object at each narrowing; cores do not."""
+    zz, yy, xx = np.indices((20, 20, 80))
+    # A tube along x whose radius swells and narrows (3..6 voxels), sure everywhere.
+    radius = 4.5 + 1.5 * np.sin(xx / 6.0)
+    tube = ((zz - 10) ** 2 + (yy - 10) ** 2 <= radius**2) & (xx > 3) & (xx < 76)
+    prob = np.where(tube, 0.95, 0.05).astype(np.float32)
+    by_depth = object_instances(prob, ChannelRole("object", seed_distance=4, split=True))
+    assert by_depth.max() >= 3  # cut at the narrowings
+    cores = ChannelRole("object", seed_distance=4, split=True, seed_threshold=0.85)
+    by_cores = object_instances(prob, cores)
+    assert by_cores.max() == 1 and (by_cores > 0).sum() == tube.sum()
+
+
+def test_a_fragment_without_a_core_is_one_object_still():
+    # Faint objects (no voxel above seed_threshold) are not dropped: which voxels
+    # are objects depends on the threshold only, as blockwise labelling expects.
+    prob, a, b = _bridged_balls(0.6)
+    prob[a | b] = 0.6
+    labels = object_instances(prob, SAMPLE_ROLES["mitochondria"])
+    assert labels.max() == 1 and (labels > 0).sum() == (prob > 0.4).sum()
+
+
 def test_small_fragments_removed_and_ids_renumbered():
     prob = np.zeros((10, 30, 30), np.float32)
     prob[1:3, 1:3, 1:3] = 0.9  # 8 voxels

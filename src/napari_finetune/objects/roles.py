@@ -39,10 +39,20 @@ class ChannelRole:
         boundary (so gaps in the boundary narrower than about twice it do not
         merge regions; cells must be wider than twice it to get a seed).
         Object: the smallest distance between two seeds when touching objects
-        are split.
+        are split. With ``seed_threshold`` it leaves the labels of one piece
+        alone; blockwise labelling reads a halo of 4x it around each block,
+        so cores further apart than about that across a block border may be
+        cut elsewhere than in one piece (the sample's 4: 16 voxels).
     split : bool
-        Object role only: split touching objects at their distance-transform
-        maxima (a watershed); off, each connected component is one object.
+        Object role only: split touching objects (a watershed); off, each
+        connected component is one object. The seeds are the distance
+        transform's maxima, or with ``seed_threshold`` the probability's cores.
+    seed_threshold : float or None
+        Object role with ``split`` only; in (``threshold``, 1). Seeds are the
+        connected cores where the probability is above it, and objects joined
+        by a weaker bridge are cut where the probability is lowest between
+        them (instead of at the narrowest place, which cuts a long or bent
+        object in pieces). None: the distance-transform seeds.
     """
 
     role: str | None = None
@@ -50,6 +60,7 @@ class ChannelRole:
     min_size: int = 0
     seed_distance: float = 1.0
     split: bool = False
+    seed_threshold: float | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -74,6 +85,16 @@ class ChannelRole:
             raise ValueError(
                 f"{where}: seed_distance must be >= 1 voxel (below, every voxel is a seed), "
                 f"got {d!r}."
+            )
+        seed = self.seed_threshold
+        if seed is not None and not (
+            isinstance(seed, int | float)
+            and not isinstance(seed, bool)
+            and self.threshold < seed < 1.0
+        ):
+            raise ValueError(
+                f"{where}: seed_threshold must be None or in (threshold, 1) = "
+                f"({self.threshold!r}, 1), got {seed!r}; cores must be surer than the foreground."
             )
 
     def to_dict(self) -> dict[str, Any]:
@@ -105,7 +126,9 @@ class ChannelRole:
 # Chosen by measurement on the sample (benchmarks/bench_instances.py).
 SAMPLE_ROLES = {
     "membrane": ChannelRole("boundary", threshold=0.5, min_size=200, seed_distance=8.0),
-    "mitochondria": ChannelRole("object", threshold=0.4, min_size=100, seed_distance=4.0),
+    "mitochondria": ChannelRole(
+        "object", threshold=0.4, min_size=150, seed_distance=4.0, split=True, seed_threshold=0.9
+    ),
 }
 
 

@@ -176,15 +176,21 @@ def object_instances(prob: np.ndarray, params: ChannelRole | None = None) -> np.
     """Objects of an object channel (mitochondria): connected foreground, optionally split.
 
     Foreground is ``prob > threshold``; each connected component is an object.
-    With ``split``, touching objects are cut by a watershed of the distance to
-    the background, seeded at its maxima at least ``seed_distance`` apart.
+    With ``split``, touching objects are cut by a watershed. Without
+    ``seed_threshold`` it floods the distance to the background from its maxima
+    at least ``seed_distance`` apart. With it, the seeds are the connected
+    cores of ``prob > seed_threshold`` and it floods the probability, so two
+    objects joined by a weaker bridge are cut where the bridge is faintest
+    while one long or bent object, sure along its length, stays whole. A
+    component without a core, or with one, is one object either way.
 
     Parameters
     ----------
     prob : (Z, Y, X) or (Y, X) array
         Probability of the object channel.
     params : ChannelRole, optional
-        Threshold, min_size, split, seed_distance; default ``ChannelRole("object")``.
+        Threshold, min_size, split, seed_distance, seed_threshold; default
+        ``ChannelRole("object")``.
 
     Returns
     -------
@@ -195,7 +201,10 @@ def object_instances(prob: np.ndarray, params: ChannelRole | None = None) -> np.
     prob = _probability(prob, params, "object")
     foreground = prob > params.threshold
     regions, n_regions = _label(foreground, "objects")
-    if params.split and n_regions:
+    if params.split and n_regions and params.seed_threshold is not None:
+        markers, n_markers = _label(prob > params.seed_threshold, "seeds")
+        labels = _flood(-prob, markers, n_markers, regions, n_regions)
+    elif params.split and n_regions:
         depth = ndimage.distance_transform_edt(foreground).astype(np.float32)
         size = 2 * int(params.seed_distance) + 1
         peaks = foreground & (depth == ndimage.maximum_filter(depth, size=size))
