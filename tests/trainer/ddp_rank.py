@@ -10,7 +10,9 @@ Several scenarios share one process start and one group (the tests' time).
 
 Scenarios: ``plain``; ``oom`` (rank 1 alone runs out of memory in step 3);
 ``oom-after-step`` (rank 1 alone runs out of memory after its optimizer step 3);
-``nan`` (rank 0 alone gets a NaN under bf16 autocast, from the precision probe on).
+``nan`` (rank 0 alone gets a NaN under bf16 autocast, from the precision probe on);
+``validation`` (held-out checks, rank 0's schedule wants one after every step and
+rank 1's only after the last).
 """
 
 from __future__ import annotations
@@ -41,11 +43,21 @@ def main(out: Path, scenarios: list[str]) -> None:
 
 def run_scenario(out: Path, scenario: str, sync: distributed.RankSync) -> None:
     mixed = scenario == "nan"
+    checked = {"validation": dict(validation_fraction=0.2, validation_every=1)}.get(scenario, {})
     # No normalisation layer: a conv bias before GroupNorm has a gradient of pure
     # rounding noise, which AdamW turns into full-size steps of either sign.
     trainer = make_trainer(
-        norm="none", steps=STEPS, batch_size=2, sync=sync, mixed_precision=mixed, cpu_bf16=mixed
+        norm="none", steps=STEPS, batch_size=2, sync=sync, mixed_precision=mixed, cpu_bf16=mixed,
+        **checked,
     )
+    if scenario == "validation":
+        # Each rank's clock says its own thing about what a check costs: here rank
+        # 0 finds every step worth a check and rank 1 only the last one.
+        own_due = trainer.validator.due
+        trainer.validator.due = (  # type: ignore[method-assign]
+            (lambda step, total: own_due(step, total) or True) if sync.rank == 0
+            else (lambda step, total: own_due(step, total) and step >= total)
+        )
     events = []
     faults: list[testing.Fault] = []
     if scenario == "nan" and sync.rank == 0:

@@ -107,7 +107,7 @@ def run_ranks(out: Path, *scenarios: str) -> dict[str, list[dict]]:
 @pytest.fixture(scope="module")
 def shared_runs(tmp_path_factory) -> dict[str, list[dict]]:
     """The default run's scenarios on one pair of processes (one start, one group)."""
-    return run_ranks(tmp_path_factory.mktemp("ddp"), "plain", "oom", "nan")
+    return run_ranks(tmp_path_factory.mktemp("ddp"), "plain", "oom", "nan", "validation")
 
 
 @pytest.fixture(scope="module")
@@ -123,6 +123,19 @@ def _same_weights(a: dict, b: dict) -> None:
 
 def _steps(events: list) -> list[int]:
     return [step for kind, step, *_ in events if kind == "step"]
+
+
+def test_ranks_whose_schedules_differ_check_at_the_same_steps_and_keep_the_same_weights(
+    shared_runs,
+):
+    """A check is due on every rank when it is due on one (each rank's clock differs),
+    so keep-best compares the same checks everywhere and the ranks end identical."""
+    ranks = shared_runs["validation"]
+    histories = [r["record"]["validation_history"] for r in ranks]
+    assert [step for step, _ in histories[0]] == [1, 2, 3, 4, 5]
+    assert histories[1] == histories[0]
+    assert ranks[1]["record"]["weights_from_step"] == ranks[0]["record"]["weights_from_step"]
+    _same_weights(ranks[0]["weights"], ranks[1]["weights"])
 
 
 def test_two_ranks_train_as_one_process_on_both_ranks_samples(plain):
