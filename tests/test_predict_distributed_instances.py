@@ -80,7 +80,9 @@ def test_instances_on_two_workers_equal_the_in_process_objects(capsys, tmp_path,
     ChannelRole("boundary", threshold=0.5, seed_distance=1.0, min_size=4),
     ChannelRole("object", threshold=0.65, min_size=6),
     ChannelRole("object", threshold=0.5, split=True, seed_distance=2.0),
-], ids=["boundary", "object", "object-split"])
+    ChannelRole("object", threshold=0.45, min_size=4, split=True, seed_distance=2.0,
+                seed_threshold=0.7),
+], ids=["boundary", "object", "object-split", "object-split-cores"])
 def test_blocks_labelled_in_any_order_and_joined_equal_blockwise_instances(tmp_path, role):
     """The workers' task functions, run here in reverse block order (a cluster finishes
     them in any order), joined from their records alone and relabelled (one block twice,

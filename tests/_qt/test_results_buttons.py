@@ -5,10 +5,12 @@ from __future__ import annotations
 import numpy as np
 from qtpy.QtCore import Qt
 from qtpy.QtWidgets import QFileDialog
+from tests._qt.test_roles_editor import choose_role, type_value
 
 from conftest import wait_idle
 from napari_finetune._qt.layers import camera_of
 from napari_finetune.model.checkpoint import load_checkpoint
+from napari_finetune.objects import ChannelRole, roles_from_metadata
 
 
 def test_paint_here_next_shows_uncertainty_and_goes_to_an_unpainted_region(docked, qtbot):
@@ -38,7 +40,15 @@ def test_paint_here_next_shows_uncertainty_and_goes_to_an_unpainted_region(docke
 
 
 def test_export_as_bioimageio_writes_a_tested_package(docked, qtbot, monkeypatch, tmp_path):
+    """The package is tested by bioimage.io and carries the roles edited in the widget,
+    not the checkpoint's."""
     viewer, widget, image = docked
+    choose_role(qtbot, widget, "membrane", "none")
+    type_value(qtbot, widget, "mitochondria", "min_size", "9")
+    edited = dict(widget.state.roles)
+    assert edited["mitochondria"].min_size == 9 and edited["membrane"].role is None
+    assert roles_from_metadata(load_checkpoint(widget.state.info.path).metadata,
+                               widget.state.info.channel_names) != edited
     out = tmp_path / "model.zip"
     monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, **k: (str(out), ""))
     qtbot.mouseClick(widget.bioimageio_button, Qt.LeftButton)
@@ -47,3 +57,6 @@ def test_export_as_bioimageio_writes_a_tested_package(docked, qtbot, monkeypatch
     assert out.is_file() and "bioimage.io package written" in widget.output_label.text()
     package = load_checkpoint(out)
     assert package.channel_names == widget.state.info.channel_names
+    # A channel without a role is stored as none (its other values mean nothing).
+    assert roles_from_metadata(package.metadata, package.channel_names) == {
+        "membrane": ChannelRole(), "mitochondria": edited["mitochondria"]}

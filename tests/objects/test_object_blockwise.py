@@ -180,3 +180,28 @@ def test_objects_split_at_cores_are_the_one_piece_objects_across_a_block_border(
     assert whole.max() == 2 and np.unique(whole[:, :, 37:]).tolist() == [0, whole[8, 8, 44]]
     out, n = run(prob, params, (16, 16, 32))
     assert n == 2 and same_up_to_relabelling(out, whole)
+
+
+@pytest.mark.parametrize("border", [26, 30, 34])
+@pytest.mark.parametrize("faintest", [27, 30, 33])
+def test_a_bridge_across_a_border_inside_both_read_regions_is_cut_as_in_one_piece(
+        border, faintest):
+    """Cores on either side of a block border, the bridge's faintest place on either side
+    of it or on it: the whole component lies in both blocks' read regions (core + halo),
+    so both label it as the one piece does and the halo agreement joins it exactly."""
+    zz, yy, xx = np.indices((12, 12, 60))
+    a = (zz - 6) ** 2 + (yy - 6) ** 2 + (xx - 22) ** 2 <= 3**2
+    b = (zz - 6) ** 2 + (yy - 6) ** 2 + (xx - 38) ** 2 <= 3**2
+    rod = ((zz - 6) ** 2 + (yy - 6) ** 2 <= 2**2) & (xx > 22) & (xx < 38) & ~a & ~b
+    bridge = 0.5 + 0.35 * np.abs(xx - faintest) / 14
+    prob = np.where(a | b, 0.95, np.where(rod, bridge, 0.05)).astype(np.float32)
+    params = ChannelRole("object", threshold=0.4, split=True, seed_threshold=0.9,
+                         seed_distance=4.0)
+    whole = object_instances(prob, params)
+    assert whole.max() == 2 and whole[6, 6, faintest + 1] == whole[6, 6, 38]
+    assert whole[6, 6, faintest] != whole[6, 6, faintest + 1] or \
+        whole[6, 6, faintest - 1] != whole[6, 6, faintest]
+    halo = default_halo(params, 3)
+    assert border - halo[2] <= 19 and border + halo[2] > 41  # x 19..41 read by both
+    out, n = run(prob, params, (12, 12, border))
+    assert n == 2 and same_up_to_relabelling(out, whole)

@@ -77,9 +77,13 @@ def _suggest(c: Controller) -> None:
 
 
 def export_bioimageio(c: Controller, path: str) -> None:
-    """Write a bioimage.io package of the fine-tuned weights (or the checkpoint's)."""
+    """Write a bioimage.io package of the fine-tuned weights (or the checkpoint's), with
+    the instance roles as the editor holds them."""
     s, layer = c.state, c.w.image_layer()
     if layer is None or s.info is None or s.busy is not None:
+        return
+    if s.roles_error:  # the editor shows a value the package could not keep
+        c.fail(ValueError(s.roles_error), "Cannot export")
         return
     source = s.trainer if s.trainer is not None else s.info.path
 
@@ -89,7 +93,8 @@ def export_bioimageio(c: Controller, path: str) -> None:
         show_info(f"bioimage.io model package written to {written} (bioimage.io tests passed)")
 
     c.run_job("export", share.bioimageio_job, source, path, corr.image_level0(layer),
-              trust=s.info.trust, what="bioimage.io export failed", on_result=packaged)
+              trust=s.info.trust, roles=dict(s.roles), what="bioimage.io export failed",
+              on_result=packaged)
 
 
 def default_export_path(c: Controller) -> str:

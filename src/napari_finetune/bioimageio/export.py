@@ -18,7 +18,8 @@ import getpass
 import os
 import re
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -66,6 +67,7 @@ def export_bioimageio(
     tile_shape: Sequence[int] | None = None,
     trust: Trust = None,
     check: bool = True,
+    metadata: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write ``source`` as a bioimage.io model package at ``out_path``.
 
@@ -94,6 +96,10 @@ def export_bioimageio(
         Passed to ``load_checkpoint`` when ``source`` is a path.
     check : bool
         Run ``bioimageio.core.test_model`` on the written package (offline).
+    metadata : mapping, optional
+        Entries that replace the checkpoint's in the package (the instance
+        roles edited in the widget, which the trainer's or file's metadata
+        does not hold); plain types only.
 
     Returns
     -------
@@ -118,6 +124,8 @@ def export_bioimageio(
     with tempfile.TemporaryDirectory(prefix="napari-finetune-bioimageio-") as tmp:
         folder = Path(tmp)
         ckpt = _as_checkpoint(source, folder, trust)
+        if metadata:
+            ckpt = replace(ckpt, metadata={**ckpt.metadata, **metadata})
         image, volume_name, scale, units = _image_of(volume)
         check_model_fits_image(ckpt.model, tuple(image.shape))
         axes = "zyx"[-image.ndim :]

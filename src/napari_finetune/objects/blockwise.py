@@ -56,6 +56,18 @@ def default_halo(params: ChannelRole, ndim: int) -> tuple[int, ...]:
     role seeds on a 2x coarser grid that must stay aligned to the volume's):
     a seed is ``seed_distance`` deep and the nearest seed is searched about as
     far again on each side.
+
+    Split at probability cores (``seed_threshold``): a voxel belongs to the
+    core its flood reaches first, along a path inside its own object, so a
+    block whose read region holds every object that meets its core (and the
+    one voxel around it the join reads) labels those voxels as the one piece
+    does, up to ties in the probability, and the halo agreement joins them
+    exactly. That holds for objects reaching less than the halo past a
+    block's core: 16 voxels for the sample's 4. No role value bounds an
+    object's length, so a longer object crossing a border may be cut from
+    what one block sees. The halo's cost is small next to the watershed of
+    the components with several cores (docs/benchmarks.md, "Blockwise over
+    the whole volume").
     """
     if params.role == "object" and not params.split:
         return (0,) * ndim
@@ -147,7 +159,9 @@ def blockwise_instances(
 
     The result equals :func:`~napari_finetune.objects.instances_of` on the
     whole volume up to the numbering of the ids, exactly for object channels
-    without ``split``. For boundary channels (and split objects) a block sees
+    without ``split``, and for objects split at probability cores that reach
+    less than the halo past a block (:func:`default_halo`). For boundary
+    channels (and other split objects) a block sees
     its halo, not the volume: where a region's seeds or its connection lie
     beyond the halo, the cut between two regions, or whether two regions joined
     through a gap are one, can differ. Which voxels are instances (before

@@ -40,9 +40,10 @@ class ChannelRole:
         merge regions; cells must be wider than twice it to get a seed).
         Object: the smallest distance between two seeds when touching objects
         are split. With ``seed_threshold`` it leaves the labels of one piece
-        alone; blockwise labelling reads a halo of 4x it around each block,
-        so cores further apart than about that across a block border may be
-        cut elsewhere than in one piece (the sample's 4: 16 voxels).
+        alone and sets only the blockwise halo, 4x it (the sample's 4: 16
+        voxels): objects reaching less than that past a block border are
+        cut exactly as in one piece, a longer one may be cut from what one
+        block sees (:func:`napari_finetune.objects.blockwise.default_halo`).
     split : bool
         Object role only: split touching objects (a watershed); off, each
         connected component is one object. The seeds are the distance
