@@ -87,6 +87,24 @@ def test_the_best_step_is_kept_and_exported(monkeypatch, tmp_path):
     assert run["steps_done"] == 4 and run["ended"] == "finished"
 
 
+def test_a_best_check_within_the_scores_noise_keeps_the_last_step(monkeypatch, tmp_path):
+    """Step 2 led the last check by 0.01: not a better model, the held-out strokes'
+    noise; the last step's weights stay (the demo kept such a step and got worse
+    objects on the unpainted half)."""
+    _scripted_scores(monkeypatch, [0.3, 0.81, 0.5, 0.80])
+    trainer = free_checks(
+        make_trainer(steps=4, batch_size=2, validation_fraction=0.2, validation_every=1)
+    )
+    for status in trainer.run():
+        if status.kind == "step":
+            last = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    assert status.kind == "finished" and "kept the weights" not in status.message
+    for name, value in trainer.model.state_dict().items():
+        torch.testing.assert_close(value, last[name], rtol=0, atol=0)
+    run = load_checkpoint(trainer.export(tmp_path / "last.pt")).metadata["run"]
+    assert run["weights_from_step"] is None and run["best_validation_step"] == 2
+
+
 def test_keep_best_off_exports_the_last_step(monkeypatch, tmp_path):
     _scripted_scores(monkeypatch, [0.3, 0.9, 0.5, 0.4])
     trainer = make_trainer(steps=4, batch_size=2, validation_fraction=0.2, validation_every=1,
