@@ -32,9 +32,6 @@ $(VENV)/.test-peers: $(VENV)/.installed
 	$(PIP_INSTALL) scikit-learn kornia bioimage-cpp
 	$(PIP_INSTALL) --no-deps torch-em python-elf
 	$(PIP_INSTALL) --no-deps --target $(VENV)/torch-em-deps torchvision==0.28.0
-	# Byte-compile what the tests import, once, in one process: left to the first test
-	# run, every xdist worker and test subprocess would compile the same modules at once.
-	QT_QPA_PLATFORM=offscreen $(PY) -m pytest --collect-only -q | tail -1
 	touch $@
 
 install: $(VENV)/.installed
