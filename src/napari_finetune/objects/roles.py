@@ -128,7 +128,7 @@ class ChannelRole:
 SAMPLE_ROLES = {
     "membrane": ChannelRole("boundary", threshold=0.5, min_size=200, seed_distance=8.0),
     "mitochondria": ChannelRole(
-        "object", threshold=0.4, min_size=150, seed_distance=4.0, split=True, seed_threshold=0.9
+        "object", threshold=0.4, min_size=200, seed_distance=4.0, split=True, seed_threshold=0.9
     ),
 }
 
