@@ -74,6 +74,15 @@ def _wait_for_objects(qtbot, viewer, widget) -> None:
     assert not widget.state.errors, widget.state.errors
 
 
+def _predict_objects_and_save(qtbot, viewer, widget) -> None:
+    """Predict, Objects, then Save predictions; the save went through without an error."""
+    _predict_then_objects(qtbot, widget)
+    _wait_for_objects(qtbot, viewer, widget)
+    qtbot.mouseClick(widget.save_predictions_button, Qt.LeftButton)
+    wait_idle(qtbot, widget)
+    assert not widget.state.errors, widget.state.errors
+
+
 def test_objects_button_shows_one_labels_layer_and_count_per_role_channel(docked, qtbot):
     viewer, widget, image = docked
     assert "cells (membrane, boundary)" in widget.objects_label.text()
@@ -141,11 +150,7 @@ def _labels_levels(store: str, name: str) -> list[np.ndarray]:
 
 def test_save_predictions_writes_the_objects_as_uint32_labels(docked, qtbot):
     viewer, widget, image = docked
-    _predict_then_objects(qtbot, widget)
-    _wait_for_objects(qtbot, viewer, widget)
-    qtbot.mouseClick(widget.save_predictions_button, Qt.LeftButton)
-    wait_idle(qtbot, widget)
-    assert not widget.state.errors, widget.state.errors
+    _predict_objects_and_save(qtbot, viewer, widget)
 
     from napari_finetune.io.omezarr import list_labels, open_volume
 
@@ -205,11 +210,7 @@ def test_saved_objects_open_with_napari_ome_zarr(docked, qtbot, make_napari_view
     """Another reader sees what Save wrote: napari-ome-zarr shows each objects image as a
     Labels layer holding the same uint32 ids."""
     viewer, widget, image = docked
-    _predict_then_objects(qtbot, widget)
-    _wait_for_objects(qtbot, viewer, widget)
-    qtbot.mouseClick(widget.save_predictions_button, Qt.LeftButton)
-    wait_idle(qtbot, widget)
-    assert not widget.state.errors, widget.state.errors
+    _predict_objects_and_save(qtbot, viewer, widget)
 
     other = make_napari_viewer()
     opened = other.open(image.metadata["ome_zarr_path"], plugin="napari-ome-zarr")
