@@ -7,19 +7,15 @@ APT_PACKAGES := xvfb xauth libgl1-mesa-dri libglx-mesa0 libegl1 libxkbcommon-x11
 	libxcb-cursor0 libxcb-icccm4 libxcb-image0 libxcb-keysyms1 libxcb-randr0 \
 	libxcb-render-util0 libxcb-shape0 libxcb-xinerama0 libxcb-xfixes0 libdbus-1-3 libfontconfig1
 XVFB := xvfb-run -a -s "-screen 0 1280x1024x24"
-# --no-compile: pip byte-compiles every file it installs (torch, napari, ... most never
-# imported by a run); Python compiles what is imported on first use instead. Measured on
-# a fresh venv here: 119 s -> 66 s for the whole install.
-PIP_INSTALL := $(PY) -m pip install -q --no-compile
 
 .PHONY: demo test test-all bench lint system-deps install clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PIP_INSTALL) --upgrade pip
+	$(PY) -m pip install -q --upgrade pip
 	# The CPU build of torch first, so the project's torch range is already met.
-	$(PIP_INSTALL) torch==2.13.0 || echo "torch 2.13.0 not available here; pip will choose one"
-	$(PIP_INSTALL) -e ".[dev]"
+	$(PY) -m pip install -q torch==2.13.0 || echo "torch 2.13.0 not available here; pip will choose one"
+	$(PY) -m pip install -q -e ".[dev]"
 	touch $@
 
 # Test peers that cannot come through pyproject (only `make test` needs them).
@@ -29,9 +25,9 @@ $(VENV)/.test-peers: $(VENV)/.installed
 	# without dependencies, plus what `import torch_em.model` needs; torchvision goes to
 	# a side folder that only tests/third_party.py puts on sys.path (transformers, which
 	# PEFT imports, imports any torchvision it finds).
-	$(PIP_INSTALL) scikit-learn kornia bioimage-cpp
-	$(PIP_INSTALL) --no-deps torch-em python-elf
-	$(PIP_INSTALL) --no-deps --target $(VENV)/torch-em-deps torchvision==0.28.0
+	$(PY) -m pip install -q scikit-learn kornia bioimage-cpp
+	$(PY) -m pip install -q --no-deps torch-em python-elf
+	$(PY) -m pip install -q --no-deps --target $(VENV)/torch-em-deps torchvision==0.28.0
 	touch $@
 
 install: $(VENV)/.installed
