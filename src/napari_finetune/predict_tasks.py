@@ -189,11 +189,16 @@ def label_object_block(task: ObjectsTask, block: int, core: tuple[slice, ...],
 
 
 def _write_record(path: Path, labelled: LabelledBlock) -> None:
+    from napari_finetune.model.atomic_write import write_atomically
+
     slabs = {f"lower{axis}": slab for axis, slab in labelled.lower.items()}
     slabs.update({f"upper{axis}": slab for axis, slab in labelled.upper.items()})
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
-    np.savez(tmp, n=np.int64(labelled.n), sizes=labelled.sizes, **slabs)
-    os.replace(tmp, path)  # a reader sees the whole record or none
+    # A reader sees the whole record or none; a killed task's temporary is
+    # removed by the next write of the same record.
+    write_atomically(
+        path, lambda handle: np.savez(handle, n=np.int64(labelled.n), sizes=labelled.sizes,
+                                      **slabs)
+    )
 
 
 def read_block_record(path: Path, ndim: int) -> LabelledBlock:
