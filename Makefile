@@ -71,30 +71,34 @@ demo: $(VENV)/.installed
 # slowest tests.
 QT6_SKIP := quit-mid-run or remove-dock-mid-run or close-then-exit
 JOBS ?= 2
+# Extra options for every pytest call, e.g. PYTEST_ARGS=--random-order-seed=7 (a shuffled
+# order: no test may depend on another's leftovers) or PYTEST_ARGS=-x.
+PYTEST_ARGS ?=
+PYTEST = $(PY) -m pytest $(PYTEST_ARGS)
 PARALLEL := -n $(JOBS) --durations=15
 QT6 := QT_API=pyqt6 PYTEST_QT_API=pyqt6
 RESOURCE_LOG := .pytest_cache/resource-tests.log
 # $(call beside,MARKS,PARALLEL MARKS): the `resource` tests of MARKS in the background,
 # the parallel run in front; fails when either does.
 beside = mkdir -p .pytest_cache; \
-	QT_QPA_PLATFORM=offscreen $(PY) -m pytest --durations=15 -m "resource and $(1)" \
+	QT_QPA_PLATFORM=offscreen $(PYTEST) --durations=15 -m "resource and $(1)" \
 		> $(RESOURCE_LOG) 2>&1 & resource=$$!; trap 'kill $$resource 2>/dev/null' INT TERM; \
-	$(XVFB) $(PY) -m pytest $(PARALLEL) -m "not resource and $(2)"; parallel=$$?; \
+	$(XVFB) $(PYTEST) $(PARALLEL) -m "not resource and $(2)"; parallel=$$?; \
 	wait $$resource; resource_rc=$$?; cat $(RESOURCE_LOG); \
 	test $$parallel = 0 && test $$resource_rc = 0
 test: system-deps $(VENV)/.installed $(VENV)/.test-peers
 	$(VENV)/bin/ruff check src tests benchmarks sample_data
 	$(VENV)/bin/lint-imports
 	$(call beside,not slow and not serial,not slow and not serial)
-	$(XVFB) $(PY) -m pytest --durations=15 -m "serial and not slow"
-	$(QT6) $(XVFB) $(PY) -m pytest tests/_qt $(PARALLEL) -m "not slow and not serial" \
+	$(XVFB) $(PYTEST) --durations=15 -m "serial and not slow"
+	$(QT6) $(XVFB) $(PYTEST) tests/_qt $(PARALLEL) -m "not slow and not serial" \
 		-k "not ($(QT6_SKIP))"
-	$(QT6) $(XVFB) $(PY) -m pytest tests/_qt -m "serial and not slow" -k "not ($(QT6_SKIP))"
+	$(QT6) $(XVFB) $(PYTEST) tests/_qt -m "serial and not slow" -k "not ($(QT6_SKIP))"
 
 # Before a release: everything, the slow end-to-end tests too, the same three ways.
 test-all: system-deps $(VENV)/.installed $(VENV)/.test-peers
 	$(call beside,not serial,not serial)
-	$(XVFB) $(PY) -m pytest --durations=15 -m "serial"
+	$(XVFB) $(PYTEST) --durations=15 -m "serial"
 
 # Re-measure docs/benchmarks.md: every benchmark in a few minutes, each table under a
 # line naming the commit, date, machine and load average (benchmarks/run_all.py).
