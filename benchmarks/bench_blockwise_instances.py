@@ -44,7 +44,8 @@ from napari_finetune.objects.blockwise import block_cores, default_halo
 from napari_finetune.predict import predict_volume
 from napari_finetune.predict_job import labels_array_path, prepare_objects, probability_path
 from napari_finetune.predict_tasks import ObjectsTask
-from napari_finetune.samples.synthetic_em import ensure_sample, sample_checkpoint_path
+from napari_finetune.samples.store import ensure_sample
+from napari_finetune.samples.synthetic_em import sample_checkpoint_path
 
 BLOCKS = [(64, 128, 128), (32, 64, 64)]
 

@@ -30,7 +30,8 @@ from napari_finetune.data.normalization import intensity_range
 from napari_finetune.data.sampling import PatchSampler
 from napari_finetune.io.volume import open_volume
 from napari_finetune.model.checkpoint import load_checkpoint
-from napari_finetune.samples.synthetic_em import ensure_sample, sample_checkpoint_path
+from napari_finetune.samples.store import ensure_sample
+from napari_finetune.samples.synthetic_em import sample_checkpoint_path
 from napari_finetune.trainer.loop import Finetuner
 
 PATCH = (32, 64, 64)

@@ -33,7 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _store_and_checkpoint(shape, tmp: Path) -> tuple[Path, Path, str]:
-    from napari_finetune.samples.synthetic_em import ensure_sample, sample_checkpoint_path
+    from napari_finetune.samples.store import ensure_sample
+    from napari_finetune.samples.synthetic_em import sample_checkpoint_path
 
     ckpt = sample_checkpoint_path()
     if ckpt.is_file():

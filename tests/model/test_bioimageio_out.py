@@ -267,7 +267,8 @@ def test_cli_export_errors_are_one_line(tmp_path, capsys, extra, expected):
 def test_sample_model_on_the_sample_store_round_trip(tmp_path, monkeypatch):
     """The shipped model, test tensors from the sample store: test_model, reload, same output."""
     from napari_finetune.bioimageio.export import export_bioimageio
-    from napari_finetune.samples.synthetic_em import ensure_sample, sample_checkpoint_path
+    from napari_finetune.samples.store import ensure_sample
+    from napari_finetune.samples.synthetic_em import sample_checkpoint_path
 
     attempts = block_network(monkeypatch)
     store = ensure_sample("target", (32, 96, 96))

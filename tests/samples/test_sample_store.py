@@ -21,7 +21,7 @@ def cache(tmp_path, monkeypatch):
 
 
 def test_store_is_ngff_with_multiscale_image_and_ground_truth_labels(cache):
-    path = gen.ensure_sample("target", SHAPE, seed=7)
+    path = sample_store.ensure_sample("target", SHAPE, seed=7)
     assert path.parent == cache and path.is_dir()
     image, truth = gen.generate_volume(SHAPE, 7, "target")
     nodes = list(Reader(parse_url(str(path)))())
@@ -40,23 +40,23 @@ def test_store_is_ngff_with_multiscale_image_and_ground_truth_labels(cache):
 
 
 def test_key_includes_domain_seed_and_shape(cache):
-    a = gen.ensure_sample("target", SHAPE, seed=1)
-    b = gen.ensure_sample("source", SHAPE, seed=1)
-    c = gen.ensure_sample("target", (16, 64, 48), seed=1)
-    d = gen.ensure_sample("target", SHAPE, seed=2)
+    a = sample_store.ensure_sample("target", SHAPE, seed=1)
+    b = sample_store.ensure_sample("source", SHAPE, seed=1)
+    c = sample_store.ensure_sample("target", (16, 64, 48), seed=1)
+    d = sample_store.ensure_sample("target", SHAPE, seed=2)
     assert len({a, b, c, d}) == 4
     assert f"v{gen.GENERATOR_VERSION}" in a.name
 
 
 def test_existing_store_is_reused_without_generating(cache, monkeypatch):
-    first = gen.ensure_sample("source", SHAPE, seed=3)
+    first = sample_store.ensure_sample("source", SHAPE, seed=3)
     stamp = (first / "zarr.json").stat().st_mtime_ns
 
     def fail(*args, **kwargs):
         raise AssertionError("regenerated a complete store")
 
     monkeypatch.setattr(gen, "generate_volume", fail)
-    assert gen.ensure_sample("source", SHAPE, seed=3) == first
+    assert sample_store.ensure_sample("source", SHAPE, seed=3) == first
     assert (first / "zarr.json").stat().st_mtime_ns == stamp
 
 
@@ -66,7 +66,7 @@ def test_half_written_store_is_regenerated(cache):
     root = zarr.open_group(str(final), mode="w")
     root.create_array("s0", shape=SHAPE, dtype="uint8")
     assert not sample_store.is_complete(final)
-    path = gen.ensure_sample("target", SHAPE, seed=4)
+    path = sample_store.ensure_sample("target", SHAPE, seed=4)
     assert path == final and sample_store.is_complete(final)
     image, _ = gen.generate_volume(SHAPE, 4, "target")
     np.testing.assert_array_equal(zarr.open_group(str(final), mode="r")["s0"][:], image)
@@ -81,10 +81,10 @@ def test_crash_while_writing_leaves_nothing_behind(cache, monkeypatch):
 
     monkeypatch.setattr(sample_store, "write_store", crash)
     with pytest.raises(KeyboardInterrupt):
-        gen.ensure_sample("target", SHAPE, seed=5)
+        sample_store.ensure_sample("target", SHAPE, seed=5)
     assert list(cache.iterdir()) == []  # no final store, no temporary folder
     monkeypatch.setattr(sample_store, "write_store", real)
-    assert sample_store.is_complete(gen.ensure_sample("target", SHAPE, seed=5))
+    assert sample_store.is_complete(sample_store.ensure_sample("target", SHAPE, seed=5))
 
 
 def test_stale_temporary_of_a_killed_run_is_removed(cache):
@@ -94,7 +94,7 @@ def test_stale_temporary_of_a_killed_run_is_removed(cache):
     stale.mkdir()
     fresh.mkdir()
     os.utime(stale, (0, 0))  # written long ago: its process is gone
-    gen.ensure_sample("target", SHAPE, seed=6)
+    sample_store.ensure_sample("target", SHAPE, seed=6)
     assert not stale.exists()
     assert fresh.exists()  # maybe another process still writing it
 
@@ -111,16 +111,16 @@ def test_sample_store_is_valid_ngff_before_anything_is_painted(cache):
     ("1 validation error for LabelsAttrs: version Field required")."""
     from ngff_validation import assert_napari_ome_zarr_reads_labels, assert_valid_ngff
 
-    path = gen.ensure_sample("target", SHAPE, seed=8)
+    path = sample_store.ensure_sample("target", SHAPE, seed=8)
     assert_valid_ngff(path)  # ground_truth has every level of the image, same transforms
     assert_napari_ome_zarr_reads_labels(path, ["ground_truth"])
 
 
 def test_cached_store_of_the_old_layout_is_written_again(cache):
-    path = gen.ensure_sample("target", SHAPE, seed=9)
+    path = sample_store.ensure_sample("target", SHAPE, seed=9)
     root = zarr.open_group(str(path), mode="r+")
     old = {k: v for k, v in root.attrs[sample_store.COMPLETE_KEY].items() if k != "store_layout"}
     root.attrs[sample_store.COMPLETE_KEY] = old  # what a cache written before layout 2 holds
-    assert gen.ensure_sample("target", SHAPE, seed=9) == path
+    assert sample_store.ensure_sample("target", SHAPE, seed=9) == path
     record = zarr.open_group(str(path), mode="r").attrs[sample_store.COMPLETE_KEY]
     assert record["store_layout"] == sample_store.STORE_LAYOUT

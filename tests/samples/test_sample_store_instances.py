@@ -17,7 +17,7 @@ def cache(tmp_path, monkeypatch):
 
 
 def test_instance_labels_are_written_and_read_back(cache):
-    path = gen.ensure_sample("target", SHAPE, seed=2)
+    path = sample_store.ensure_sample("target", SHAPE, seed=2)
     _, truth, instances = gen.generate_volume(SHAPE, 2, "target", instances=True)
     np.testing.assert_array_equal(load_corrections(path, "ground_truth"), truth)
     for name in gen.INSTANCE_CLASSES:
@@ -28,7 +28,7 @@ def test_instance_labels_are_written_and_read_back(cache):
 
 
 def test_store_of_the_layout_without_instances_is_written_again(cache):
-    path = gen.ensure_sample("target", SHAPE, seed=3)
+    path = sample_store.ensure_sample("target", SHAPE, seed=3)
     import zarr
 
     root = zarr.open_group(str(path), mode="r+")
@@ -37,6 +37,6 @@ def test_store_of_the_layout_without_instances_is_written_again(cache):
     del old["instance_labels"]
     root.attrs[sample_store.COMPLETE_KEY] = old  # what a cache written before layout 3 holds
     assert not sample_store.is_complete(path, sample_store._record("target", SHAPE, 3))
-    assert gen.ensure_sample("target", SHAPE, seed=3) == path
+    assert sample_store.ensure_sample("target", SHAPE, seed=3) == path
     assert sample_store.is_complete(path, sample_store._record("target", SHAPE, 3))
     assert np.asarray(load_corrections(path, "ground_truth_cells")).max() > 1

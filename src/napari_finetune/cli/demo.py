@@ -93,7 +93,8 @@ def load_sample(shape: tuple[int, int, int] | None = None) -> Sample:
     """Generate (first use) and open the target sample and the pretrained checkpoint."""
     from napari_finetune.io.omezarr import load_corrections, open_volume
     from napari_finetune.model.checkpoint import load_checkpoint
-    from napari_finetune.samples.synthetic_em import ensure_sample, sample_checkpoint_path
+    from napari_finetune.samples.store import ensure_sample
+    from napari_finetune.samples.synthetic_em import sample_checkpoint_path
 
     store = ensure_sample("target", shape=shape) if shape else ensure_sample("target")
     volume = open_volume(store)

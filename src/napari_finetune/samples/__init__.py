@@ -40,7 +40,7 @@ def synthetic_em_layers() -> list[tuple[Any, dict[str, Any], str]]:
     import dask.array as da
     import zarr
 
-    from napari_finetune.samples.synthetic_em import ensure_sample
+    from napari_finetune.samples.store import ensure_sample
 
     path = ensure_sample("target", sample_shape())
     root = zarr.open_group(str(path), mode="r")

@@ -116,8 +116,30 @@ def write_store(
     return path
 
 
-def ensure_store(domain: str, shape: tuple[int, int, int], seed: int | None) -> Path:
-    """Path of the cached store for (domain, shape, seed), generating it if needed."""
+def ensure_sample(
+    domain: str = "target",
+    shape: tuple[int, int, int] = gen.DEFAULT_SHAPE,
+    seed: int | None = None,
+) -> Path:
+    """Path of the sample OME-Zarr store, generated into the cache folder on first use.
+
+    The cache folder is :func:`~napari_finetune.samples.synthetic_em.cache_dir`.
+    The store holds the uint8 image as a multiscale pyramid and the ground truth
+    in ``labels/ground_truth`` (0 background, 1 membrane, 2 mitochondria), the
+    instance truth in ``labels/ground_truth_cells`` and
+    ``labels/ground_truth_mitochondria`` (uint32 ids, see
+    :func:`~napari_finetune.samples.synthetic_em.generate_volume`). It is
+    keyed by generator version, domain, seed and shape, written to a temporary
+    folder and renamed when complete, so an interrupted run never leaves a store
+    that looks finished.
+
+    Parameters
+    ----------
+    domain : {"source", "target"}
+    shape : (z, y, x)
+    seed : int, optional
+        Defaults to ``DEFAULT_SEEDS[domain]``.
+    """
     shape = gen._check(shape, domain)
     seed = gen.DEFAULT_SEEDS[domain] if seed is None else int(seed)
     folder = gen.cache_dir()

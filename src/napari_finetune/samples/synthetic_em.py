@@ -292,28 +292,3 @@ def generate_volume(
     if instances:
         return image, truth, labels
     return image, truth
-
-
-def ensure_sample(
-    domain: str = "target", shape: tuple[int, int, int] = DEFAULT_SHAPE, seed: int | None = None
-) -> Path:
-    """Path of the sample OME-Zarr store, generated into :func:`cache_dir` on first use.
-
-    The store holds the uint8 image as a multiscale pyramid and the ground truth
-    in ``labels/ground_truth`` (0 background, 1 membrane, 2 mitochondria), the
-    instance truth in ``labels/ground_truth_cells`` and
-    ``labels/ground_truth_mitochondria`` (uint32 ids, see :func:`generate_volume`). It is
-    keyed by generator version, domain, seed and shape, written to a temporary
-    folder and renamed when complete, so an interrupted run never leaves a store
-    that looks finished.
-
-    Parameters
-    ----------
-    domain : {"source", "target"}
-    shape : (z, y, x)
-    seed : int, optional
-        Defaults to ``DEFAULT_SEEDS[domain]``.
-    """
-    from napari_finetune.samples.store import ensure_store
-
-    return ensure_store(domain, shape, seed)
