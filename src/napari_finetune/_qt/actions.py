@@ -34,7 +34,7 @@ from napari_finetune._qt.worker import Job, start_call, start_job
 if TYPE_CHECKING:
     from napari.layers import Image, Labels
 
-    from napari_finetune._qt.widget import FinetuneWidget
+    from napari_finetune._qt.view import WidgetView
 
 
 def say(label: QLabel, template: str, path: str) -> None:
@@ -46,7 +46,7 @@ def say(label: QLabel, template: str, path: str) -> None:
 class Controller:
     """The widget's actions; it reads and writes only the widget's public members."""
 
-    def __init__(self, widget: FinetuneWidget) -> None:
+    def __init__(self, widget: WidgetView) -> None:
         self.w = widget
         self.state = widget.state
 

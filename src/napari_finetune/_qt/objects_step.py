@@ -21,8 +21,8 @@ from napari_finetune._qt.layers import objects_layer_name, show_objects_later
 from napari_finetune._qt.worker import Job
 
 if TYPE_CHECKING:
-    from napari_finetune._qt.actions import Controller
     from napari_finetune._qt.state import CheckpointInfo
+    from napari_finetune._qt.view import JobHost
     from napari_finetune.objects import ChannelRole
 
 
@@ -61,7 +61,7 @@ def describe_roles(info: CheckpointInfo, roles: Mapping[str, ChannelRole]) -> st
     return f"objects after Predict: {layers}"
 
 
-def show_checkpoint_roles(c: Controller) -> None:
+def show_checkpoint_roles(c: JobHost) -> None:
     """A checkpoint was read: the editor and the state start from its stored roles."""
     s, w = c.state, c.w
     if s.info is None:
@@ -71,7 +71,7 @@ def show_checkpoint_roles(c: Controller) -> None:
     w.objects_label.setText(describe_roles(s.info, s.roles))
 
 
-def roles_edited(c: Controller) -> None:
+def roles_edited(c: JobHost) -> None:
     """An input of the role editor changed: the state takes its values, or the one-line
     reason they cannot be (then the state keeps the last valid roles, which Objects and
     Export refuse to use until it is fixed)."""
@@ -102,7 +102,7 @@ def objects_job(
     return out
 
 
-def compute_objects(c: Controller) -> None:
+def compute_objects(c: JobHost) -> None:
     """The Objects button: label the last prediction's role channels in a worker, then
     show one Labels layer per channel and each count."""
     s, w = c.state, c.w

@@ -1,0 +1,64 @@
+"""What the actions may touch of the dock widget, and what a step needs of the actions.
+
+:class:`~napari_finetune._qt.actions.Controller` and the steps it runs
+(:mod:`~napari_finetune._qt.objects_step`) are typed against these protocols, not
+against :class:`~napari_finetune._qt.widget.FinetuneWidget` or the Controller itself:
+the widget imports them, so they must not import it back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from napari import Viewer
+    from napari.layers import Image, Labels
+    from qtpy.QtWidgets import QLabel
+
+    from napari_finetune._qt.roles_editor import RolesEditor
+    from napari_finetune._qt.settings import SettingsForm
+    from napari_finetune._qt.state import RunState
+    from napari_finetune._qt.status_panel import StatusPanel
+    from napari_finetune._qt.worker import Job
+
+
+class WidgetView(Protocol):
+    """The dock widget's public members: its labels, panels and chosen layers."""
+
+    viewer: Viewer
+    state: RunState
+    status_panel: StatusPanel
+    settings: SettingsForm
+    roles_editor: RolesEditor
+    checkpoint_label: QLabel
+    objects_label: QLabel
+    output_label: QLabel
+    autosave_label: QLabel
+
+    def image_layer(self) -> Image | None:
+        """The chosen image layer."""
+
+    def corrections_layer(self) -> Labels | None:
+        """The chosen corrections layer."""
+
+    def checkpoint_path(self) -> str:
+        """The checkpoint path as typed."""
+
+    def store_hint(self) -> Path | None:
+        """The OME-Zarr store of the chosen image, if it came from one."""
+
+
+class JobHost(Protocol):
+    """What a step needs of the Controller: the state, the widget and a way to run a job."""
+
+    state: RunState
+    w: WidgetView
+
+    def run_job(
+        self, busy: str | None, job: Callable[..., Job], *args: Any, what: str,
+        on_result: Callable[[Any], None] | None = None,
+        on_failed: Callable[[], None] | None = None, **kwargs: Any,
+    ) -> None:
+        """Start ``job``; ``busy`` marks the widget while it runs."""
