@@ -26,8 +26,8 @@ from napari_finetune.config import PredictConfig
 from napari_finetune.io.omezarr import list_labels, load_corrections
 from napari_finetune.model.checkpoint import load_checkpoint, save_checkpoint
 from napari_finetune.model.unet import UNet
-from napari_finetune.predict import predict_to_omezarr
 from napari_finetune.predict_job import done_regions, job_dir
+from napari_finetune.predict_store import predict_to_omezarr
 from napari_finetune.predict_tiling import region_grid
 from ngff_validation import validate_with_ome_zarr_models
 from test_cli import make_store

@@ -12,7 +12,7 @@ from napari_finetune.config import PredictConfig
 from napari_finetune.io.omezarr import list_labels, load_corrections
 from napari_finetune.model.checkpoint import load_checkpoint, save_checkpoint
 from napari_finetune.model.unet import UNet
-from napari_finetune.predict import predict_to_omezarr
+from napari_finetune.predict_store import predict_to_omezarr
 from napari_finetune.testing import MemoryBudget, always_oom
 from test_cli import make_store as make_cli_store
 

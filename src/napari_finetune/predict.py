@@ -20,7 +20,6 @@ also depends on its content: blockwise results differ slightly from one call
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -310,18 +309,3 @@ def write_batch(out: Any, places: list[BlockPlace], pending: PendingProbs) -> in
         background_where_missing(core_probs, missing)
         write_probs(out, core, core_probs)
     return len(places)
-
-
-def predict_to_omezarr(
-    checkpoint: Any,
-    store_path: str | os.PathLike,
-    name_prefix: str = "prediction",
-    config: PredictConfig | None = None,
-    progress: Progress | None = None,
-    log: Callable[[str], None] | None = None,
-) -> list[str]:
-    """Predict an OME-Zarr volume into its labels group; see
-    :func:`napari_finetune.predict_store.predict_to_omezarr` (kept here by name)."""
-    from napari_finetune.predict_store import predict_to_omezarr as to_store
-
-    return to_store(checkpoint, store_path, name_prefix, config, progress, log)
