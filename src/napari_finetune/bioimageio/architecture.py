@@ -24,7 +24,7 @@ from torch import nn
 from napari_finetune.bioimageio.source_file import build_from_source, trust_name
 from napari_finetune.errors import first_line
 from napari_finetune.model.architectures import Trust, trusted_names
-from napari_finetune.model.checkpoint import CheckpointError, build_model
+from napari_finetune.model.factory import CheckpointError, build_model
 
 PackageArchitecture = v0_5.ArchitectureFromLibraryDescr | v0_5.ArchitectureFromFileDescr
 

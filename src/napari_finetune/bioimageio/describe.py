@@ -23,7 +23,7 @@ from bioimageio.spec.model import v0_5
 from napari_finetune import __version__
 from napari_finetune.bioimageio.normalization import preprocessing_from_normalization
 from napari_finetune.bioimageio.readme import readme_text
-from napari_finetune.model.checkpoint import Checkpoint
+from napari_finetune.model.checkpoint_format import Checkpoint
 from napari_finetune.model.torchscript import to_torchscript
 from napari_finetune.objects.roles import METADATA_KEY as ROLES_KEY
 

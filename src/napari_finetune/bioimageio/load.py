@@ -34,7 +34,8 @@ import torch
 from napari_finetune.bioimageio import require
 from napari_finetune.errors import one_line
 from napari_finetune.model.architectures import Trust
-from napari_finetune.model.checkpoint import Checkpoint, CheckpointError
+from napari_finetune.model.checkpoint_format import Checkpoint
+from napari_finetune.model.factory import CheckpointError
 from napari_finetune.objects.roles import METADATA_KEY as ROLES_KEY
 
 if TYPE_CHECKING:  # bioimageio.spec is imported at run time only once it is known to exist

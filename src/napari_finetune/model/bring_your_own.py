@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from napari_finetune.model.checkpoint import save_checkpoint
+from napari_finetune.model.checkpoint_format import save_checkpoint
 from napari_finetune.model.factory import CheckpointError, build_model
 from napari_finetune.model.state_dict_fit import mismatch_line
 
