@@ -4,21 +4,23 @@ set there, the one-line errors, a checkpoint without roles, and Export keeping t
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 from qtpy.QtCore import Qt
 from qtpy.QtWidgets import QFileDialog, QWidget
 from tests._qt.conftest import CHANNELS, choose_checkpoint, wait_idle
-from tests._qt.test_widget_objects import (  # the same tiny model, with roles
-    LAYER_NAMES,
-    ROLES,
-    _save_tiny_unet,
-    tiny_checkpoint,  # noqa: F401 (the fixture: this model replaces the conftest's)
-)
+from tests._qt.objects_setup import LAYER_NAMES, ROLES, save_tiny_unet
 
 from napari_finetune._qt.layers import OBJECTS_KEY
 from napari_finetune.objects import ChannelRole, instances_of, roles_from_metadata
+
+
+@pytest.fixture
+def tiny_checkpoint(tmp_path: Path) -> Path:
+    """The conftest's tiny UNet, with a role for each channel (the docked widget loads it)."""
+    return save_tiny_unet(tmp_path / "tiny_roles.pt", ROLES)
 
 
 def choose_role(qtbot, widget, channel: str, role: str) -> None:
@@ -125,7 +127,7 @@ def test_a_value_no_role_can_have_is_one_line_and_objects_waits(docked, qtbot):
 
 def test_roles_set_on_a_checkpoint_without_roles_give_objects(docked, qtbot, tmp_path):
     viewer, widget, _ = docked
-    path = _save_tiny_unet(tmp_path / "no_roles.pt", {})
+    path = save_tiny_unet(tmp_path / "no_roles.pt", {})
     choose_checkpoint(qtbot, widget, path)
     qtbot.waitUntil(lambda: widget.state.info is not None
                     and widget.state.info.path == str(path), timeout=20_000)

@@ -9,38 +9,17 @@ import numpy as np
 import pytest
 from napari.layers import Labels
 from qtpy.QtCore import Qt
+from tests._qt.conftest import CHANNELS, choose_checkpoint, make_volume, wait_idle
+from tests._qt.objects_setup import LAYER_NAMES, ROLES, save_tiny_unet
 
-from conftest import CHANNELS, choose_checkpoint, make_volume, wait_idle
 from napari_finetune._qt.layers import OBJECTS_KEY
-from napari_finetune.objects import ChannelRole, instances_of, roles_to_metadata
-
-# Thresholds that cut the tiny random UNet's probabilities (membrane ~0.12-0.81,
-# mitochondria ~0.11-0.91) into a few dozen regions each, so the counts mean something.
-ROLES = {
-    "membrane": ChannelRole("boundary", threshold=0.41, min_size=20, seed_distance=2.0),
-    "mitochondria": ChannelRole("object", threshold=0.62, min_size=5),
-}
-LAYER_NAMES = {"membrane": "cells", "mitochondria": "mitochondria objects"}
-
-
-def _save_tiny_unet(path: Path, roles: dict[str, ChannelRole]) -> Path:
-    import torch
-
-    from napari_finetune.model.checkpoint import save_checkpoint
-    from napari_finetune.model.unet import UNet
-
-    torch.manual_seed(0)
-    model = UNet(dims=3, in_channels=1, out_channels=2, depth=2, features=4)
-    return save_checkpoint(path, model, roles_to_metadata(roles, {
-        "channel_names": CHANNELS,
-        "normalization": {"method": "percentile", "low": 1.0, "high": 99.0},
-    }))
+from napari_finetune.objects import instances_of
 
 
 @pytest.fixture
 def tiny_checkpoint(tmp_path: Path) -> Path:
     """The conftest's tiny UNet, with a role for each channel (the docked widget loads it)."""
-    return _save_tiny_unet(tmp_path / "tiny_roles.pt", ROLES)
+    return save_tiny_unet(tmp_path / "tiny_roles.pt", ROLES)
 
 
 @pytest.fixture
@@ -120,7 +99,7 @@ def test_a_checkpoint_without_roles_points_at_the_editor_and_adds_no_layer(
     docked, qtbot, tmp_path
 ):
     viewer, widget, image = docked
-    path = _save_tiny_unet(tmp_path / "no_roles.pt", {})
+    path = save_tiny_unet(tmp_path / "no_roles.pt", {})
     choose_checkpoint(qtbot, widget, path)
     qtbot.waitUntil(lambda: widget.state.info is not None
                     and widget.state.info.path == str(path), timeout=20_000)
