@@ -43,6 +43,8 @@ from pathlib import Path
 
 import numpy as np
 
+from napari_finetune.model.atomic_write import write_atomically
+
 JOB_PREFIX = ".napari-finetune-job-"
 
 
@@ -214,10 +216,10 @@ def _indices(where: Path) -> set[int]:
     return {int(p.name) for p in where.iterdir() if p.name.isdigit()}
 
 
+
 def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)  # a reader sees the whole file or none
+    """A reader sees the whole file or none; a killed writer's temporary goes at the retry."""
+    write_atomically(path, lambda handle: handle.write(text.encode()))
 
 
 def mark_done(folder: Path, index: int) -> None:
