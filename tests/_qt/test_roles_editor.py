@@ -90,6 +90,31 @@ def test_role_none_gives_no_layer_for_that_channel(docked, qtbot):
     np.testing.assert_array_equal(layers["mitochondria"], expected["mitochondria"])
 
 
+
+def test_objects_of_a_role_changed_since_go_with_the_next_objects_click(docked, qtbot):
+    """The layers always show the roles of the last Objects click, and so does Save: no
+    objects of a channel set to none since, no "cells" left over once the membrane
+    counts as objects."""
+    from napari_finetune.io.omezarr import list_labels
+
+    viewer, widget, image = docked
+    predict(qtbot, widget)
+    click_objects(qtbot, widget)
+    assert sorted(objects_layers(viewer)) == sorted(CHANNELS)
+    choose_role(qtbot, widget, "mitochondria", "none")
+    choose_role(qtbot, widget, "membrane", "object")
+    click_objects(qtbot, widget)
+    objects = [layer.name for layer in viewer.layers if OBJECTS_KEY in layer.metadata]
+    assert objects == ["membrane objects"], objects
+    qtbot.mouseClick(widget.save_predictions_button, Qt.LeftButton)
+    wait_idle(qtbot, widget)
+    assert not widget.state.errors, widget.state.errors
+    saved = list_labels(image.metadata["ome_zarr_path"])
+    assert "objects-membrane" in saved and "objects-mitochondria" not in saved, saved
+    choose_role(qtbot, widget, "membrane", "none")  # no role left at all
+    click_objects(qtbot, widget)
+    assert not objects_layers(viewer)
+
 def test_a_new_threshold_is_used_by_the_next_objects_click(docked, qtbot):
     viewer, widget, _ = docked
     predict(qtbot, widget)

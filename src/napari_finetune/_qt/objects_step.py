@@ -17,7 +17,11 @@ import numpy as np
 
 from napari_finetune._qt import corrections as corr
 from napari_finetune._qt.events import Progress
-from napari_finetune._qt.layers import objects_layer_name, show_objects_later
+from napari_finetune._qt.layers import (
+    objects_layer_name,
+    remove_stale_objects_layers,
+    show_objects_later,
+)
 from napari_finetune._qt.worker import Job
 
 if TYPE_CHECKING:
@@ -116,6 +120,7 @@ def compute_objects(c: JobHost) -> None:
         message = no_roles_message(s.info)
         w.objects_label.setText(message)
         w.status_panel.append_log(message)
+        remove_stale_objects_layers(w.viewer, ())  # every role is none now
         return
     image = s.predicted_image
     if image is None or image not in w.viewer.layers:
@@ -134,6 +139,7 @@ def compute_objects(c: JobHost) -> None:
     def computed(objects: dict[str, ChannelObjects]) -> None:
         names = {channel: objects_layer_name(channel, roles[channel].role) for channel in objects}
         s.busy = "show"  # the buttons wait for the layers; the job's end leaves this be
+        remove_stale_objects_layers(w.viewer, names.values())
 
         def shown() -> None:
             lines = [f"{names[channel]}: {found.count}" for channel, found in objects.items()]
