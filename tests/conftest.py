@@ -81,4 +81,3 @@ def pytest_collection_finish(session):
     import gc
 
     gc.freeze()
-

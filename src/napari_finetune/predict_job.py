@@ -216,7 +216,6 @@ def _indices(where: Path) -> set[int]:
     return {int(p.name) for p in where.iterdir() if p.name.isdigit()}
 
 
-
 def _atomic_write(path: Path, text: str) -> None:
     """A reader sees the whole file or none; a killed writer's temporary goes at the retry."""
     write_atomically(path, lambda handle: handle.write(text.encode()))
@@ -251,4 +250,3 @@ def finish_job(store: Path, folder: Path, names: tuple[str, ...]) -> None:
             (staging / "labels").mkdir(parents=True)
             os.rename(folder / "labels" / name, staging / "labels" / name)
     shutil.rmtree(folder, ignore_errors=True)
-

@@ -90,7 +90,6 @@ def test_role_none_gives_no_layer_for_that_channel(docked, qtbot):
     np.testing.assert_array_equal(layers["mitochondria"], expected["mitochondria"])
 
 
-
 def test_objects_of_a_role_changed_since_go_with_the_next_objects_click(docked, qtbot):
     """The layers always show the roles of the last Objects click, and so does Save: no
     objects of a channel set to none since, no "cells" left over once the membrane
@@ -114,6 +113,7 @@ def test_objects_of_a_role_changed_since_go_with_the_next_objects_click(docked, 
     choose_role(qtbot, widget, "membrane", "none")  # no role left at all
     click_objects(qtbot, widget)
     assert not objects_layers(viewer)
+
 
 def test_a_new_threshold_is_used_by_the_next_objects_click(docked, qtbot):
     viewer, widget, _ = docked

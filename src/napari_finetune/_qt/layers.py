@@ -268,7 +268,6 @@ def show_objects_later(
     QTimer.singleShot(TURN_GAP_MS, add_next)
 
 
-
 def remove_stale_objects_layers(viewer: Any, current: Collection[str]) -> None:
     """Remove the objects layers not named in ``current``: those of a channel whose role
     became none, or whose layer name changed with its role ("cells" -> "membrane objects").
@@ -276,6 +275,7 @@ def remove_stale_objects_layers(viewer: Any, current: Collection[str]) -> None:
     for layer in [layer for layer in viewer.layers
                   if layer.metadata.get(OBJECTS_KEY) and layer.name not in current]:
         viewer.layers.remove(layer)
+
 
 def objects_layers(viewer: Any, prediction_id: int) -> list[Any]:
     """The objects layers computed from prediction ``prediction_id`` (older ones skipped)."""
