@@ -21,8 +21,9 @@ unexport PYTHONDONTWRITEBYTECODE
 # configuration, so pip's find-links (where a local CPU build of torch may lie) is passed on.
 UV := $(VENV)/bin/uv
 FIND_LINKS = $(or $(PIP_FIND_LINKS),$(shell python3 -m pip config get global.find-links 2>/dev/null))
+# pip takes several find-links separated by spaces; uv takes one per option.
 UV_INSTALL = $(UV) pip install -q --python $(PY) --compile-bytecode \
-	$(if $(FIND_LINKS),--find-links $(FIND_LINKS))
+	$(foreach link,$(FIND_LINKS),--find-links $(link))
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
