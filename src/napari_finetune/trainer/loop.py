@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from napari_finetune.model.lora import describe_adapters
-from napari_finetune.trainer import record
+from napari_finetune.trainer import collector, record
 from napari_finetune.trainer.batchnorm_floor import describe_floor
 from napari_finetune.trainer.retry import optimizer_step
 from napari_finetune.trainer.run_setup import RunSetup
@@ -62,6 +62,7 @@ class Finetuner(RunSetup):
             raise RuntimeError("this Finetuner was released; build a new one to train again.")
         self._start_time = time.perf_counter()
         recording = self.memory_history.start()  # the history starts before the build
+        hidden = collector.hide_existing_objects()  # recovery's collections stay cheap
         try:
             self.build()
             adapters = describe_adapters(self.model)
@@ -114,6 +115,7 @@ class Finetuner(RunSetup):
             if self.feed is not None:
                 self.feed.close()
             self.memory_history.finish()  # a failed run's history is written all the same
+            collector.show_again(hidden)
 
     def _with_snapshot(self, message: str) -> str:
         line = self.memory_history.finish()
