@@ -9,6 +9,8 @@ While a run lasts, the objects that existed before it are hidden from the
 collector (:func:`gc.freeze`); a collection then took 0.06 ms. The last run to end
 hands them back (:func:`gc.unfreeze`), so nothing stays uncollectable after it.
 
+The price: an object made before the run that becomes cyclic garbage during it
+(a napari layer removed mid-run, say) is freed when the run ends, not at once.
 A process that froze objects of its own before the run keeps its freeze as it
 is: the run then neither freezes nor unfreezes anything.
 """
