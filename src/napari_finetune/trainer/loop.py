@@ -112,10 +112,12 @@ class Finetuner(RunSetup):
                 f"{done}; {restored}" if restored else done
             ))
         finally:
-            if self.feed is not None:
-                self.feed.close()
-            self.memory_history.finish()  # a failed run's history is written all the same
-            collector.show_again(hidden)
+            try:
+                if self.feed is not None:
+                    self.feed.close()
+                self.memory_history.finish()  # a failed run's history is written all the same
+            finally:
+                collector.show_again(hidden)
 
     def _with_snapshot(self, message: str) -> str:
         line = self.memory_history.finish()
