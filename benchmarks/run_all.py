@@ -39,6 +39,7 @@ BENCHMARKS: dict[str, tuple[str, list[str], list[str], bool]] = {
     "ddp": ("bench_ddp.py", [], ["--steps", "6"], False),
     "ui-stall": ("bench_ui_stall.py", [], ["--shape", "16,64,64", "--steps", "5", "--idle", "2"],
                  True),
+    "gc-pause": ("bench_gc_pause.py", [], ["--shape", "16,128,128"], True),
     "gpu": ("bench_gpu.py", [], [], False),
 }
 
