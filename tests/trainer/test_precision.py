@@ -107,3 +107,27 @@ def test_cuda_precision_of_an_indexless_device(capability, expected):
     assert ("get_device_properties", torch.device("cuda")) in cuda.calls
 
 
+@pytest.mark.parametrize(
+    ("capabilities", "run_on", "expected"),
+    [([(7, 5), (9, 0)], 1, (torch.bfloat16, False)),  # current: the old card
+     ([(9, 0), (7, 5)], 1, (torch.float16, True))],   # current: the new card
+)
+def test_cuda_precision_is_the_run_devices(capabilities, run_on, expected):
+    """A host with mixed cards: the answer is for the run's GPU, not the current one."""
+    from napari_finetune.testing import FakeCuda
+
+    with FakeCuda(capability=capabilities, device_count=2) as cuda:
+        assert torch.cuda.current_device() == 0
+        device = torch.device("cuda", run_on)
+        assert precision_module.choose_precision(device, True) == expected
+        assert ("get_device_properties", device) in cuda.calls
+
+
+def test_cuda_bf16_on_rocm(monkeypatch):
+    """ROCm GPUs have bf16 (torch's own answer, whatever the gfx 'capability')."""
+    from napari_finetune.testing import FakeCuda
+
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    with FakeCuda(capability=(7, 5)):
+        assert precision_module.choose_precision(torch.device("cuda:0"), True) == (
+            torch.bfloat16, False)
