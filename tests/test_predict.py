@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 import zarr
 
 from array_readers import CountingReader
@@ -217,3 +218,23 @@ def test_a_failed_read_stops_the_prediction_with_its_error():
     with pytest.raises(OSError, match="chunk 3 is unreadable"):
         predict_volume(model, image, (0.0, 1.0), config)
     assert threading.active_count() == before
+
+
+def test_a_block_on_the_second_gpu_is_read_when_its_own_stream_is_done():
+    """The read-back of cuda:1's copy waits on an event recorded on cuda:1's stream.
+
+    ``Event.record()`` without a stream records on the current device's (cuda:0
+    here), where the copy does not run: the host would read the buffer early.
+    """
+    from napari_finetune.predict import inference_mode, launch_batch
+    from napari_finetune.testing import FakeCuda
+
+    model = _model(2)
+    blocks = np.random.default_rng(0).random((2, 12, 12), dtype=np.float32)
+    with FakeCuda(device_count=2, tensors_on_host=True) as cuda, inference_mode(model):
+        assert torch.cuda.current_device() == 0
+        pending = launch_batch(model, blocks, "cuda:1")
+        probs = pending.result()
+    assert cuda.moves == [torch.device("cuda", 1)]
+    assert cuda.recorded == [torch.device("cuda", 1)]
+    assert pending._ready.synchronized and probs.shape == (2, 2, 12, 12)

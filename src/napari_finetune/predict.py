@@ -143,7 +143,10 @@ def launch_batch(model: Any, blocks: np.ndarray, device: str) -> PendingProbs:
     host = torch.empty(probs.shape, dtype=probs.dtype, pin_memory=True)
     host.copy_(probs, non_blocking=True)
     ready = torch.cuda.Event()
-    ready.record()
+    # On the stream of the device the copy runs on: record() alone records on
+    # the current device's (cuda:0 unless set), and a block predicted on cuda:1
+    # would be read before its copy is done. ``device`` is where ``probs`` is.
+    ready.record(torch.cuda.current_stream(torch.device(device)))
     return PendingProbs(host, ready)
 
 

@@ -90,17 +90,44 @@ def test_one_grad_scaler_code_path():
 
 
 @pytest.mark.parametrize(
-    ("capability", "native", "expected"),
-    [((9, 0), True, (torch.bfloat16, False)), ((8, 0), True, (torch.bfloat16, False)),
-     ((7, 5), False, (torch.float16, True)), ((8, 6), False, (torch.float16, True))],
+    ("capability", "expected"),
+    [((9, 0), (torch.bfloat16, False)), ((8, 0), (torch.bfloat16, False)),
+     ((8, 6), (torch.bfloat16, False)), ((7, 5), (torch.float16, True)),
+     ((6, 1), (torch.float16, True))],
 )
-def test_cuda_precision_of_an_indexless_device(capability, native, expected):
-    """bf16 where the GPU has it natively, else fp16 + scaler; asked as torch wants."""
+def test_cuda_precision_of_an_indexless_device(capability, expected):
+    """bf16 from compute capability 8.0 on (native), else fp16 + scaler (emulated bf16
+    never counts); asked of the current device for an index-less one."""
     from napari_finetune.testing import FakeCuda
 
-    with FakeCuda(capability=capability, bf16_native=native) as cuda:
+    with FakeCuda(capability=capability) as cuda:
         assert precision_module.choose_precision(torch.device("cuda"), True) == expected
         assert Precision(torch.device("cuda"), True).dtype_name == {
             torch.bfloat16: "bfloat16", torch.float16: "float16"}[expected[0]]
-    emulation = [arg for name, arg in cuda.calls if name == "is_bf16_supported"]
-    assert all(arg is False for arg in emulation)  # emulated bf16 never counts
+    assert ("get_device_properties", torch.device("cuda")) in cuda.calls
+
+
+@pytest.mark.parametrize(
+    ("capabilities", "run_on", "expected"),
+    [([(7, 5), (9, 0)], 1, (torch.bfloat16, False)),  # current: the old card
+     ([(9, 0), (7, 5)], 1, (torch.float16, True))],   # current: the new card
+)
+def test_cuda_precision_is_the_run_devices(capabilities, run_on, expected):
+    """A host with mixed cards: the answer is for the run's GPU, not the current one."""
+    from napari_finetune.testing import FakeCuda
+
+    with FakeCuda(capability=capabilities, device_count=2) as cuda:
+        assert torch.cuda.current_device() == 0
+        device = torch.device("cuda", run_on)
+        assert precision_module.choose_precision(device, True) == expected
+        assert ("get_device_properties", device) in cuda.calls
+
+
+def test_cuda_bf16_on_rocm(monkeypatch):
+    """ROCm GPUs have bf16 (torch's own answer, whatever the gfx 'capability')."""
+    from napari_finetune.testing import FakeCuda
+
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    with FakeCuda(capability=(7, 5)):
+        assert precision_module.choose_precision(torch.device("cuda:0"), True) == (
+            torch.bfloat16, False)

@@ -6,7 +6,11 @@
 * :mod:`~napari_finetune.testing.cuda`: :class:`FakeCuda`, ``torch.cuda``'s
   memory and device queries answered for a device that is not there, with
   torch's own argument checks, so a call that would fail on a real GPU fails
-  here too.
+  here too; :mod:`~napari_finetune.testing.cuda_matrix`: one table of
+  ``torch.cuda`` calls and torch 2.13's answers, run against the fake here and
+  against the real module on a GPU;
+* :mod:`~napari_finetune.testing.host_reads`: ``HostReads``, a count of
+  the host reads of device values (device syncs on a GPU), made on the CPU.
 
 Used by the tests, the benchmarks and the widget test (through
 ``Finetuner.after_build``, so the faults land on the built trainer), and by

@@ -11,13 +11,18 @@ import torch
 
 
 def _cuda_bf16_native(device: torch.device) -> bool:
-    major, _ = torch.cuda.get_device_capability(device)
-    if major < 8:
-        return False
-    try:
-        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
-    except TypeError:  # torch < 2.3 has no including_emulation: capability decides
+    """Whether ``device`` has bf16 in hardware: ``torch.cuda.is_bf16_supported``'s
+    answer without emulation, asked of the run's GPU.
+
+    That function answers for the current device only (GPU 0 unless set), so
+    on a host with mixed cards a run on cuda:1 would get the answer of cuda:0.
+    Its test is repeated here for ``device``: every ROCm GPU has bf16, a CUDA
+    one from compute capability 8.0 (Ampere) on.
+    """
+    if torch.version.hip:
         return True
+    major, _ = torch.cuda.get_device_capability(device)
+    return major >= 8
 
 
 def choose_precision(

@@ -21,7 +21,7 @@ import torch
 from napari_finetune.errors import is_oom_error
 from napari_finetune.trainer.losses import Normalisers, finetune_loss, step_normalisers
 from napari_finetune.trainer.oom import StepOutOfMemory, oom_line
-from napari_finetune.trainer.precision import Precision, clip_gradients
+from napari_finetune.trainer.precision import Precision, clip_gradients, total_squared_norm
 from napari_finetune.trainer.run_state import RunState, TrainingParts
 from napari_finetune.trainer.sync import LocalSync
 
@@ -147,7 +147,9 @@ def run_step(
     Gradients are cleared first, so an attempt never sees a failed one's
     leftovers. A non-finite loss (any precision), or non-finite gradients under
     bf16 autocast, leave the weights untouched and return ``"nonfinite"``; the
-    fp16 GradScaler handles its own gradients and reports ``"skipped"``.
+    fp16 GradScaler handles its own gradients and reports ``"skipped"``. Alone,
+    the loss and the bf16 gradients' verdict are read in one device sync
+    (:func:`read_loss_and_gradients`).
 
     With several ranks (``sync``), every decision is taken by all of them: an
     out-of-memory on any rank raises :class:`StepOutOfMemory` on every rank
@@ -164,8 +166,9 @@ def run_step(
     optimizer.zero_grad(set_to_none=True)
     norms = sync.normalisers(local_normalisers(parts, state, labels))
     own = None
+    local = torch.zeros(())  # bound for the type checker; an OOM raises below
     try:
-        local = float(accumulate_gradients(parts, state, images, labels, norms=norms))
+        local = accumulate_gradients(parts, state, images, labels, norms=norms)
     except Exception as exc:
         if not is_oom_error(exc):
             raise
@@ -173,7 +176,16 @@ def run_step(
     if sync.any(own is not None):
         optimizer.zero_grad(set_to_none=True)
         raise StepOutOfMemory(sync.failure_line(own, "another rank ran out of memory"))
-    loss = sync.total(local)
+    # Under fp16 the scaler itself skips a step with inf/NaN gradients; under
+    # bf16 (and only there) the gradients are checked here.
+    check_gradients = precision.enabled and not precision.grad_scaler
+    finite_gradients: bool | None = None
+    if sync.distributed:
+        # The ranks agree on the loss (a collective of a host number) before
+        # their gradients are summed; those are measured after, in a second read.
+        loss = sync.total(float(local))
+    else:
+        loss, finite_gradients = read_loss_and_gradients(local, parts.model, check_gradients)
     if not math.isfinite(loss):
         optimizer.zero_grad(set_to_none=True)
         return StepOutcome("nonfinite", loss)
@@ -181,10 +193,11 @@ def run_step(
     # fp16 gradients are divided by the scale first: measured and clipped as
     # they are (a no-op for the other dtypes, whose scaler is disabled).
     precision.unscale(optimizer)
-    # Under fp16 the scaler itself skips a step with inf/NaN gradients. The
-    # ranks' gradients are equal once summed, so they all see the same verdict.
-    if precision.enabled and not precision.grad_scaler:
-        if not precision.gradients_finite(parts.model):
+    if check_gradients:
+        # The ranks' gradients are equal once summed, so they all see the same verdict.
+        if finite_gradients is None:
+            finite_gradients = precision.gradients_finite(parts.model)
+        if not finite_gradients:
             optimizer.zero_grad(set_to_none=True)
             return StepOutcome("nonfinite", loss)
     if max_grad_norm is not None:
@@ -192,6 +205,26 @@ def run_step(
     applied, before, after = guarded_optimizer_step(optimizer, precision, sync)
     optimizer.zero_grad(set_to_none=True)
     return StepOutcome("applied" if applied else "skipped", loss, (before, after))
+
+
+def read_loss_and_gradients(
+    loss: torch.Tensor, model: torch.nn.Module, check_gradients: bool
+) -> tuple[float, bool | None]:
+    """The step loss and whether the gradients are finite, read in one device sync.
+
+    Each host read of a device value waits for the GPU's queue: the loss and
+    the gradients' verdict (:meth:`Precision.gradients_finite`, the same sum
+    of squares in fp32) are stacked and read together. Without
+    ``check_gradients`` only the loss is read, and the verdict is None.
+    """
+    if not check_gradients:
+        return float(loss), None
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if not grads:
+        return float(loss), True
+    squared = total_squared_norm(grads).to(loss.device)
+    value, norm = torch.stack([loss.float(), squared]).tolist()
+    return value, math.isfinite(norm)
 
 
 def step_can_allocate(optimizer: torch.optim.Optimizer) -> bool:
