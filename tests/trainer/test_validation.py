@@ -105,6 +105,38 @@ def test_a_best_check_within_the_scores_noise_keeps_the_last_step(monkeypatch, t
     assert run["weights_from_step"] is None and run["best_validation_step"] == 2
 
 
+@pytest.mark.parametrize(
+    ("best", "restored"),
+    [(0.5199, False), (0.52, False), (0.5201, True)],
+    ids=["just-below-the-margin", "exactly-the-margin", "just-above-the-margin"],
+)
+def test_keep_best_restores_only_a_lead_of_more_than_the_margin(monkeypatch, best, restored):
+    """The last check scored 0.50; the best (step 1) led it by 0.0199, 0.02 or 0.0201."""
+    assert validation.KEEP_BEST_MARGIN == 0.02
+    assert 0.5 + validation.KEEP_BEST_MARGIN == 0.52  # exact in binary: a true boundary
+    _scripted_scores(monkeypatch, [best, 0.5])
+    model = torch.nn.Linear(2, 1)
+    validator = Validator(every=1, clock=lambda: 0.0)
+    validator.start()
+    validator.check(None, model, 1)
+    at_best = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    validator.check(None, model, 2)
+    at_last = {k: v.clone() for k, v in model.state_dict().items()}
+    assert validator.best.step == 1 and validator.best.score == best
+    line = validator.restore_best(model, 2)
+    expected = at_best if restored else at_last
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, expected[name], rtol=0, atol=0)
+    if restored:
+        assert line == (f"kept the weights of step 1 (validation {best:.2f}), "
+                        "better than the last step's (0.50 at step 2)")
+        assert validator.restored_step == 1 and validator.record()["weights_from_step"] == 1
+    else:
+        assert line is None and validator.restored_step is None
+
+
 def test_keep_best_off_exports_the_last_step(monkeypatch, tmp_path):
     _scripted_scores(monkeypatch, [0.3, 0.9, 0.5, 0.4])
     trainer = make_trainer(steps=4, batch_size=2, validation_fraction=0.2, validation_every=1,
