@@ -179,6 +179,44 @@ def test_bad_validation_settings_are_one_line(bad):
 # --- scoring: one patch per held-out tile, batched, the same counts as tile by tile ---
 
 
+def test_tally_by_hand():
+    """A 2 x 4 painting and two channels' probabilities, the IoU worked out by hand.
+
+    painting (0 unpainted, 1 background, 2 channel 0, 3 channel 1):
+        2 2 2 1
+        3 3 0 1
+    channel 0 probabilities (> 0.5 is predicted; 0.5 itself is not):
+        .9 .8 .5 .1     predicted: (0,0) (0,1) (1,0) (1,2)
+        .7 .2 .6 .3     positives: (0,0) (0,1) (0,2)
+      TP (0,0) (0,1) = 2; FP (1,0), painted channel 1 = 1 ((1,2) is unpainted, not
+      judged); FN (0,2), at exactly 0.5 = 1. IoU = 2 / (2 + 1 + 1) = 0.5.
+    channel 1 probabilities:
+        .1 .2 .9 .6     predicted: (0,2) (0,3) (1,0) (1,2)
+        .8 .4 .99 .0    positives: (1,0) (1,1)
+      TP (1,0) = 1; FP (0,2) painted channel 0, (0,3) painted background = 2
+      ((1,2) unpainted); FN (1,1) = 1. IoU = 1 / (1 + 2 + 1) = 0.25.
+    """
+    labels = np.array([[2, 2, 2, 1], [3, 3, 0, 1]])
+    probabilities = np.array(
+        [
+            [[0.9, 0.8, 0.5, 0.1], [0.7, 0.2, 0.6, 0.3]],
+            [[0.1, 0.2, 0.9, 0.6], [0.8, 0.4, 0.99, 0.0]],
+        ],
+        np.float32,
+    )
+    counts = [Counts(), Counts()]
+    validation.tally(probabilities, labels, [0, 1], counts)
+    assert counts == [Counts(tp=2, fp=1, fn=1), Counts(tp=1, fp=2, fn=1)]
+    assert [c.iou for c in counts] == [0.5, 0.25]
+    # A second region adds to the same counts: the IoU is of the sums, not a mean of IoUs.
+    # Channel 1 alone here, everything predicted, all four voxels painted channel 1:
+    # TP 4, so channel 1 sums to TP 5, FP 2, FN 1, IoU 5 / 8.
+    alone = [counts[1]]
+    validation.tally(np.ones((2, 1, 4), np.float32), np.full((1, 4), 3), [1], alone)
+    assert alone[0] == Counts(tp=5, fp=2, fn=1) and alone[0].iou == 0.625
+    assert Counts().iou == 0.0  # nothing positive, nothing predicted
+
+
 def tile_by_tile_counts(trainer, channels):
     """The oracle: each held-out tile alone, in the patch centred on it (shifted inside
     the volume), predicted by itself through ``Finetuner.predict`` (fp32, batch of one),
