@@ -7,8 +7,11 @@ Run it when a CUDA GPU is lent (about 4 minutes on an H100/H200)::
                                                    # OOM injected (checks the script itself)
 
 1. **Step speed**: the same fine-tuning run (sample UNet, batch 8 x 32x64x64
-   patches, LoRA) with mixed precision on (bf16 where the GPU has it) and off
-   (fp32): seconds per optimizer step after warm-up, samples/s, speed-up.
+   patches, full fine-tune) with mixed precision on (bf16 where the GPU has it)
+   and off (fp32, TF32 off: ``torch.backends.cuda.matmul.allow_tf32`` and
+   ``torch.backends.cudnn.allow_tf32`` False for those rows, put back after, so
+   they are true fp32 and not cuDNN's default TF32 convolutions): seconds per
+   optimizer step after warm-up, samples/s, speed-up.
 2. **Real OOM recovery**: ``torch.cuda.set_per_process_memory_fraction`` caps
    the allocator so that the starting batch does not fit; the Finetuner must
    halve the batch (accumulation doubled, samples per step unchanged) and
@@ -28,7 +31,8 @@ Run it when a CUDA GPU is lent (about 4 minutes on an H100/H200)::
    reach step 1 and finish (every default CUDA run once crashed before step 1).
 5. **Finetuner against a bare loop**: the same UNet (depth 3, 16 features), batch
    8 x 32x64x64, bf16, interleaved in one process (``bench_trainer_throughput``):
-   validation off (goal >= 0.90) and at the defaults.
+   validation off (goal >= 0.90) and at the defaults. The bare loop's AdamW is
+   built as the trainer builds it (``fused`` on CUDA, the config's weight decay).
 6. **Time to quality** on an appearance the sample model never saw
    (``bench_adaptation.unseen_appearance``): held-out IoU against wall-clock
    seconds of a full and a LoRA fine-tune at the widget's defaults on the demo's
@@ -38,16 +42,22 @@ Run it when a CUDA GPU is lent (about 4 minutes on an H100/H200)::
    large block against the model alone (one call on the whole volume) on a
    128x512x512 volume, Mvoxel/s (goal >= 0.80 of the model alone).
 
-``--parts`` picks parts (default all). Exits with code 2 and one line when no
-CUDA device is present.
+``--parts`` picks parts (default all). Each part runs under a guard: one that
+raises (a ``RecoveryError``, anything) or reports FAIL is printed as failed, the
+allocator cap is lifted and the cache emptied, and the next part runs; the last
+table lists every part's result, and the exit code is 1 when any part failed.
+Exits with code 2 and one line when no CUDA device is present.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import sys
 import time
+import traceback
+from collections.abc import Callable, Iterator
 
 import numpy as np
 from markdown_table import measured_under, print_table
@@ -103,8 +113,22 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+@contextlib.contextmanager
+def tf32_off() -> Iterator[None]:
+    """True fp32 for matmuls and cuDNN convolutions (cuDNN's default is TF32), put back after."""
+    import torch
+
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
 def speed(image, corrections, device: str, steps: int, batch: int, patch) -> None:
-    """Part 1 table."""
+    """Part 1 table: a full fine-tune, mixed precision against true fp32 (TF32 off)."""
     from napari_finetune.config import FinetuneConfig
 
     rows = []
@@ -114,15 +138,17 @@ def speed(image, corrections, device: str, steps: int, batch: int, patch) -> Non
             batch_size=batch,
             patch_shape=patch,
             device=device,
+            mode="full",
             mixed_precision=mixed,
             cpu_bf16=mixed,
             seed=0,
         )
-        per_step, statuses = timed_run(image, corrections, config)
+        with contextlib.nullcontext() if mixed else tf32_off():
+            per_step, statuses = timed_run(image, corrections, config)
         last = statuses[-1]
         rows.append(
             [
-                f"{'mixed' if mixed else 'fp32'}",
+                f"{'mixed' if mixed else 'fp32 (TF32 off)'}",
                 last.dtype,
                 str(last.grad_scaler),
                 f"{last.batch_size}x{last.accumulation}",
@@ -132,12 +158,13 @@ def speed(image, corrections, device: str, steps: int, batch: int, patch) -> Non
         )
     rows[1].append(f"{float(rows[0][4]) / float(rows[1][4]):.2f}x")
     rows[0].append("1.00x")
-    print(f"1. step speed, batch {batch} x {'x'.join(map(str, patch))}, {steps} steps")
+    print(f"1. step speed, full fine-tune, batch {batch} x {'x'.join(map(str, patch))}, "
+          f"{steps} steps; the fp32 row with TF32 off (matmul and cuDNN)")
     header = ["run", "dtype", "GradScaler", "batch x acc", "s/step", "samples/s", "speed-up"]
     print_table(header, rows)
 
 
-def oom_recovery(image, corrections, device: str, batch: int, patch, dry_run: bool) -> None:
+def oom_recovery(image, corrections, device: str, batch: int, patch, dry_run: bool) -> bool:
     """Parts 2 and 3: a capped allocator, the ladder, memory after the run."""
     import torch
 
@@ -171,7 +198,11 @@ def oom_recovery(image, corrections, device: str, batch: int, patch, dry_run: bo
             f"(one-sample step peak {per_sample / 2**20:.0f} MiB); starting batch {batch}"
         )
     t = time.perf_counter()
-    _, statuses = timed_run(image, corrections, config, after_build=hook)
+    try:
+        _, statuses = timed_run(image, corrections, config, after_build=hook)
+    finally:
+        if not dry_run:
+            torch.cuda.set_per_process_memory_fraction(1.0)
     elapsed = time.perf_counter() - t
     for status in statuses:
         if status.kind in ("recovery", "probe", "finished"):
@@ -186,8 +217,6 @@ def oom_recovery(image, corrections, device: str, batch: int, patch, dry_run: bo
         f"{last.batch_size} x {last.accumulation} (samples/step {last.effective_batch}), "
         f"{elapsed:.1f} s\n"
     )
-    if not dry_run:
-        torch.cuda.set_per_process_memory_fraction(1.0)
     gc.collect()
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
@@ -205,6 +234,7 @@ def oom_recovery(image, corrections, device: str, batch: int, patch, dry_run: bo
         f"   => {'PASS' if back else 'FAIL'}: allocated memory back to baseline "
         f"(+{after[0] - before[0]:.1f} MiB)"
     )
+    return ok and back
 
 
 def _memory(device: str) -> tuple[float, float]:
@@ -216,7 +246,7 @@ def _memory(device: str) -> tuple[float, float]:
 
 
 
-def autobatch_vs_limit(image, corrections, device: str, patch, dry_run: bool) -> None:
+def autobatch_vs_limit(image, corrections, device: str, patch, dry_run: bool) -> bool:
     """Part 4: autobatch's choice and the largest micro-batch that fits, one cap."""
     import contextlib
 
@@ -313,6 +343,7 @@ def autobatch_vs_limit(image, corrections, device: str, patch, dry_run: bool) ->
     )
     ok = chosen is not None and chosen <= lo and chose_ooms == 0 and first == chosen
     print(f"   => {'PASS' if ok else 'FAIL'}: choice within the limit and no OOM event")
+    return ok
 
 
 def default_run(image, corrections, device: str, steps: int) -> bool:
@@ -444,6 +475,39 @@ def prediction_speed(device: str, dry_run: bool) -> None:
 PARTS = ("default", "speed", "oom", "autobatch", "bare", "quality", "predict")
 
 
+def release_device() -> None:
+    """After a part, whatever it left: the allocator cap lifted, garbage and cache freed."""
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        torch.cuda.empty_cache()
+
+
+def run_parts(parts: list[tuple[str, Callable[[], object]]]) -> list[tuple[str, str]]:
+    """Run every part, each under a guard; (part, result) for the closing table.
+
+    A part that raises (a RecoveryError, anything but a KeyboardInterrupt) is
+    printed as failed with its traceback on stderr, and the next part runs; one
+    that returns False (it printed FAIL) is failed too.
+    """
+    results = []
+    for name, part in parts:
+        try:
+            ok = part()
+        except Exception as exc:
+            message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            print(f"{name}: FAILED, {type(exc).__name__}: {message}; going on\n", flush=True)
+            traceback.print_exc()
+            results.append((name, f"FAIL ({type(exc).__name__}: {message})"))
+        else:
+            results.append((name, "FAIL" if ok is False else "done"))
+        finally:
+            release_device()
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -484,24 +548,23 @@ def main(argv: list[str] | None = None) -> int:
             f"measured at {measured_under()}\n"
         )
     image, corrections = make_data(shape)
-    parts = set(args.parts)
-    ok = True
-    if "default" in parts:
-        ok = default_run(image, corrections, device, 3 if args.cpu_dry_run else 10) and ok
-    if "speed" in parts:
-        speed(image, corrections, device, steps, batch, patch)
-    if "oom" in parts:
-        oom_recovery(image, corrections, device, 2 * batch, patch, args.cpu_dry_run)
-    if "autobatch" in parts:
-        autobatch_vs_limit(image, corrections, device, patch, args.cpu_dry_run)
-    if "bare" in parts:
-        finetuner_vs_bare(device, args.cpu_dry_run)
-    if "quality" in parts:
-        time_to_quality(device, args.cpu_dry_run, quality_s, dense_s)
-    if "predict" in parts:
-        prediction_speed(device, args.cpu_dry_run)
-    print(f"bench_gpu.py: {time.perf_counter() - started:.0f} s in all")
-    return 0 if ok else 1
+    dry = args.cpu_dry_run
+    every = {
+        "default": lambda: default_run(image, corrections, device, 3 if dry else 10),
+        "speed": lambda: speed(image, corrections, device, steps, batch, patch),
+        "oom": lambda: oom_recovery(image, corrections, device, 2 * batch, patch, dry),
+        "autobatch": lambda: autobatch_vs_limit(image, corrections, device, patch, dry),
+        "bare": lambda: finetuner_vs_bare(device, dry),
+        "quality": lambda: time_to_quality(device, dry, quality_s, dense_s),
+        "predict": lambda: prediction_speed(device, dry),
+    }
+    results = run_parts([(name, every[name]) for name in PARTS if name in args.parts])
+    print("parts")
+    print_table(["part", "result"], [list(r) for r in results])
+    failed = [name for name, result in results if result.startswith("FAIL")]
+    print(f"bench_gpu.py: {time.perf_counter() - started:.0f} s in all"
+          + (f"; failed: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -1,11 +1,12 @@
 """Finetuner vs a bare PyTorch loop: same model, batch, patch, precision, samples.
 
-Both sides train a copy of the same initial UNet with AdamW on patches from a
-``PatchSampler`` with the same seed. The bare loop is what one would write by
-hand: sample, forward, masked BCE, backward, step. The Finetuner adds its
-whole-step loss normalisation, BatchNorm snapshots, finiteness checks and
-Status events. A/B are interleaved in one process (round-robin blocks of
-steps) so machine load hits both alike; the first round is warm-up. Steps are
+Both sides train a copy of the same initial UNet with AdamW, built alike (the
+fused kernel on CUDA), on patches from a ``PatchSampler`` with the same seed.
+The bare loop is what one would write by hand: sample, forward, masked BCE,
+backward, step. The Finetuner adds its whole-step loss normalisation,
+BatchNorm snapshots, finiteness checks and Status events. A/B are
+interleaved in one process (round-robin blocks of steps) so machine load hits
+both alike; the first round is warm-up. Steps are
 timed one by one; the table gives medians and the throughput ratio
 (Finetuner steps/s divided by bare steps/s; the goal is >= 0.95), and the
 ratio of the total times, in which the held-out checks count (the goal with
@@ -46,6 +47,21 @@ def volume(shape: tuple[int, ...], seed: int = 0) -> tuple[np.ndarray, np.ndarra
     return image, corrections
 
 
+def trainer_adamw(model: torch.nn.Module, config: FinetuneConfig, device: torch.device):
+    """AdamW as the trainer builds it (``trainer.build.build_parts``): the trainable
+    parameters, the config's learning rate and weight decay, and the trainer's choice of
+    implementation (the fused kernel on CUDA)."""
+    from napari_finetune.trainer import build
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.AdamW(
+        params,
+        lr=config.learning_rate,
+        weight_decay=config.weight_decay,
+        **build.adamw_implementation(device, params),
+    )
+
+
 class BareLoop:
     """The hand-written loop the Finetuner is measured against."""
 
@@ -62,9 +78,7 @@ class BareLoop:
             self.teacher = copy.deepcopy(model).eval()
         self.model = model.train()
         self.device = device
-        self.opt = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad], lr=config.learning_rate
-        )
+        self.opt = trainer_adamw(self.model, config, device)
         from napari_finetune.data.normalization import intensity_range
 
         low_high = intensity_range(image, {"method": "percentile", "low": 1, "high": 99})

@@ -27,3 +27,170 @@ def test_the_gpu_benchmark_runs_every_part_on_the_cpu():
     for title in titles:
         assert title in out, title
     assert "FAIL" not in out
+
+
+# --- the script's own logic, fast: bench_gpu imported in this process ---------------
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    """``bench_gpu`` imported as the script imports it (its folder on ``sys.path``)."""
+    monkeypatch.syspath_prepend(str(BENCH.parent))
+    import bench_gpu
+
+    return bench_gpu
+
+
+def test_it_imports_without_napari_qt_zarr_or_dask():
+    """The GPU machine has torch, numpy, scipy, scikit-image, peft, tqdm, and none of these."""
+    from import_blocker import run_without
+
+    run_without(["napari", "qtpy", "PyQt5", "PyQt6", "PySide2", "PySide6", "zarr", "dask"],
+                f"""
+                sys.path.insert(0, {str(BENCH.parent)!r})
+                import bench_gpu, bench_trainer_throughput
+                from napari_finetune.trainer import loop, recovery
+                """)
+
+
+def test_a_failing_part_does_not_stop_the_next_ones(bench, capsys):
+    from napari_finetune.trainer.recovery import RecoveryError
+
+    ran = []
+
+    def recovery_error():
+        ran.append("oom")
+        raise RecoveryError("out of memory at batch 1 with nothing left to give up")
+
+    def reports_fail():
+        ran.append("autobatch")
+        return False
+
+    results = bench.run_parts([
+        ("oom", recovery_error), ("autobatch", reports_fail), ("bare", lambda: ran.append("bare")),
+    ])
+    assert ran == ["oom", "autobatch", "bare"]
+    assert results == [
+        ("oom", "FAIL (RecoveryError: out of memory at batch 1 with nothing left to give up)"),
+        ("autobatch", "FAIL"),
+        ("bare", "done"),
+    ]
+    out, err = capsys.readouterr()
+    assert "oom: FAILED, RecoveryError: out of memory at batch 1" in out
+    assert "Traceback" in err and "RecoveryError" in err  # the whole story, on stderr
+
+
+def test_main_goes_on_after_a_failed_part_and_exits_non_zero(bench, monkeypatch, capsys):
+    from napari_finetune.trainer.recovery import RecoveryError
+
+    ran = []
+    monkeypatch.setattr(bench, "make_data", lambda shape: (None, None))
+
+    def speed(*_args):
+        raise RecoveryError("out of memory with nothing left to give up")
+
+    monkeypatch.setattr(bench, "speed", speed)
+    monkeypatch.setattr(bench, "prediction_speed", lambda *a: ran.append("predict"))
+    assert bench.main(["--cpu-dry-run", "--parts", "speed", "predict"]) == 1
+    assert ran == ["predict"]
+    out = capsys.readouterr().out
+    assert "| speed | FAIL (RecoveryError: out of memory with nothing left to give up) |" in out
+    assert "| predict | done |" in out
+    assert out.rstrip().endswith("failed: speed")
+    assert bench.main(["--cpu-dry-run", "--parts", "predict"]) == 0
+
+
+def test_the_fp32_rows_run_with_tf32_off_and_it_is_put_back(bench, monkeypatch, capsys):
+    import torch
+
+    seen = []
+
+    class Last:
+        dtype, grad_scaler, batch_size, accumulation = "float32", False, 2, 1
+
+    def timed_run(image, corrections, config):
+        seen.append((config.mixed_precision, config.mode, torch.backends.cuda.matmul.allow_tf32,
+                     torch.backends.cudnn.allow_tf32))
+        return 0.5, [Last()]
+
+    monkeypatch.setattr(bench, "timed_run", timed_run)
+    # Set and put back by hand: torch's flags are no plain attributes for monkeypatch.
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    try:
+        bench.speed(None, None, "cpu", 4, 2, (8, 32, 32))
+        after = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+    assert seen == [(False, "full", False, False), (True, "full", True, True)]
+    assert after == (True, True)
+    out = capsys.readouterr().out
+    assert "| fp32 (TF32 off) |" in out and "TF32 off" in out.splitlines()[0]
+    assert "full fine-tune" in out.splitlines()[0]
+
+
+def test_part_2_lifts_the_allocator_cap_even_when_the_run_raises(bench, monkeypatch):
+    import torch
+
+    from napari_finetune.trainer.recovery import RecoveryError
+
+    fractions = []
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction",
+                        lambda f, *a: fractions.append(f))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: 2**30)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda *a: type("Props", (), {"total_memory": 80 * 2**30}))
+    runs = []
+
+    def timed_run(image, corrections, config, after_build=None):
+        runs.append(config.batch_size)
+        if len(runs) == 2:  # the capped run
+            assert fractions and fractions[-1] < 1.0
+            raise RecoveryError("out of memory at batch 1 with nothing left to give up")
+        return 0.1, []
+
+    monkeypatch.setattr(bench, "timed_run", timed_run)
+    with pytest.raises(RecoveryError):
+        bench.oom_recovery(None, None, "cpu", 16, (8, 32, 32), dry_run=False)
+    assert runs == [1, 16] and fractions[-1] == 1.0
+
+
+def test_the_bare_loop_builds_its_optimizer_as_the_trainer_does(monkeypatch):
+    """Whatever the trainer picks (the fused kernel on CUDA; here a stand-in choice the
+    CPU accepts), the bare loop picks the same, with the same learning rate and decay."""
+    import copy
+
+    import torch
+
+    monkeypatch.syspath_prepend(str(BENCH.parent))
+    from bench_trainer_throughput import BareLoop, volume
+
+    from napari_finetune.config import FinetuneConfig
+    from napari_finetune.model.unet import UNet
+    from napari_finetune.trainer import build
+    from napari_finetune.trainer.loop import Finetuner
+
+    asked = []
+
+    def implementation(device, params):
+        asked.append(device.type)
+        return {"foreach": False}
+
+    monkeypatch.setattr(build, "adamw_implementation", implementation)
+    image, corrections = volume((24, 48, 48))
+    start = UNet(dims=3, depth=2, features=4, norm="group")
+    config = FinetuneConfig(steps=1, batch_size=2, patch_shape=(8, 16, 16), weight_decay=0.05,
+                            learning_rate=3e-4, device="cpu", distillation=0.0,
+                            hold_other_channels=False)
+    trainer = Finetuner(copy.deepcopy(start), image, corrections, config)
+    trainer.build()
+    bare = BareLoop(copy.deepcopy(start), image, corrections, config, False, torch.device("cpu"))
+    assert asked == ["cpu", "cpu"]
+    ours, theirs = trainer.optimizer, bare.opt
+    assert type(theirs) is type(ours) is torch.optim.AdamW
+    assert theirs.defaults == ours.defaults
+    assert theirs.defaults["foreach"] is False and theirs.defaults["weight_decay"] == 0.05
+    assert [len(g["params"]) for g in theirs.param_groups] == [
+        len(g["params"]) for g in ours.param_groups]

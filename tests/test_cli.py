@@ -308,7 +308,20 @@ def test_demo_quick(capsys, tmp_path, monkeypatch):
     assert rows["mitochondria"]["measure"] == "F1 (IoU > 0.5)"
     for row in rows.values():
         assert 0 <= row["before"] <= 1 and 0 <= row["after"] <= 1 and row["true"] > 0
-        assert row["before_count"] >= 0 and row["after_count"] >= 0
+        counts = (row["before_count"], row["after_count"], row["true"])
+        assert all(type(n) is int for n in counts), row
+        # The table printed the same counts the results keep: "objects before/after/true".
+        line = next(x for x in stdout.splitlines() if x.startswith(row["channel"])
+                    and row["measure"] in x)
+        assert line.endswith("   {}/{}/{}".format(*counts)), (line, row)
+        # The sample shows objects, and both models find some.
+        assert min(counts) > 0, row
+    # F1 = 2 matches / (found + true): each score is a whole number of matches of its counts.
+    mito = rows["mitochondria"]
+    for when in ("before", "after"):
+        matches = mito[when] * (mito[f"{when}_count"] + mito["true"]) / 2
+        assert abs(matches - round(matches)) < 0.02, mito
+        assert round(matches) <= min(mito[f"{when}_count"], mito["true"]), mito
 
 
 def test_2d_train_and_predict(capsys, tmp_path):

@@ -62,6 +62,7 @@ def _predict_objects_and_save(qtbot, viewer, widget) -> None:
     assert not widget.state.errors, widget.state.errors
 
 
+@pytest.mark.serial  # bounds the Objects click's time on the main thread
 def test_objects_button_shows_one_labels_layer_and_count_per_role_channel(docked, qtbot):
     viewer, widget, image = docked
     assert "cells (membrane, boundary)" in widget.objects_label.text()

@@ -266,6 +266,19 @@ def test_autobatch_plans_against_cuda_on_an_indexless_device():
     assert decisions and events[-1].kind == "finished", [e.message for e in events]
     assert trainer.steps_done == 2 and all(e.effective_batch == 8 for e in events)
     assert budget.oom_count == 0
+    # What it chose, against the per-process cap (1 GB of the 4 GB device), not the device.
+    decision = trainer.autobatch_decision
+    assert decision.applied, decision.message
+    assert 0.99 * 10**9 < decision.free_bytes <= 10**9  # the cap less this tiny model
+    assert [size for size, _ in decision.points] == [1, 2, 4, 8]  # each predicted to fit
+    a, b = decision.intercept_bytes, decision.per_sample_bytes
+    planned = decision.memory_fraction * decision.free_bytes - decision.reserved_bytes
+    # The largest micro-batch whose planned peak fits: the whole step of 8, in one go.
+    assert a + b * 8 <= planned
+    assert (decision.batch_size, decision.accumulation) == choose_batch(a, b, planned, 8)
+    assert (trainer.batch_size, trainer.accumulation) == (8, 1)
+    assert decisions[0].startswith("autobatch: micro-batch 8 × accumulation 1 (8 per step): ")
+    assert decisions[0].endswith("(CUDA)")
 
 
 @pytest.mark.parametrize("when", ["probe", "step"])

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import gc
+import json
+import os
+import subprocess
+import sys
 import weakref
+from pathlib import Path
 
 import pytest
 from engine_setup import make_trainer
@@ -91,3 +96,56 @@ def test_overlapping_holders_unfreeze_once_the_last_ends(unfrozen):
     assert gc.get_freeze_count() > 0  # the second still holds it
     collector.show_again(second)
     assert gc.get_freeze_count() == 0
+
+
+# A user's process: no conftest, nothing frozen before the run.
+FRESH_RUN = """
+import gc, json, weakref
+start = gc.get_freeze_count()
+from engine_setup import make_trainer
+
+class Node:
+    def __init__(self):
+        self.me = self
+
+cycle = Node()
+gone = weakref.ref(cycle)
+run = make_trainer(steps=2).run()
+first = next(run)
+during = gc.get_freeze_count()
+del cycle
+gc.collect()
+held = gone() is not None
+kinds = [first.kind] + [e.kind for e in run]
+after = gc.get_freeze_count()
+gc.collect()
+print(json.dumps(dict(start=start, during=during, held=held, kinds=kinds, after=after,
+                      collected=gone() is None)))
+"""
+
+
+def test_a_run_in_a_fresh_process_freezes_while_it_lasts_and_unfreezes_after():
+    here = Path(__file__).resolve().parent
+    path = os.pathsep.join(
+        [str(here), *filter(None, [os.environ.get("PYTHONPATH")]), *sys.path]
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", FRESH_RUN],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": path},
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, stderr
+    assert "Traceback" not in stderr, stderr
+    seen = json.loads(stdout.strip().splitlines()[-1])
+    assert seen["start"] == 0  # nothing frozen before the run, as in a user's process
+    assert seen["during"] > 10_000, seen  # the run hid torch, numpy and the rest
+    assert seen["held"], "a cycle made before the run was collected during it"
+    assert seen["kinds"][-1] == "finished" and seen["kinds"].count("step") == 2, seen
+    assert seen["after"] == 0, "the run did not hand the frozen objects back"
+    assert seen["collected"], "the cycle made before the run was not collected after it"

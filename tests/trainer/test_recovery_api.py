@@ -100,6 +100,32 @@ def test_survive_oom_halves_then_frees_the_teacher_then_gives_up():
     assert (trainer.batch_size, trainer.accumulation) == (1, 2)
 
 
+def test_survive_oom_empties_the_device_cache_after_letting_go(monkeypatch):
+    """On every rung, and when nothing is left: the trainer's device's cache is emptied
+    once the stale gradients (and, on the teacher's rung, the teacher) are let go."""
+    from napari_finetune.trainer import oom_recovery
+
+    trainer = make_trainer(batch_size=2, accumulation=1)
+    trainer.build()
+    emptied = []
+
+    def empty_device_cache(device):
+        emptied.append((device, all(g is None for g in _grads(trainer)), trainer.teacher is None))
+
+    monkeypatch.setattr(oom_recovery, "empty_device_cache", empty_device_cache)
+    _make_stale_gradients(trainer)
+    assert survive_oom(trainer, 1)  # batch 2 -> 1
+    assert [(d, cleared) for d, cleared, _ in emptied] == [(trainer.device, True)]
+    emptied.clear()
+    _make_stale_gradients(trainer)
+    assert survive_oom(trainer, 2)  # the teacher freed
+    assert [(d, cleared) for d, cleared, _ in emptied] == [(trainer.device, True)] * 2
+    assert [gone for *_, gone in emptied] == [False, True]  # the last after the teacher went
+    emptied.clear()
+    assert survive_oom(trainer, 3) is False  # nothing left, the cache emptied all the same
+    assert [(d, cleared) for d, cleared, _ in emptied] == [(trainer.device, True)]
+
+
 def test_survive_oom_builds_an_unbuilt_trainer():
     trainer = make_trainer(batch_size=4, accumulation=1)
     assert trainer.optimizer is None

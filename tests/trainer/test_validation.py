@@ -105,6 +105,38 @@ def test_a_best_check_within_the_scores_noise_keeps_the_last_step(monkeypatch, t
     assert run["weights_from_step"] is None and run["best_validation_step"] == 2
 
 
+@pytest.mark.parametrize(
+    ("best", "restored"),
+    [(0.5199, False), (0.52, False), (0.5201, True)],
+    ids=["just-below-the-margin", "exactly-the-margin", "just-above-the-margin"],
+)
+def test_keep_best_restores_only_a_lead_of_more_than_the_margin(monkeypatch, best, restored):
+    """The last check scored 0.50; the best (step 1) led it by 0.0199, 0.02 or 0.0201."""
+    assert validation.KEEP_BEST_MARGIN == 0.02
+    assert 0.5 + validation.KEEP_BEST_MARGIN == 0.52  # exact in binary: a true boundary
+    _scripted_scores(monkeypatch, [best, 0.5])
+    model = torch.nn.Linear(2, 1)
+    validator = Validator(every=1, clock=lambda: 0.0)
+    validator.start()
+    validator.check(None, model, 1)
+    at_best = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    validator.check(None, model, 2)
+    at_last = {k: v.clone() for k, v in model.state_dict().items()}
+    assert validator.best.step == 1 and validator.best.score == best
+    line = validator.restore_best(model, 2)
+    expected = at_best if restored else at_last
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, expected[name], rtol=0, atol=0)
+    if restored:
+        assert line == (f"kept the weights of step 1 (validation {best:.2f}), "
+                        "better than the last step's (0.50 at step 2)")
+        assert validator.restored_step == 1 and validator.record()["weights_from_step"] == 1
+    else:
+        assert line is None and validator.restored_step is None
+
+
 def test_keep_best_off_exports_the_last_step(monkeypatch, tmp_path):
     _scripted_scores(monkeypatch, [0.3, 0.9, 0.5, 0.4])
     trainer = make_trainer(steps=4, batch_size=2, validation_fraction=0.2, validation_every=1,
@@ -145,6 +177,44 @@ def test_bad_validation_settings_are_one_line(bad):
 
 
 # --- scoring: one patch per held-out tile, batched, the same counts as tile by tile ---
+
+
+def test_tally_by_hand():
+    """A 2 x 4 painting and two channels' probabilities, the IoU worked out by hand.
+
+    painting (0 unpainted, 1 background, 2 channel 0, 3 channel 1):
+        2 2 2 1
+        3 3 0 1
+    channel 0 probabilities (> 0.5 is predicted; 0.5 itself is not):
+        .9 .8 .5 .1     predicted: (0,0) (0,1) (1,0) (1,2)
+        .7 .2 .6 .3     positives: (0,0) (0,1) (0,2)
+      TP (0,0) (0,1) = 2; FP (1,0), painted channel 1 = 1 ((1,2) is unpainted, not
+      judged); FN (0,2), at exactly 0.5 = 1. IoU = 2 / (2 + 1 + 1) = 0.5.
+    channel 1 probabilities:
+        .1 .2 .9 .6     predicted: (0,2) (0,3) (1,0) (1,2)
+        .8 .4 .99 .0    positives: (1,0) (1,1)
+      TP (1,0) = 1; FP (0,2) painted channel 0, (0,3) painted background = 2
+      ((1,2) unpainted); FN (1,1) = 1. IoU = 1 / (1 + 2 + 1) = 0.25.
+    """
+    labels = np.array([[2, 2, 2, 1], [3, 3, 0, 1]])
+    probabilities = np.array(
+        [
+            [[0.9, 0.8, 0.5, 0.1], [0.7, 0.2, 0.6, 0.3]],
+            [[0.1, 0.2, 0.9, 0.6], [0.8, 0.4, 0.99, 0.0]],
+        ],
+        np.float32,
+    )
+    counts = [Counts(), Counts()]
+    validation.tally(probabilities, labels, [0, 1], counts)
+    assert counts == [Counts(tp=2, fp=1, fn=1), Counts(tp=1, fp=2, fn=1)]
+    assert [c.iou for c in counts] == [0.5, 0.25]
+    # A second region adds to the same counts: the IoU is of the sums, not a mean of IoUs.
+    # Channel 1 alone here, everything predicted, all four voxels painted channel 1:
+    # TP 4, so channel 1 sums to TP 5, FP 2, FN 1, IoU 5 / 8.
+    alone = [counts[1]]
+    validation.tally(np.ones((2, 1, 4), np.float32), np.full((1, 4), 3), [1], alone)
+    assert alone[0] == Counts(tp=5, fp=2, fn=1) and alone[0].iou == 0.625
+    assert Counts().iou == 0.0  # nothing positive, nothing predicted
 
 
 def tile_by_tile_counts(trainer, channels):
