@@ -42,6 +42,16 @@ Run it when a CUDA GPU is lent (about 4 minutes on an H100/H200)::
    large block against the model alone (one call on the whole volume) on a
    128x512x512 volume, Mvoxel/s (goal >= 0.80 of the model alone).
 
+8. **The CUDA fake against torch** (``matrix``, run first, before anything starts
+   CUDA): ``napari_finetune.testing.cuda_matrix.run_matrix(torch.cuda)``, the
+   argument matrix the CPU tests run against ``FakeCuda``; a row that differs
+   is a fake that lies (fix the fake and its matrix row). The dry run plays it
+   against ``FakeCuda``.
+9. **Host syncs per step** (``syncs``): a bf16 run of a few steps under
+   ``torch.cuda.set_sync_debug_mode("warn")``, the synchronising calls counted
+   per attempt at an optimizer step (goal: 1). The dry run counts the reads of
+   device values with ``napari_finetune.testing.host_reads.HostReads``.
+
 ``--parts`` picks parts (default all). Each part runs under a guard: one that
 raises (a ``RecoveryError``, anything) or reports FAIL is printed as failed, the
 allocator cap is lifted and the cache emptied, and the next part runs; the last
@@ -472,7 +482,85 @@ def prediction_speed(device: str, dry_run: bool) -> None:
     print()
 
 
-PARTS = ("default", "speed", "oom", "autobatch", "bare", "quality", "predict")
+def cuda_matrix(dry_run: bool) -> bool:
+    """Part 8: the fake's argument matrix against the real ``torch.cuda`` (FakeCuda when dry)."""
+    import torch
+
+    from napari_finetune.testing.cuda import FakeCuda
+    from napari_finetune.testing.cuda_matrix import run_matrix
+
+    if dry_run:
+        with FakeCuda(initialized=False, device_count=2):
+            rows = run_matrix(torch.cuda)
+        where = "FakeCuda (dry run), 2 devices"
+    else:
+        rows = run_matrix(torch.cuda)
+        where = f"torch.cuda, {torch.cuda.device_count()} device(s)"
+    wrong = [r for r in rows if not r.ok]
+    print(f"8. the CUDA fake's argument matrix against {where}: {len(rows) - len(wrong)} of "
+          f"{len(rows)} rows as expected")
+    print_table(
+        ["function", "argument", "expected", "got", "ok"],
+        [[r.function, r.argument, r.expected, r.got, "yes" if r.ok else "NO"] for r in rows],
+    )
+    print()
+    return not wrong
+
+
+def host_syncs(image, corrections, device: str, patch, dry_run: bool) -> bool:
+    """Part 9: synchronising calls per attempt at an optimizer step, bf16 (goal 1)."""
+    import dataclasses
+    import warnings
+
+    import torch
+
+    from napari_finetune.config import FinetuneConfig
+    from napari_finetune.testing.host_reads import HostReads
+    from napari_finetune.trainer import retry
+
+    config = dataclasses.replace(
+        FinetuneConfig(), steps=4, batch_size=2, patch_shape=tuple(patch), device=device,
+        mixed_precision=True, cpu_bf16=dry_run, autobatch=False, validation_fraction=0.0,
+    )
+    counts: list[tuple[str, str, int]] = []
+    original = retry.run_step
+
+    def counted_step(parts, *args, **kwargs):  # noqa: ANN001, ANN202 - run_step's own
+        if dry_run:
+            with HostReads(parts.device, parts.model.parameters()) as reads:
+                outcome = original(parts, *args, **kwargs)
+            n = len(reads.reads)
+        else:
+            torch.cuda.synchronize()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    outcome = original(parts, *args, **kwargs)
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+            n = sum("synchroniz" in str(w.message) for w in caught)
+        counts.append((parts.precision.dtype_name, outcome.kind, n))
+        return outcome
+
+    retry.run_step = counted_step
+    try:
+        timed_run(image, corrections, config)
+    finally:
+        retry.run_step = original
+    how = "reads of device values (HostReads)" if dry_run else "sync warnings"
+    print(f"9. host syncs per attempt at an optimizer step ({how}), goal 1 under bf16")
+    print_table(["attempt", "dtype", "outcome", "syncs"],
+                [[str(i + 1), d, k, str(n)] for i, (d, k, n) in enumerate(counts)])
+    print()
+    bf16 = [n for d, _, n in counts if d == "bfloat16"]
+    if not bf16:  # nothing measured: the probe (or step 1) fell back to fp32
+        print("   no attempt ran under bf16: FAIL (nothing measured)\n")
+    return bool(bf16) and all(n <= 1 for n in bf16)
+
+
+PARTS = ("matrix", "default", "speed", "oom", "autobatch", "bare", "quality", "predict",
+         "syncs")
 
 
 def release_device() -> None:
@@ -526,6 +614,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     started = time.perf_counter()
+    results: list[tuple[str, str]] = []
+    if "matrix" in args.parts and (args.cpu_dry_run or torch.cuda.is_available()):
+        # First, while CUDA is not started: some rows ask what torch answers then.
+        results += run_parts([("matrix", lambda: cuda_matrix(args.cpu_dry_run))])
     if args.cpu_dry_run:
         device, shape, batch, patch, steps = "cpu", (16, 64, 64), 4, (8, 32, 32), 4
         quality_s, dense_s = min(args.quality_s, 2.0), min(args.dense_s, 2.0)
@@ -550,6 +642,7 @@ def main(argv: list[str] | None = None) -> int:
     image, corrections = make_data(shape)
     dry = args.cpu_dry_run
     every = {
+        "syncs": lambda: host_syncs(image, corrections, device, patch, dry),
         "default": lambda: default_run(image, corrections, device, 3 if dry else 10),
         "speed": lambda: speed(image, corrections, device, steps, batch, patch),
         "oom": lambda: oom_recovery(image, corrections, device, 2 * batch, patch, dry),
@@ -558,7 +651,8 @@ def main(argv: list[str] | None = None) -> int:
         "quality": lambda: time_to_quality(device, dry, quality_s, dense_s),
         "predict": lambda: prediction_speed(device, dry),
     }
-    results = run_parts([(name, every[name]) for name in PARTS if name in args.parts])
+    results += run_parts([(name, every[name]) for name in PARTS if name in every
+                          and name in args.parts])
     print("parts")
     print_table(["part", "result"], [list(r) for r in results])
     failed = [name for name, result in results if result.startswith("FAIL")]

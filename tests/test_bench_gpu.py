@@ -23,7 +23,8 @@ def test_the_gpu_benchmark_runs_every_part_on_the_cpu():
     out = done.stdout
     titles = ["0. default run on cpu", "1. step speed", "=> PASS: 4/4 steps", "3. memory",
               "4. autobatch against the real limit", "5. Finetuner vs a bare",
-              "6. time to quality", "7. prediction"]
+              "6. time to quality", "7. prediction", "8. the CUDA fake's argument matrix",
+              "9. host syncs per attempt"]
     for title in titles:
         assert title in out, title
     assert "FAIL" not in out
@@ -194,3 +195,39 @@ def test_the_bare_loop_builds_its_optimizer_as_the_trainer_does(monkeypatch):
     assert theirs.defaults["foreach"] is False and theirs.defaults["weight_decay"] == 0.05
     assert [len(g["params"]) for g in theirs.param_groups] == [
         len(g["params"]) for g in ours.param_groups]
+
+
+def test_the_matrix_part_runs_first_and_reports_a_lying_fake(bench, monkeypatch, capsys):
+    """The matrix runs before any part (CUDA not started yet); a wrong row fails the part."""
+    from napari_finetune.testing import cuda_matrix
+
+    order = []
+    real = cuda_matrix.run_matrix
+
+    def run_matrix(cuda):
+        order.append("matrix")
+        return real(cuda)
+
+    monkeypatch.setattr(cuda_matrix, "run_matrix", run_matrix)
+    monkeypatch.setattr(bench, "make_data", lambda shape: (None, None))
+    monkeypatch.setattr(bench, "prediction_speed", lambda *a: order.append("predict"))
+    assert bench.main(["--cpu-dry-run", "--parts", "predict", "matrix"]) == 0
+    assert order == ["matrix", "predict"]
+    out = capsys.readouterr().out
+    assert "| matrix | done |" in out and " NO |" not in out
+
+    def lying(cuda):
+        rows = real(cuda)
+        return [rows[0].__class__(r.function, r.argument, r.expected, "lie", False)
+                if i == 0 else r for i, r in enumerate(rows)]
+
+    monkeypatch.setattr(cuda_matrix, "run_matrix", lying)
+    assert bench.cuda_matrix(dry_run=True) is False
+    assert " NO |" in capsys.readouterr().out
+
+
+def test_the_syncs_part_counts_one_read_per_bf16_step(bench, capsys):
+    image, corrections = bench.make_data((16, 64, 64))
+    assert bench.host_syncs(image, corrections, "cpu", (8, 16, 16), dry_run=True) is True
+    rows = [line for line in capsys.readouterr().out.splitlines() if "| bfloat16 |" in line]
+    assert rows and all(line.rstrip().endswith("| 1 |") for line in rows)
