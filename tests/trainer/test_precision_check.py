@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from engine_setup import make_trainer
 from napari_finetune import testing as faults
 from napari_finetune.model.checkpoint import load_checkpoint
 from napari_finetune.model.unet import UNet
+from napari_finetune.trainer.environment import numeric_stack, run_environment
 from napari_finetune.trainer.oom_recovery import iter_probe
 from napari_finetune.trainer.precision_check import (
     MIN_OUTPUT_COSINE,
@@ -190,3 +192,49 @@ def test_a_disagreement_on_another_rank_counts_here():
     assert not check.agree and check.output_cosine > 0.999  # healthy here
     assert lines[-1].startswith("precision probe: bfloat16 disagrees with fp32 on another rank")
     assert not trainer.precision.enabled
+
+
+# --- the numeric stack ----------------------------------------------------------------
+
+
+def test_the_record_names_the_numeric_stack():
+    stack = run_environment("cpu")["numeric"]
+    assert stack == numeric_stack()
+    assert stack["torch"] == str(torch.__version__)
+    assert stack["cuda"] == torch.version.cuda
+    assert stack["tf32_matmul"] is torch.backends.cuda.matmul.allow_tf32
+    assert stack["tf32_cudnn"] is torch.backends.cudnn.allow_tf32
+    if torch.backends.cudnn.is_available():
+        assert stack["cudnn"] == torch.backends.cudnn.version()
+    else:
+        assert stack["cudnn"] is None
+
+
+def test_the_numeric_stack_follows_tf32_switches():
+    # Not monkeypatch: the matmul switch is a property of torch's cuBLAS module,
+    # which monkeypatch cannot put back.
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = False
+        stack = numeric_stack()
+        assert stack["tf32_matmul"] is True and stack["tf32_cudnn"] is False
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = True
+        stack = numeric_stack()
+        assert stack["tf32_matmul"] is False and stack["tf32_cudnn"] is True
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+def test_the_environment_imports_without_napari_qt_zarr_or_dask():
+    import subprocess
+
+    code = (
+        "import sys; from napari_finetune.trainer.environment import run_environment; "
+        "run_environment('cpu'); "
+        "print([m for m in ('napari', 'qtpy', 'zarr', 'dask') if m in sys.modules])"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=True)
+    assert done.stdout.strip() == "[]"
