@@ -143,12 +143,16 @@ def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
 def captured_outputs(model: torch.nn.Module) -> Iterator[list[torch.Tensor]]:
     """Collect a detached copy of every tensor ``model``'s forward returns, while inside.
 
-    A copy, not the tensor: the training code frees its outputs between
-    micro-batches, and an in-place op after the hook would change a view.
+    Forwards under ``no_grad`` are left out: an adapters-off teacher is the
+    student's own module run under ``no_grad``, and its output is not the one
+    trained. A copy, not the tensor: the training code frees its outputs
+    between micro-batches, and an in-place op after the hook would change a view.
     """
     outputs: list[torch.Tensor] = []
 
     def hook(_module: torch.nn.Module, _args: tuple, output: object) -> None:
+        if not torch.is_grad_enabled():
+            return
         tensors = output if isinstance(output, (list, tuple)) else [output]
         outputs.extend(t.detach().clone() for t in tensors if isinstance(t, torch.Tensor))
 
