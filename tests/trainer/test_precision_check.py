@@ -236,6 +236,7 @@ def test_the_record_names_the_numeric_stack():
     assert stack["cuda"] == torch.version.cuda
     assert stack["tf32_matmul"] is torch.backends.cuda.matmul.allow_tf32
     assert stack["tf32_cudnn"] is torch.backends.cudnn.allow_tf32
+    assert stack["float32_matmul_precision"] == torch.get_float32_matmul_precision()
     if torch.backends.cudnn.is_available():
         assert stack["cudnn"] == torch.backends.cudnn.version()
     else:

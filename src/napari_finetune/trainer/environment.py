@@ -57,7 +57,10 @@ def numeric_stack() -> dict[str, Any]:
         ``cudnn`` (``torch.backends.cudnn.version()``, e.g. 91002 for 9.10.2,
         None when torch has no cuDNN); ``tf32_matmul`` and ``tf32_cudnn``
         (``torch.backends.cuda.matmul.allow_tf32``,
-        ``torch.backends.cudnn.allow_tf32``). A value that cannot be read is None.
+        ``torch.backends.cudnn.allow_tf32``); ``float32_matmul_precision``
+        (``torch.get_float32_matmul_precision()``: "highest", "high" or
+        "medium", the other switch of TF32 matmuls). A value that cannot be
+        read is None.
     """
     import torch
 
@@ -67,11 +70,13 @@ def numeric_stack() -> dict[str, Any]:
         "cudnn": None,
         "tf32_matmul": None,
         "tf32_cudnn": None,
+        "float32_matmul_precision": None,
     }
     try:
         stack["cuda"] = torch.version.cuda
         stack["tf32_matmul"] = bool(torch.backends.cuda.matmul.allow_tf32)
         stack["tf32_cudnn"] = bool(torch.backends.cudnn.allow_tf32)
+        stack["float32_matmul_precision"] = str(torch.get_float32_matmul_precision())
         # version() is None on a build without cuDNN, and loads the library
         # (no GPU needed) where there is one.
         if torch.backends.cudnn.is_available():
