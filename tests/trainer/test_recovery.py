@@ -10,6 +10,7 @@ import torch
 from engine_setup import make_trainer
 
 from napari_finetune import testing as faults
+from napari_finetune.model.unet import UNet
 from napari_finetune.trainer import precision as precision_module
 from napari_finetune.trainer import recovery
 from napari_finetune.trainer.oom_recovery import halve_micro_batch, recover_from_oom
@@ -152,14 +153,24 @@ def test_recover_from_oom_halves_then_drops_the_teacher_then_gives_up():
     assert not recover_from_oom(h, parts)
 
 
-def test_probe_leaves_rng_batchnorm_and_gradients_as_they_were():
-    trainer = make_trainer(norm="batch", batch_size=4)
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
+def test_probe_leaves_rng_batchnorm_gradients_and_weights_as_they_were(bf16):
+    # 8 features at 16^3: at a 2x4x4 bottleneck (the tests' usual 4x8x8 patch and
+    # smaller) CPU bf16 gives non-finite gradients in some runs, not in others.
+    torch.manual_seed(0)
+    model = UNet(dims=3, in_channels=1, out_channels=2, depth=2, features=8, norm="batch")
+    trainer = make_trainer(model=model, batch_size=4, patch_shape=(16, 16, 16),
+                           mixed_precision=bf16, cpu_bf16=bf16)
     trainer.build()
     model = trainer.model
     model(torch.rand(2, 1, *trainer.config.patch_shape)).sum().backward()  # grads + BN stats
     grads = [p.grad.clone() for p in model.parameters()]
+    weights = [p.detach().clone() for p in model.parameters()]
     bn = {k: v.clone() for k, v in model.state_dict().items() if "running" in k or "num_b" in k}
     assert bn
+    # Proof that the probe ran the model: its forward passes, and under which autocast.
+    passes: list[bool] = []
+    model.register_forward_hook(lambda *_: passes.append(torch.is_autocast_enabled("cpu")))
     torch.manual_seed(123)
     np.random.seed(4)  # noqa: NPY002 - the legacy global state is what the probe must keep
     random.seed(5)
@@ -170,14 +181,36 @@ def test_probe_leaves_rng_batchnorm_and_gradients_as_they_were():
     random.seed(5)
     messages = probe_precision(trainer)
     assert messages[-1].startswith("precision probe passed")
+    # fp32: one pass, nothing to compare; bf16: its own pass, then fp32's for the comparison.
+    assert passes == ([True, False] if bf16 else [False])
+    check = trainer.state.precision_check
+    if bf16:
+        assert check.agree and check.output_cosine >= 0.99 and check.verdict in messages[-1]
+        assert trainer.precision.dtype_name == "bfloat16"
+    else:
+        assert check is None
     got = (torch.rand(3), np.random.rand(3), random.random())  # noqa: NPY002
     assert torch.equal(got[0], expected[0]) and np.array_equal(got[1], expected[1])
     assert got[2] == expected[2]
     assert trainer.sampler.get_state() == sampler_state
     for k, v in bn.items():
         assert torch.equal(model.state_dict()[k], v), k
-    for p, g in zip(model.parameters(), grads, strict=True):
-        assert torch.equal(p.grad, g)
+    for p, g, w in zip(model.parameters(), grads, weights, strict=True):
+        assert torch.equal(p.grad, g) and torch.equal(p, w)
+
+
+def test_probe_compares_both_passes_with_the_same_random_draws():
+    # Dropout in the model: the fp32 pass must draw the mixed pass's mask, or
+    # the comparison would measure the dropout, not the precision.
+    torch.manual_seed(0)
+    base = UNet(dims=3, in_channels=1, out_channels=2, depth=2, features=8)
+    model = torch.nn.Sequential(base, torch.nn.Dropout(0.5))
+    trainer = make_trainer(model=model, batch_size=2, mixed_precision=True, cpu_bf16=True,
+                           patch_shape=(16, 16, 16), mode="full")
+    trainer.build()
+    probe_precision(trainer)
+    check = trainer.state.precision_check
+    assert check is not None and check.agree and check.output_cosine > 0.999, check
 
 
 def test_probe_falls_back_to_fp32_on_non_finite_bf16():
@@ -188,6 +221,7 @@ def test_probe_falls_back_to_fp32_on_non_finite_bf16():
     messages = probe_precision(trainer)
     assert fault.count == 1
     assert "fp32" in messages[-1] and trainer.precision.describe() == "False (fp32)"
+    assert trainer.state.precision_check is None  # nothing finite to compare
     for p, b in zip(trainer.model.parameters(), before, strict=True):
         assert torch.equal(p, b)
 

@@ -1,8 +1,9 @@
 """Test hooks: faults on demand and a stand-in for CUDA, on a machine without a GPU.
 
-* :mod:`~napari_finetune.testing.faults`: out-of-memory and non-finite values
-  injected into a run, :class:`MemoryBudget` (a small GPU's allocator played by
-  a dispatch mode) and the widget's :data:`build_hooks`;
+* :mod:`~napari_finetune.testing.faults`: out-of-memory, non-finite values and
+  finite but wrong values under autocast injected into a run,
+  :class:`MemoryBudget` (a small GPU's allocator played by a dispatch mode)
+  and the widget's :data:`build_hooks`;
 * :mod:`~napari_finetune.testing.cuda`: :class:`FakeCuda`, ``torch.cuda``'s
   memory and device queries answered for a device that is not there, with
   torch's own argument checks, so a call that would fail on a real GPU fails
@@ -30,6 +31,7 @@ from napari_finetune.testing.faults import (
     oom_in_backward_above_batch,
     oom_in_optimizer_step,
     oom_in_teacher,
+    wrong_under_autocast,
 )
 
 __all__ = [
@@ -45,4 +47,5 @@ __all__ = [
     "oom_in_backward_above_batch",
     "oom_in_optimizer_step",
     "oom_in_teacher",
+    "wrong_under_autocast",
 ]

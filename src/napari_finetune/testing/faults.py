@@ -1,4 +1,4 @@
-"""Fault injection: out-of-memory and non-finite values on demand, on any device.
+"""Fault injection: out-of-memory, non-finite and finite-but-wrong values, on any device.
 
 ``torch.OutOfMemoryError`` can be raised on the CPU, so every recovery path
 is testable without a GPU. Each injector returns a :class:`Fault` handle with
@@ -149,6 +149,50 @@ def nan_in_forward(
             fault.count += 1
             return output + value
         return output
+
+    fault._removers.append(module.register_forward_hook(hook).remove)
+    return fault
+
+
+def wrong_under_autocast(
+    module: torch.nn.Module, how: str = "negate", noise: float = 1.0
+) -> Fault:
+    """Forward hook making ``module``'s output finite but wrong, only under autocast.
+
+    The failure the precision probe's fp32 comparison is for: a reduced-precision
+    kernel (cuDNN's bf16/fp16 conv3d, pytorch#163539 and #40275) that returns
+    plausible numbers, no NaN nor inf, that are not the convolution asked for.
+    fp32 passes run clean.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        Typically the first ``Conv3d`` of the model.
+    how : {"negate", "flip", "noise"}
+        "negate": the output's sign flipped; "flip": its channels in reverse
+        order (same values, wrong places); "noise": ``noise`` times the
+        output's standard deviation of Gaussian noise added, from a generator
+        of its own (the run's random states are not touched).
+    noise : float
+        The noise's scale for ``how="noise"``.
+    """
+    if how not in ("negate", "flip", "noise"):
+        raise ValueError(f"how must be 'negate', 'flip' or 'noise', got {how!r}")
+    fault = Fault()
+
+    def hook(_module: torch.nn.Module, _args: tuple, output: torch.Tensor) -> torch.Tensor:
+        if not torch.is_autocast_enabled(output.device.type):
+            return output
+        fault.count += 1
+        if how == "negate":
+            return -output
+        if how == "flip":
+            return output.flip(1)
+        generator = torch.Generator(device=output.device).manual_seed(fault.count)
+        jitter = torch.randn(
+            output.shape, generator=generator, device=output.device, dtype=output.dtype
+        )
+        return output + noise * output.detach().float().std().to(output.dtype) * jitter
 
     fault._removers.append(module.register_forward_hook(hook).remove)
     return fault

@@ -39,7 +39,52 @@ def run_environment(device: torch.device | str) -> dict[str, Any]:
         "host": socket.gethostname() or platform.node() or None,
         "platform": platform.platform(terse=True),
         "device": device_description(torch.device(device)),
+        "numeric": numeric_stack(),
     }
+
+
+def numeric_stack() -> dict[str, Any]:
+    """The libraries that compute the numbers: CUDA and cuDNN versions, TF32.
+
+    The same model and weights can give other numbers under another cuDNN
+    (its bf16/fp16 conv3d kernels have been wrong in some versions) or with
+    TF32 matmuls and convolutions (10 bits of mantissa instead of 23).
+
+    Returns
+    -------
+    dict
+        ``torch``; ``cuda`` (``torch.version.cuda``, None on a CPU build);
+        ``cudnn`` (``torch.backends.cudnn.version()``, e.g. 91002 for 9.10.2,
+        None when torch has no cuDNN); ``tf32_matmul`` and ``tf32_cudnn``
+        (``torch.backends.cuda.matmul.allow_tf32``,
+        ``torch.backends.cudnn.allow_tf32``); ``float32_matmul_precision``
+        (``torch.get_float32_matmul_precision()``: "highest", "high" or
+        "medium", the other switch of TF32 matmuls). A value that cannot be
+        read is None.
+    """
+    import torch
+
+    stack: dict[str, Any] = {
+        "torch": str(torch.__version__),
+        "cuda": None,
+        "cudnn": None,
+        "tf32_matmul": None,
+        "tf32_cudnn": None,
+        "float32_matmul_precision": None,
+    }
+    try:
+        stack["cuda"] = torch.version.cuda
+        stack["tf32_matmul"] = bool(torch.backends.cuda.matmul.allow_tf32)
+        stack["tf32_cudnn"] = bool(torch.backends.cudnn.allow_tf32)
+        stack["float32_matmul_precision"] = str(torch.get_float32_matmul_precision())
+        # version() is None on a build without cuDNN, and loads the library
+        # (no GPU needed) where there is one.
+        if torch.backends.cudnn.is_available():
+            version = torch.backends.cudnn.version()
+            stack["cudnn"] = None if version is None else int(version)
+    except (RuntimeError, AttributeError, OSError):
+        pass  # a stack that cannot say: the record keeps None, the run goes on
+    return stack
 
 
 def device_description(device: torch.device) -> dict[str, Any]:

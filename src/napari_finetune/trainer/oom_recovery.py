@@ -11,7 +11,9 @@ tests share one set of rules (docs/architecture.md, recovery):
   freed and distillation and the hold are dropped; then nothing is left;
 * recovery runs after the ``except`` block has been left (the traceback holds
   the failed attempt's activations), then ``gc`` and the device cache;
-* a non-finite loss or gradient under bf16/fp16 falls back to fp32 for good.
+* a non-finite loss or gradient under bf16/fp16 falls back to fp32 for good,
+  and so does a finite one that disagrees with an fp32 pass of the same batch
+  (:mod:`~napari_finetune.trainer.precision_check`).
 
 The loop (:mod:`~napari_finetune.trainer.retry`, :mod:`~napari_finetune.trainer.start`)
 calls these; code driving a ``Finetuner`` by hand calls the public face,
@@ -24,10 +26,14 @@ With several ranks every decision here is taken by all of them at once
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
 
 from napari_finetune.devices import empty_device_cache
 from napari_finetune.errors import RecoveryError, is_oom_error
@@ -35,8 +41,19 @@ from napari_finetune.trainer import step as _step
 from napari_finetune.trainer.batchnorm_floor import split_respects
 from napari_finetune.trainer.oom import oom_line
 from napari_finetune.trainer.precision import Precision
+from napari_finetune.trainer.precision_check import (
+    PrecisionCheck,
+    captured_outputs,
+    judge,
+    not_compared,
+)
 from napari_finetune.trainer.run_state import RunState, TrainingParts
-from napari_finetune.trainer.state import left_as_it_was, restore_batchnorm
+from napari_finetune.trainer.state import (
+    left_as_it_was,
+    restore_batchnorm,
+    restore_rng,
+    rng_state,
+)
 from napari_finetune.trainer.sync import LocalSync
 
 if TYPE_CHECKING:
@@ -44,6 +61,7 @@ if TYPE_CHECKING:
     from napari_finetune.trainer.snapshot import MemoryHistory
 
 __all__ = [
+    "compare_with_fp32",
     "halve_micro_batch",
     "iter_probe",
     "nothing_left_message",
@@ -152,8 +170,17 @@ def iter_probe(
 ) -> Iterator[tuple[str, str]]:
     """The precision probe as it happens: ``("recovery", line)`` per step down,
     then ``("probe", verdict)``; the run yields a Status for each while the
-    state is the one the line describes. With several ranks (``sync``) an
-    out-of-memory or a non-finite result on any rank counts for all.
+    state is the one the line describes.
+
+    One real micro-batch is run forward and backward at the run's precision.
+    Under bf16/fp16 a non-finite loss or gradient falls back to fp32 for good;
+    a finite result is then compared with an fp32 pass of the same weights,
+    inputs and random states (:func:`compare_with_fp32`), and a disagreement
+    falls back to fp32 too, the verdict naming the measured cosine. The check
+    is kept in ``state.precision_check`` for the run record. With several
+    ranks (``sync``) an out-of-memory, a non-finite result or a disagreement
+    on any rank counts for all. Random states, BatchNorm statistics,
+    gradients and weights are left as they were.
     """
     model, precision = parts.model, parts.precision
     with left_as_it_was(model, sampler) as bn:
@@ -161,14 +188,19 @@ def iter_probe(
         while True:
             failure = None
             finite = True
+            # The random states of this attempt, for the fp32 pass to draw the
+            # same dropout (and anything else random in the forward).
+            rng = rng_state(None)
             try:
                 model.zero_grad(set_to_none=True)
                 n = min(state.batch_size, len(images))
-                loss = float(
-                    _step.accumulate_gradients(
-                        parts, state, images[:n], labels[:n], scaled=False, micro_batches=[n]
+                with captured_outputs(model) as mixed_outputs:
+                    loss = float(
+                        _step.accumulate_gradients(
+                            parts, state, images[:n], labels[:n], scaled=False,
+                            micro_batches=[n],
+                        )
                     )
-                )
                 finite = math.isfinite(loss) and precision.gradients_finite(model)
             except Exception as exc:
                 if not is_oom_error(exc):
@@ -187,6 +219,13 @@ def iter_probe(
             if snapshot:
                 yield "recovery", snapshot
         finite = not sync.any(not finite)
+        check = None
+        if precision.enabled and finite:
+            restore_batchnorm(bn)
+            check = compare_with_fp32(
+                state, parts, images[:n], labels[:n], mixed_outputs, rng, sync
+            )
+            state.precision_check = check
         if precision.enabled and not finite:
             tried = precision.describe()
             precision.fall_back_to_fp32()
@@ -194,12 +233,86 @@ def iter_probe(
                 f"precision probe: non-finite loss or gradients under {tried}; "
                 "training in fp32 from now on"
             )
+        elif check is not None and not check.agree:
+            precision.fall_back_to_fp32()
+            verdict = f"precision probe: {check.verdict}"
         else:
             verdict = (
                 f"precision probe passed at batch {state.batch_size} × "
                 f"{state.accumulation}: mixed precision {precision.describe()}"
             )
+            if check is not None:
+                verdict += f"; {check.verdict}"
     yield "probe", verdict
+
+
+def compare_with_fp32(
+    state: RunState,
+    parts: TrainingParts,
+    images: np.ndarray,
+    labels: np.ndarray,
+    mixed_outputs: list[torch.Tensor],
+    rng: dict[str, Any],
+    sync: LocalSync = _step.ALONE,
+) -> PrecisionCheck:
+    """Run the probe's batch again in fp32 and compare it with the mixed-precision pass.
+
+    Call it with the mixed-precision pass's gradients still on the model and
+    its BatchNorm statistics put back: the fp32 pass starts from the same
+    weights, statistics and random states (``rng``, taken before the mixed
+    pass), so only the precision differs. One more forward and backward; the
+    caller's :func:`~napari_finetune.trainer.state.left_as_it_was` puts the
+    gradients, statistics and random states back afterwards.
+
+    Parameters
+    ----------
+    state, parts : RunState, TrainingParts
+        The run; ``parts.precision`` is the mixed precision compared.
+    images, labels : numpy.ndarray
+        The probe's micro-batch, exactly as the mixed pass got it.
+    mixed_outputs : list of torch.Tensor
+        The model's outputs of the mixed pass
+        (:func:`~napari_finetune.trainer.precision_check.captured_outputs`).
+    rng : dict
+        :func:`~napari_finetune.trainer.state.rng_state` before the mixed pass.
+    sync : LocalSync
+        With several ranks a disagreement on any rank counts for all.
+
+    Returns
+    -------
+    PrecisionCheck
+        The figures and the verdict; ``not_compared`` (kept as agreeing) when
+        the fp32 pass runs out of memory.
+    """
+    model, dtype = parts.model, parts.precision.dtype_name
+    trainable = [p for p in model.parameters() if p.grad is not None]
+    mixed_grads = [p.grad.detach().clone() for p in trainable]
+    fp32 = dataclasses.replace(parts, precision=Precision(parts.device, enabled=False))
+    restore_rng(None, rng)
+    model.zero_grad(set_to_none=True)
+    failure = None
+    try:
+        with captured_outputs(model) as fp32_outputs:
+            _step.accumulate_gradients(
+                fp32, state, images, labels, scaled=False, micro_batches=[len(images)]
+            )
+        fp32_grads = [
+            torch.zeros_like(p) if p.grad is None else p.grad for p in trainable
+        ]
+        check = judge(dtype, mixed_outputs, fp32_outputs, mixed_grads, fp32_grads)
+    except Exception as exc:
+        if not is_oom_error(exc):
+            raise
+        failure = oom_line(exc)
+    if failure is not None:
+        # Outside the except block: its traceback holds the fp32 activations.
+        release_failed_attempt(parts)
+        check = not_compared(
+            dtype, f"the fp32 pass ran out of memory at batch {len(images)} ({failure})"
+        )
+    if sync.any(not check.agree) and check.agree:
+        check = check.disagreed_elsewhere()
+    return check
 
 
 def nothing_left_message(state: RunState, precision: Precision, failure: str, where: str) -> str:

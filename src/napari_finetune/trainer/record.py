@@ -28,6 +28,7 @@ def run_record(trainer: Finetuner) -> dict[str, Any]:
     """Plain-types record of ``trainer``'s run (safe for ``weights_only`` loading)."""
     painted = trainer.painted_voxels if trainer.sampler is not None else None
     state = trainer.state
+    check = state.precision_check
     return {
         "record_version": RECORD_VERSION,
         "steps_done": int(state.steps_done),
@@ -36,6 +37,8 @@ def run_record(trainer: Finetuner) -> dict[str, Any]:
         "grad_scaler": bool(trainer.precision.grad_scaler),
         "mixed_precision": trainer.precision.describe(),
         "fell_back_to_fp32": bool(trainer.precision.fell_back),
+        # The probe's mixed precision against fp32 (None when not compared).
+        "precision_check": None if check is None else check.to_dict(),
         "batch_size": int(state.batch_size),
         "accumulation": int(state.accumulation),
         "samples_per_step": int(state.samples_per_step),  # of one rank

@@ -6,7 +6,8 @@ these with the trainer itself (docs/architecture.md, "Public recovery API")::
     halve_batch(trainer) -> bool           # 8 x 1 -> 4 x 2 -> 2 x 4 -> 1 x 8; False at batch 1
     survive_oom(trainer, epoch) -> bool    # halve first; at batch 1 drop distillation
                                            # and the hold, free the teacher
-    probe_precision(trainer) -> list[str]  # one mixed-precision forward + backward
+    probe_precision(trainer) -> list[str]  # one mixed-precision forward + backward,
+                                           # compared with fp32
 
 Each builds the trainer first (:meth:`~napari_finetune.trainer.run_setup.RunSetup.build`
 is idempotent) and delegates to the typed rules of
@@ -127,11 +128,16 @@ def probe_precision(trainer: Finetuner) -> list[str]:
     """Forward and backward one real micro-batch before training.
 
     Mixed precision falls back to fp32 when the loss or a gradient is not
-    finite; an out-of-memory steps down the ladder (:func:`survive_oom`'s
-    rules) and the probe is tried again. Nothing of training is disturbed: the
-    random states (torch CPU/CUDA, numpy, Python, the sampler's generator),
-    the BatchNorm running statistics and the gradients are as before, and the
-    weights are not stepped.
+    finite, or when the finite result disagrees with an fp32 pass of the same
+    weights, inputs and random states (one more forward and backward; output
+    cosine under 0.99 or gradient cosine under 0.9,
+    :mod:`~napari_finetune.trainer.precision_check`): the verdict names the
+    measured cosine and ``trainer.state.precision_check`` keeps the figures for
+    the run record. An fp32 run has nothing to compare. An out-of-memory steps
+    down the ladder (:func:`survive_oom`'s rules) and the probe is tried again.
+    Nothing of training is disturbed: the random states (torch CPU/CUDA, numpy,
+    Python, the sampler's generator), the BatchNorm running statistics and the
+    gradients are as before, and the weights are not stepped.
 
     Parameters
     ----------
@@ -141,7 +147,9 @@ def probe_precision(trainer: Finetuner) -> list[str]:
     Returns
     -------
     list of str
-        Log lines: one per recovery action, the verdict last.
+        Log lines: one per recovery action, the verdict last (e.g. "precision
+        probe: bfloat16 disagrees with fp32 on this model (cosine 0.83): training
+        in fp32").
 
     Raises
     ------

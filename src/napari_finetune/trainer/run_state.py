@@ -26,6 +26,7 @@ from napari_finetune.trainer.status import Switch
 if TYPE_CHECKING:
     from napari_finetune.trainer.autobatch import AutobatchDecision
     from napari_finetune.trainer.batchnorm_floor import BatchNormFloor
+    from napari_finetune.trainer.precision_check import PrecisionCheck
     from napari_finetune.trainer.teacher import Teacher
 
 T = TypeVar("T")
@@ -97,6 +98,9 @@ class RunState:
         Loss of the last applied step.
     painted_seen : int
         Painted voxels seen in applied steps (the epoch counts passes over them).
+    precision_check : PrecisionCheck or None
+        The probe's comparison of mixed precision with fp32 (None: not made,
+        an fp32 run or a non-finite probe).
     """
 
     batch_size: int
@@ -116,6 +120,7 @@ class RunState:
     steps_done: int = 0
     last_loss: float | None = None
     painted_seen: int = 0
+    precision_check: PrecisionCheck | None = None
 
     @classmethod
     def from_config(cls, config: FinetuneConfig) -> RunState:
