@@ -129,12 +129,22 @@ def tf32_off() -> Iterator[None]:
     import torch
 
     saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    # Setting the old switches also moves torch's newer fp32_precision settings
+    # (matmul "none" -> "ieee"), which change CPU bf16 results afterwards: those
+    # are put back as they were too.
+    newer = [
+        (module, module.fp32_precision)
+        for module in (torch.backends.cuda.matmul, torch.backends.cudnn.conv)
+        if hasattr(module, "fp32_precision")
+    ]
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     try:
         yield
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+        for module, value in newer:
+            module.fp32_precision = value
 
 
 def speed(image, corrections, device: str, steps: int, batch: int, patch) -> None:

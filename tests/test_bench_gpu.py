@@ -116,15 +116,37 @@ def test_the_fp32_rows_run_with_tf32_off_and_it_is_put_back(bench, monkeypatch, 
 
     monkeypatch.setattr(bench, "timed_run", timed_run)
     # Set and put back by hand: torch's flags are no plain attributes for monkeypatch.
+    # The old switches move the newer fp32_precision settings (which change CPU bf16
+    # results in later tests of this process): those are put back as well.
+    newer = [
+        (module, module.fp32_precision)
+        for module in (torch.backends.cuda.matmul, torch.backends.cudnn.conv)
+        if hasattr(module, "fp32_precision")
+    ]
     saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     try:
+        precisions = [(m, m.fp32_precision) for m, _ in newer]
         bench.speed(None, None, "cpu", 4, 2, (8, 32, 32))
         after = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+        precisions_after = [(m, m.fp32_precision) for m, _ in newer]
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+        for module, value in newer:
+            module.fp32_precision = value
     assert seen == [(False, "full", False, False), (True, "full", True, True)]
-    assert after == (True, True)
+    assert after == (True, True) and precisions_after == precisions
+    # From a fresh process's state too (matmul "none": the old switch never set).
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):
+        fresh = matmul.fp32_precision
+        try:
+            matmul.fp32_precision = "none"
+            bench.speed(None, None, "cpu", 4, 2, (8, 32, 32))
+            untouched = matmul.fp32_precision
+        finally:
+            matmul.fp32_precision = fresh
+        assert untouched == "none"
     out = capsys.readouterr().out
     assert "| fp32 (TF32 off) |" in out and "TF32 off" in out.splitlines()[0]
     assert "full fine-tune" in out.splitlines()[0]
