@@ -29,6 +29,8 @@ Run it when a CUDA GPU is lent (about 4 minutes on an H100/H200)::
 0. **The default run**: ``FinetuneConfig()`` as the widget builds it on
    ``device="cuda"`` (autobatch on, mixed precision on), a few steps: it must
    reach step 1 and finish (every default CUDA run once crashed before step 1).
+   Prints autobatch's line and the precision probe's verdict: bf16 (or fp16)
+   against an fp32 pass of the first batch, output and gradient cosines.
 5. **Finetuner against a bare loop**: the same UNet (depth 3, 16 features), batch
    8 x 32x64x64, bf16, interleaved in one process (``bench_trainer_throughput``):
    validation off (goal >= 0.90) and at the defaults. The bare loop's AdamW is
@@ -384,6 +386,9 @@ def default_run(image, corrections, device: str, steps: int) -> bool:
     last = statuses[-1]
     ok = last.kind == "finished" and last.step == steps
     auto = [s.message for s in statuses if s.message.startswith("autobatch:")]
+    # The probe's verdict: mixed precision against fp32 on the first batch, with the
+    # measured cosine (on real cuDNN this is the check that a conv3d bug is caught).
+    auto += [s.message for s in statuses if s.message.startswith("precision probe")]
     print(
         f"0. default run on {device} (FinetuneConfig() but steps={steps}): "
         f"{'PASS' if ok else 'FAIL'}, {last.step}/{steps} steps in "

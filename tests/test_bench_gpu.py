@@ -24,7 +24,7 @@ def test_the_gpu_benchmark_runs_every_part_on_the_cpu():
     titles = ["0. default run on cpu", "1. step speed", "=> PASS: 4/4 steps", "3. memory",
               "4. autobatch against the real limit", "5. Finetuner vs a bare",
               "6. time to quality", "7. prediction", "8. the CUDA fake's argument matrix",
-              "9. host syncs per attempt"]
+              "9. host syncs per attempt", "precision probe"]
     for title in titles:
         assert title in out, title
     assert "FAIL" not in out
