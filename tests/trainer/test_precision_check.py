@@ -182,6 +182,37 @@ def test_healthy_bf16_keeps_bf16_and_records_the_agreement(tmp_path):
     assert run["final_dtype"] == "bfloat16"
 
 
+@pytest.mark.parametrize("wrong", [False, True], ids=["healthy", "finite-but-wrong"])
+def test_under_the_cuda_fake_bf16_is_compared_and_kept_or_dropped(tmp_path, wrong):
+    """The CUDA path (bf16 chosen by capability 9.0, autocast on "cuda") under FakeCuda.
+
+    The fake computes on the CPU, where a CUDA autocast casts nothing: its healthy
+    bf16 pass equals fp32 exactly, so this checks the path and the verdicts, not
+    bf16's numbers (the CPU tests with ``cpu_bf16`` do that).
+    """
+    from napari_finetune.testing.cuda import FakeCuda
+
+    with FakeCuda(tensors_on_host=True):
+        # Drawn on the training thread: the fake's host tensors are this thread's.
+        trainer = healthy_bf16_trainer(
+            cpu_bf16=False, device="cuda", prefetch_steps=0, autobatch=False
+        )
+        trainer.build()
+        assert trainer.precision.dtype_name == "bfloat16" and trainer.device.type == "cuda"
+        if wrong:
+            fault = faults.wrong_under_autocast(first_conv(trainer.model), device_type="cuda")
+        events = list(trainer.run())
+    probe = [e.message for e in events if e.kind == "probe"][-1]
+    check = trainer.state.precision_check
+    assert events[-1].kind == "finished" and trainer.steps_done == 2
+    if wrong:
+        assert fault.count == 1 and not check.agree
+        assert probe.endswith("): training in fp32") and trainer.precision.fell_back
+    else:
+        assert check.agree and check.output_cosine == pytest.approx(1.0)
+        assert probe.startswith("precision probe passed") and trainer.precision.enabled
+
+
 def test_a_lora_run_compares_the_student_not_its_adapters_off_teacher():
     trainer = healthy_bf16_trainer(mode="lora", distillation=0.5)
     trainer.build()

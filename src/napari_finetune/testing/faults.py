@@ -155,7 +155,8 @@ def nan_in_forward(
 
 
 def wrong_under_autocast(
-    module: torch.nn.Module, how: str = "negate", noise: float = 1.0
+    module: torch.nn.Module, how: str = "negate", noise: float = 1.0,
+    device_type: str | None = None,
 ) -> Fault:
     """Forward hook making ``module``'s output finite but wrong, only under autocast.
 
@@ -175,13 +176,17 @@ def wrong_under_autocast(
         of its own (the run's random states are not touched).
     noise : float
         The noise's scale for ``how="noise"``.
+    device_type : str, optional
+        Whose autocast turns the fault on; default the output's device. Under
+        :class:`~napari_finetune.testing.cuda.FakeCuda` with ``tensors_on_host``
+        a CUDA run computes on the CPU inside a CUDA autocast: pass "cuda".
     """
     if how not in ("negate", "flip", "noise"):
         raise ValueError(f"how must be 'negate', 'flip' or 'noise', got {how!r}")
     fault = Fault()
 
     def hook(_module: torch.nn.Module, _args: tuple, output: torch.Tensor) -> torch.Tensor:
-        if not torch.is_autocast_enabled(output.device.type):
+        if not torch.is_autocast_enabled(device_type or output.device.type):
             return output
         fault.count += 1
         if how == "negate":
