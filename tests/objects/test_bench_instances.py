@@ -21,5 +21,5 @@ def test_bench_instances_prints_its_tables(tmp_path):
         assert header in out, out
     assert "| before | default |" in out
     for volume in ("second volume (target seed 2), unpainted", "unseen appearance"):
-        assert f"| {volume}" in out and "| truth probability (upper bound) |" in out, out
+        assert f"| {volume}" in out and "| semantic truth, blurred |" in out, out
     assert list(tmp_path.glob("probs_*_16x64x64.npy"))  # the prediction was cached
