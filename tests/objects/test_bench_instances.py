@@ -16,7 +16,10 @@ def test_bench_instances_prints_its_tables(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout
     for header in ("| model | cells: roles |", "| model | mitochondria: roles |",
-                   "| model | step (whole volume, default roles) |"):
+                   "| model | step (whole volume, default roles) |",
+                   "| volume (scored voxels) | model | cells: adapted Rand error |"):
         assert header in out, out
     assert "| before | default |" in out
+    for volume in ("second volume (target seed 2), unpainted", "unseen appearance"):
+        assert f"| {volume}" in out and "| semantic truth, blurred |" in out, out
     assert list(tmp_path.glob("probs_*_16x64x64.npy"))  # the prediction was cached

@@ -43,3 +43,24 @@ def test_region_scores_tell_splits_from_merges_and_ignore_the_boundary():
     split[..., 2:4] = 3
     s = region_scores(split, true)
     assert s["voi_split"] > 0.4 and s["voi_merge"] == pytest.approx(0)
+
+
+def test_scores_by_role_scores_cells_as_regions_and_objects_as_visible_blobs():
+    from napari_finetune.objects import ChannelRole
+    from napari_finetune.objects.scores import scores_by_role
+
+    cells = np.zeros((1, 4, 8), np.uint32)
+    cells[0, :, :4], cells[0, :, 4:] = 1, 2
+    semantic = np.zeros((1, 4, 8), np.uint8)
+    semantic[0, 1:3, 1:7] = 2  # one blob of class 2 (channel 1) across both cells
+    merged = np.ones((1, 4, 8), np.uint32)
+    blob = (semantic == 2).astype(np.uint32)
+    roles = {"membrane": ChannelRole("boundary"), "mito": ChannelRole("object")}
+    got = scores_by_role({"membrane": merged, "mito": blob}, roles, ["membrane", "mito"],
+                         cells, semantic)
+    assert got["membrane"]["voi_merge"] == pytest.approx(1.0)  # two cells in one: 1 bit
+    assert got["membrane"]["voi_split"] == 0.0
+    assert got["mito"]["f1"] == 1.0 and got["mito"]["n_true"] == 1
+    # Without the cell truth the boundary channel has no score.
+    assert set(scores_by_role({"membrane": merged}, roles, ["membrane", "mito"], None,
+                              semantic)) == set()

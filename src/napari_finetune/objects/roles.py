@@ -35,9 +35,12 @@ class ChannelRole:
     min_size : int
         Instances smaller than this many voxels are removed (set to 0).
     seed_distance : float
-        Voxels, >= 1. Boundary: a seed is interior at least this far from the
-        boundary (so gaps in the boundary narrower than about twice it do not
-        merge regions; cells must be wider than twice it to get a seed).
+        Voxels, >= 1. Boundary: a seed is a maximum of the interior's depth at
+        least this far from the boundary, standing at least half of it (and 2
+        voxels) above the saddle to any deeper maximum (h-maxima): a gap in the
+        boundary shallower than the cells' middles by that much merges no
+        cells, and a cell's bumps lower than that give it no second seed;
+        cells must be wider than twice it to get a seed.
         Object: the smallest distance between two seeds when touching objects
         are split. With ``seed_threshold`` it leaves the labels of one piece
         alone and sets only the blockwise halo, 4x it (the sample's 4: 16
@@ -124,7 +127,9 @@ class ChannelRole:
         return role
 
 
-# Chosen by measurement on the sample (benchmarks/bench_instances.py).
+# Chosen by measurement on the sample (benchmarks/bench_instances.py). The membrane's
+# threshold and seed distance were chosen on one volume (the sample's own, target seed 1)
+# and scored on others nobody tuned on (docs/benchmarks.md, "Objects that generalise").
 SAMPLE_ROLES = {
     "membrane": ChannelRole("boundary", threshold=0.5, min_size=200, seed_distance=8.0),
     "mitochondria": ChannelRole(

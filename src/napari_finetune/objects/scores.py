@@ -10,7 +10,10 @@ membrane, has no cell to agree with).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+from scipy import ndimage
 from skimage.metrics import adapted_rand_error, variation_of_information
 
 
@@ -89,3 +92,46 @@ def region_scores(pred: np.ndarray, true: np.ndarray) -> dict[str, float]:
         "n_pred": int(np.unique(p[p > 0]).size),
         "n_true": int(np.unique(t).size),
     }
+
+
+def scores_by_role(
+    found: dict[str, np.ndarray],
+    roles: dict[str, Any],
+    channel_names: list[str] | tuple[str, ...],
+    cells: np.ndarray | None,
+    semantic: np.ndarray,
+) -> dict[str, dict[str, float]]:
+    """Each channel's objects scored against the truth, by its role.
+
+    A boundary channel's regions against the cell truth (:func:`region_scores`:
+    adapted Rand error on the truth's cells, its 0 left out, and VOI split /
+    merge apart); an object channel's objects against the connected blobs of
+    its class in the semantic truth, the objects the image shows (class =
+    channel index + 1; :func:`object_scores`). This is how a volume nobody
+    painted is scored: the caller cuts every array to the voxels to score.
+
+    Parameters
+    ----------
+    found : channel name -> instance labels
+        (:func:`napari_finetune.objects.instances_of`).
+    roles : channel name -> ChannelRole
+    channel_names : the channel names, in channel order.
+    cells : instance truth of the cells, or None (then boundary channels get no score).
+    semantic : semantic truth, 0 background and c + 1 for channel c.
+
+    Returns
+    -------
+    dict
+        Channel name -> its scores, for the channels in ``found`` that can be scored.
+    """
+    out: dict[str, dict[str, float]] = {}
+    for c, name in enumerate(channel_names):
+        if name not in found:
+            continue
+        role = roles[name].role
+        if role == "boundary" and cells is not None:
+            out[name] = region_scores(found[name], cells)
+        elif role == "object":
+            blobs, _ = ndimage.label(np.asarray(semantic) == c + 1)
+            out[name] = object_scores(found[name], blobs)
+    return out
