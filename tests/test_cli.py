@@ -316,6 +316,18 @@ def test_demo_quick(capsys, tmp_path, monkeypatch):
         assert line.endswith("   {}/{}/{}".format(*counts)), (line, row)
         # The sample shows objects, and both models find some.
         assert min(counts) > 0, row
+    # A second volume nobody painted: masks and objects of both models, and its figure.
+    second = results["second_volume"]
+    assert "second volume, never painted" in stdout
+    assert second["channels"] == ["membrane", "mitochondria"]
+    for when in ("before", "after"):
+        cells = second[when]["objects"]["membrane"]
+        assert 0 <= cells["adapted_rand_error"] <= 1 and cells["voi_merge"] >= 0
+        assert cells["n_true"] > 0 and 0 <= second[when]["objects"]["mitochondria"]["f1"] <= 1
+    # "before" is the pretrained model (the run trains the sample checkpoint's model in
+    # place: scoring it again after the run gave the tuned model's figures twice).
+    assert second["before"]["iou"] != second["after"]["iou"]
+    assert Path(second["figure"]).stat().st_size > 10_000
     # F1 = 2 matches / (found + true): each score is a whole number of matches of its counts.
     mito = rows["mitochondria"]
     for when in ("before", "after"):
