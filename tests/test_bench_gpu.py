@@ -250,6 +250,8 @@ def test_the_matrix_part_runs_first_and_reports_a_lying_fake(bench, monkeypatch,
 
 def test_the_syncs_part_counts_one_read_per_bf16_step(bench, capsys):
     image, corrections = bench.make_data((16, 64, 64))
-    assert bench.host_syncs(image, corrections, "cpu", (8, 16, 16), dry_run=True) is True
+    # 16x32x32: at 8x16x16 the sample UNet's bottleneck is 2x4x4, where CPU bf16 gave
+    # non-finite gradients in this process (the probe then trains in fp32: nothing to count).
+    assert bench.host_syncs(image, corrections, "cpu", (16, 32, 32), dry_run=True) is True
     rows = [line for line in capsys.readouterr().out.splitlines() if "| bfloat16 |" in line]
     assert rows and all(line.rstrip().endswith("| 1 |") for line in rows)
