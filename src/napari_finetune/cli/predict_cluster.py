@@ -17,6 +17,7 @@ from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
 from napari_finetune.config import PredictConfig
+from napari_finetune.errors import first_line
 
 if TYPE_CHECKING:  # imported when the command runs, not with the CLI
     from distributed import Client
@@ -99,10 +100,9 @@ def _connect(args: argparse.Namespace, stack: ExitStack) -> tuple[Client, int | 
         try:
             client = stack.enter_context(Client(args.scheduler, timeout="20s"))
         except OSError as exc:
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise CLIError(
-                f"cannot reach the dask scheduler at {args.scheduler} ({first}); start one "
-                "(dask scheduler, or dask-jobqueue) or check the address."
+                f"cannot reach the dask scheduler at {args.scheduler} ({first_line(exc)}); "
+                "start one (dask scheduler, or dask-jobqueue) or check the address."
             ) from None
         print(f"dask scheduler {args.scheduler}: {len(client.scheduler_info()['workers'])} "
               f"workers; dashboard {client.dashboard_link}")
