@@ -11,8 +11,8 @@ Then the same step through zarr arrays on disk (what ``predict --instances``
 does): one process (:func:`blockwise_instances`, zarr in and out) against two
 dask.distributed worker processes (a labelling task per block, the join on the
 client, a relabelling task per block:
-:func:`napari_finetune.predict_distributed.submit_labelling` and
-:func:`~napari_finetune.predict_distributed.relabel_blocks`), the cluster
+:func:`napari_finetune.predict.distributed.submit_labelling` and
+:func:`~napari_finetune.predict.distributed.relabel_blocks`), the cluster
 started before the clock, and whether both give the same objects.
 
 Usage::
@@ -42,8 +42,8 @@ from napari_finetune.objects import (
 )
 from napari_finetune.objects.blockwise import block_cores, default_halo
 from napari_finetune.predict import predict_volume
-from napari_finetune.predict_job import labels_array_path, prepare_objects, probability_path
-from napari_finetune.predict_tasks import ObjectsTask
+from napari_finetune.predict.job import labels_array_path, prepare_objects, probability_path
+from napari_finetune.predict.tasks import ObjectsTask
 from napari_finetune.samples.store import ensure_sample
 from napari_finetune.samples.synthetic_em import sample_checkpoint_path
 
@@ -107,7 +107,7 @@ def on_two_workers(probs: np.ndarray, roles: dict[str, ChannelRole],
     """One process against 2 dask workers, both through zarr arrays on disk."""
     from distributed import Client, wait
 
-    from napari_finetune.predict_distributed import (
+    from napari_finetune.predict.distributed import (
         local_cluster,
         relabel_blocks,
         submit_labelling,

@@ -54,7 +54,7 @@ def one_case(checkpoint: str, workers: int, stores: list[Path], warm: Path) -> l
     from distributed import Client
 
     from napari_finetune.config import PredictConfig
-    from napari_finetune.predict_distributed import local_cluster, predict_on_cluster
+    from napari_finetune.predict.distributed import local_cluster, predict_on_cluster
 
     config = PredictConfig(device="cpu")
     cluster, _ = local_cluster(workers, dashboard_address=":0")

@@ -13,8 +13,8 @@ from napari_finetune.io.staging import STAGING_PREFIX
 from napari_finetune.model.checkpoint import load_checkpoint, save_checkpoint
 from napari_finetune.model.unet import UNet
 from napari_finetune.objects import instances_of, roles_from_metadata
+from ngff_stores import ngff_store
 from test_cli import assert_one_line_error, run_cli
-from test_predict_store import _ngff_store
 
 BLOCK = ["--block-shape", "8", "16", "16", "--halo", "8", "16", "16", "--device", "cpu", "-q"]
 OBJECTS = ["objects-membrane", "objects-mitochondria"]
@@ -45,7 +45,7 @@ def textured(tmp_path: Path, checkpoint: Path) -> Path:
     """The test checkpoint with roles whose thresholds sit at its channels' medians on the
     test image, so the untrained model's output gives many objects (the sample roles give
     one or none: its probabilities hardly vary)."""
-    probs = probabilities(checkpoint, _ngff_store(tmp_path / "probe.zarr", "0.5", ()))
+    probs = probabilities(checkpoint, ngff_store(tmp_path / "probe.zarr", "0.5", ()))
     ckpt = load_checkpoint(checkpoint)
     roles = {
         "membrane": {"role": "boundary", "threshold": float(np.median(probs[0])),
@@ -63,7 +63,7 @@ def test_predict_instances_writes_valid_uint32_objects_with_the_image_levels(
 ):
     from ngff_validation import assert_valid_ngff
 
-    store = _ngff_store(tmp_path / f"vol{version}.zarr", version, (2, 4))
+    store = ngff_store(tmp_path / f"vol{version}.zarr", version, (2, 4))
     code, out, err = run_cli(capsys, "predict", textured, store, "--instances", *BLOCK)
     assert code == 0, err
     for name in OBJECTS:
@@ -93,7 +93,7 @@ def test_predict_instances_equals_one_piece_for_the_object_channel(
     channel: exactly, up to the numbering) with blocks smaller than the volume. The
     probabilities are the ones the command kept aside (predict_volume's differ in the last
     bits, and this untrained model's sit close to its thresholds)."""
-    from napari_finetune import predict_store
+    from napari_finetune.predict import store as predict_store
     seen = {}
     real = predict_store.blockwise_instances
 
@@ -102,7 +102,7 @@ def test_predict_instances_equals_one_piece_for_the_object_channel(
         return real(prob, params, block_shape, out, **kwargs)
 
     monkeypatch.setattr(predict_store, "blockwise_instances", spy)
-    store = _ngff_store(tmp_path / "vol.zarr", "0.5", ())
+    store = ngff_store(tmp_path / "vol.zarr", "0.5", ())
     code, _, err = run_cli(capsys, "predict", textured, store, "--instances", *BLOCK)
     assert code == 0, err
     ckpt = load_checkpoint(textured)

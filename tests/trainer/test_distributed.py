@@ -298,6 +298,16 @@ def test_a_killed_rank_ends_the_other_with_one_line_not_a_hang(tmp_path, painted
     assert lines[0].endswith(f"; exported {out}")
 
 
+def test_the_lost_line_names_the_failures_first_line_or_its_type():
+    """A collective's error runs over many lines (gloo's context, frames): the line keeps
+    the first one that says something, and the type's name when nothing does."""
+    from napari_finetune.trainer.distributed import lost_line
+
+    exc = RuntimeError("\n  [gloo] Connection closed by peer\nat frame 3\n")
+    assert "lost the other ranks ([gloo] Connection closed by peer);" in lost_line(1, 2, exc)
+    assert "lost the other ranks (RuntimeError);" in lost_line(1, 2, RuntimeError("  "))
+
+
 def test_global_samples_are_shared_between_the_ranks():
     config = make_trainer(batch_size=4, accumulation=2).config
     assert per_rank_config(config, 2) is config

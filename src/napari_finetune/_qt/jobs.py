@@ -197,7 +197,7 @@ def save_predictions_job(
     from napari_finetune.io.pyramid import fill_pyramid, write_level0
     from napari_finetune.io.staging import staged_replace
     from napari_finetune.io.volume import open_volume
-    from napari_finetune.predict_store import objects_names
+    from napari_finetune.predict.store import objects_names
 
     store = open_volume(store_path).path  # the image group, as the CLI stages into
     channels = [channel for channel, _ in objects]

@@ -194,8 +194,8 @@ def predict(args: argparse.Namespace) -> int:
 
     from napari_finetune.io.omezarr import open_volume
     from napari_finetune.model.checkpoint import load_checkpoint
-    from napari_finetune.predict_regions import PredictOutOfMemoryError
-    from napari_finetune.predict_store import predict_to_omezarr
+    from napari_finetune.predict.regions import PredictOutOfMemoryError
+    from napari_finetune.predict.store import predict_to_omezarr
 
     config = config_from_args(PredictConfig, args)
     overrides = _parse_roles(args.role)

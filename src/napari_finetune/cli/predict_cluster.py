@@ -1,5 +1,5 @@
 """``napari-finetune predict --workers N`` / ``--scheduler ADDRESS``: the prediction on
-dask.distributed (:mod:`napari_finetune.predict_distributed`), with a progress bar.
+dask.distributed (:mod:`napari_finetune.predict.distributed`), with a progress bar.
 
 ``--workers N`` starts a LocalCluster of N worker processes on this machine
 (torch threads per worker set so workers x threads <= cores) and prints its
@@ -17,6 +17,7 @@ from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
 from napari_finetune.config import PredictConfig
+from napari_finetune.errors import first_line
 
 if TYPE_CHECKING:  # imported when the command runs, not with the CLI
     from distributed import Client
@@ -51,12 +52,12 @@ def run(args: argparse.Namespace, config: PredictConfig,
     """Predict ``args.volume`` with ``args.checkpoint`` on a dask cluster (with
     ``instances``, the objects of the channels with a role too); print the result."""
     from napari_finetune.cli import CLIError
-    from napari_finetune.predict_distributed import (
+    from napari_finetune.predict.distributed import (
         DistributedUnavailableError,
         predict_on_cluster,
         require_distributed,
     )
-    from napari_finetune.predict_regions import PredictOutOfMemoryError
+    from napari_finetune.predict.regions import PredictOutOfMemoryError
 
     try:
         require_distributed()
@@ -93,16 +94,15 @@ def _connect(args: argparse.Namespace, stack: ExitStack) -> tuple[Client, int | 
     from distributed import Client
 
     from napari_finetune.cli import CLIError
-    from napari_finetune.predict_distributed import local_cluster
+    from napari_finetune.predict.distributed import local_cluster
 
     if args.scheduler is not None:
         try:
             client = stack.enter_context(Client(args.scheduler, timeout="20s"))
         except OSError as exc:
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise CLIError(
-                f"cannot reach the dask scheduler at {args.scheduler} ({first}); start one "
-                "(dask scheduler, or dask-jobqueue) or check the address."
+                f"cannot reach the dask scheduler at {args.scheduler} ({first_line(exc)}); "
+                "start one (dask scheduler, or dask-jobqueue) or check the address."
             ) from None
         print(f"dask scheduler {args.scheduler}: {len(client.scheduler_info()['workers'])} "
               f"workers; dashboard {client.dashboard_link}")

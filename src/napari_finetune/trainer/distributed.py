@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from napari_finetune.config import FinetuneConfig
+from napari_finetune.errors import first_line
 from napari_finetune.trainer.losses import Normalisers
 from napari_finetune.trainer.sync import LocalSync
 
@@ -211,8 +212,7 @@ def _buckets(grads: list[torch.Tensor]) -> list[list[torch.Tensor]]:
 
 def lost_line(rank: int, world_size: int, exc: BaseException) -> str:
     """One line for a failed collective: which rank noticed, and what it means."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return (
-        f"rank {rank} of {world_size} lost the other ranks ({text[:160]}); one of them "
+        f"rank {rank} of {world_size} lost the other ranks ({first_line(exc)[:160]}); one of them "
         "failed or was killed: see its output above"
     )

@@ -35,9 +35,9 @@ from napari_finetune.data.normalization import (
 )
 from napari_finetune.devices import check_model_fits_image, on_device, resolve_device
 
-# The tiling lives in predict_tiling; these names stay importable from here.
-from napari_finetune.predict_tiling import axis_cores as axis_cores
-from napari_finetune.predict_tiling import block_grid
+# The tiling lives in predict.tiling; these names stay importable from here.
+from napari_finetune.predict.tiling import axis_cores as axis_cores
+from napari_finetune.predict.tiling import block_grid
 
 Progress = Callable[[int, int], None]
 

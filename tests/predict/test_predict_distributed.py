@@ -20,18 +20,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 from distributed import Client
+from test_predict_store import image_label
 
 from napari_finetune import palette
 from napari_finetune.config import PredictConfig
 from napari_finetune.io.omezarr import list_labels, load_corrections
 from napari_finetune.model.checkpoint import load_checkpoint, save_checkpoint
 from napari_finetune.model.unet import UNet
-from napari_finetune.predict_job import done_regions, job_dir
-from napari_finetune.predict_store import predict_to_omezarr
-from napari_finetune.predict_tiling import region_grid
+from napari_finetune.predict.job import done_regions, job_dir
+from napari_finetune.predict.store import predict_to_omezarr
+from napari_finetune.predict.tiling import region_grid
 from ngff_validation import validate_with_ome_zarr_models
 from test_cli import make_store
-from test_predict_store import image_label
 
 # One module-scoped LocalCluster whose workers are killed: one test at a time, one cluster.
 pytestmark = pytest.mark.resource
@@ -45,7 +45,7 @@ REGIONS = 12
 
 @pytest.fixture(scope="module")
 def client():
-    from napari_finetune.predict_distributed import local_cluster
+    from napari_finetune.predict.distributed import local_cluster
 
     cluster, _ = local_cluster(2, dashboard_address=":0")
     with Client(cluster) as c:
@@ -95,8 +95,8 @@ def _wait_idle(client, timeout: float = 60.0) -> None:
 def test_no_two_regions_write_the_same_chunk(shape, block, chunks):
     """The invariant that lets workers write without locks: every output chunk lies in
     exactly one region (including chunks split smaller than the block)."""
-    from napari_finetune.predict_distributed import plan_regions
-    from napari_finetune.predict_tiling import chunk_aligned_block
+    from napari_finetune.predict.distributed import plan_regions
+    from napari_finetune.predict.tiling import chunk_aligned_block
 
     region_shape = chunk_aligned_block(block, chunks)
     owners: Counter = Counter()
@@ -120,8 +120,8 @@ def test_interrupted_run_resumes_without_recomputing(tmp_path, client, checkpoin
     """Ctrl-C in the client after about half the regions; the same call again finishes,
     computes only the regions without a done marker, and equals the in-process result.
     Each worker process loaded the model once for both runs, not once per task."""
-    from napari_finetune.predict_distributed import predict_on_cluster
-    from napari_finetune.predict_tasks import model_loads
+    from napari_finetune.predict.distributed import predict_on_cluster
+    from napari_finetune.predict.tasks import model_loads
 
     store = make_store(tmp_path / "vol.zarr", SHAPE)
 
@@ -186,7 +186,7 @@ def test_a_worker_killed_mid_run_does_not_stop_the_job(tmp_path, client, checkpo
     """SIGKILL one worker process while it runs a region: the scheduler runs that region
     elsewhere, the job completes, the result is the same. (Last in the module: the
     cluster's nanny starts a fresh worker in its place.)"""
-    from napari_finetune.predict_distributed import predict_on_cluster
+    from napari_finetune.predict.distributed import predict_on_cluster
 
     store = make_store(tmp_path / "vol.zarr", SHAPE)
     pids = client.run(os.getpid)

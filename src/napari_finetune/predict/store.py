@@ -12,7 +12,7 @@ Regions are aligned to the output chunks (:func:`region_grid`), so each one
 writes whole chunks of its own. Each labels image has the image's levels: the
 smaller ones are filled from level 0, chunk by chunk, once every region is
 written and before the swap. Out of memory, a region is tiled with smaller
-blocks (:class:`~napari_finetune.predict_regions.RegionPredictor`).
+blocks (:class:`~napari_finetune.predict.regions.RegionPredictor`).
 
 With ``instances`` (channel -> :class:`~napari_finetune.objects.ChannelRole`),
 every channel with a role also gets ``labels/objects-<channel>``: uint32
@@ -37,8 +37,8 @@ import numpy as np
 from napari_finetune.config import PredictConfig
 from napari_finetune.devices import check_model_fits_image, on_device, resolve_device
 from napari_finetune.objects import ChannelRole, blockwise_instances
-from napari_finetune.predict import MaskAndProbability, Progress, spatial_config, write_probs
-from napari_finetune.predict_regions import Log, RegionPredictor, region_grid
+from napari_finetune.predict.regions import Log, RegionPredictor, region_grid
+from napari_finetune.predict.volume import MaskAndProbability, Progress, spatial_config, write_probs
 
 
 def predict_to_omezarr(

@@ -2,20 +2,20 @@
 
 The client (:func:`predict_on_cluster`) cuts level 0 into regions that are a
 whole number of the labels' output chunks
-(:func:`~napari_finetune.predict_tiling.chunk_aligned_block`), so no two
+(:func:`~napari_finetune.predict.tiling.chunk_aligned_block`), so no two
 tasks ever write the same chunk and the workers need no lock. Each task
-(:func:`~napari_finetune.predict_tasks.predict_region`) reads its region plus
+(:func:`~napari_finetune.predict.tasks.predict_region`) reads its region plus
 halo lazily from the store, predicts it with
-:class:`~napari_finetune.predict_regions.RegionPredictor`
+:class:`~napari_finetune.predict.regions.RegionPredictor`
 (the in-process path's code, OOM step-down included), writes the uint8
 decisions straight into the job's labels arrays, and only then marks the
-region done (:mod:`napari_finetune.predict_job`). A rerun skips marked
+region done (:mod:`napari_finetune.predict.job`). A rerun skips marked
 regions; a worker that dies mid-task has written no marker, and the scheduler
 runs its task again elsewhere (same input, same code: the same result).
 
 The model never travels with a task: a task carries the checkpoint's path and
 version, and each worker process loads it once and keeps it
-(:mod:`napari_finetune.predict_tasks`). Workers therefore need the
+(:mod:`napari_finetune.predict.tasks`). Workers therefore need the
 store and the checkpoint at the same paths (a shared file system on a cluster).
 
 With ``instances`` (``predict --instances``), each channel with a role also
@@ -26,11 +26,11 @@ block labels it in its own ids as soon as the regions it reads (core plus
 halo) are written; the client joins the blocks' records (offsets, face links,
 ``min_size`` on whole objects: :class:`~napari_finetune.objects.blockwise.FaceJoiner`,
 cheap: faces only); and one task per block writes its final ids 1..N. Every
-phase keeps markers in the job folder (:mod:`napari_finetune.predict_job`), so
+phase keeps markers in the job folder (:mod:`napari_finetune.predict.job`), so
 a killed run resumed finishes with the same objects.
 
 When every region is done, the client fills the smaller levels and swaps the
-labels images into the store (:func:`~napari_finetune.predict_job.finish_job`):
+labels images into the store (:func:`~napari_finetune.predict.job.finish_job`):
 until then nothing new is listed in ``labels``.
 """
 
@@ -51,8 +51,7 @@ import numpy as np
 from napari_finetune.config import PredictConfig
 from napari_finetune.objects import ChannelRole
 from napari_finetune.objects.blockwise import FaceJoiner, block_cores, contextual, default_halo
-from napari_finetune.predict import Progress, spatial_config
-from napari_finetune.predict_job import (
+from napari_finetune.predict.job import (
     JobSpec,
     block_record_path,
     checkpoint_version,
@@ -62,8 +61,8 @@ from napari_finetune.predict_job import (
     labelled_blocks,
     open_job,
 )
-from napari_finetune.predict_store import instance_roles, objects_names
-from napari_finetune.predict_tasks import (
+from napari_finetune.predict.store import instance_roles, objects_names
+from napari_finetune.predict.tasks import (
     ObjectsTask,
     RegionTask,
     label_object_block,
@@ -71,7 +70,8 @@ from napari_finetune.predict_tasks import (
     read_block_record,
     relabel_object_block,
 )
-from napari_finetune.predict_tiling import chunk_aligned_block, region_grid
+from napari_finetune.predict.tiling import chunk_aligned_block, region_grid
+from napari_finetune.predict.volume import Progress, spatial_config
 
 if TYPE_CHECKING:
     from distributed import Client, Future, LocalCluster
@@ -184,7 +184,7 @@ def predict_on_cluster(
 ) -> ClusterRun:
     """Predict an OME-Zarr store region by region on the cluster of ``client``.
 
-    Writes what :func:`~napari_finetune.predict_store.predict_to_omezarr`
+    Writes what :func:`~napari_finetune.predict.store.predict_to_omezarr`
     writes (one uint8 labels image per channel, every level), and resumes a
     job that a killed run of the same command left (module doc).
 
@@ -210,7 +210,7 @@ def predict_on_cluster(
         Receives a line when an earlier job is resumed.
     instances : mapping of channel name to ChannelRole, optional
         Channels with a role also get ``labels/objects-<channel>`` (module doc),
-        as :func:`~napari_finetune.predict_store.predict_to_omezarr` writes them.
+        as :func:`~napari_finetune.predict.store.predict_to_omezarr` writes them.
 
     Returns a :class:`ClusterRun`. A task's error (e.g. out of memory at the
     smallest block) is raised here, after cancelling the other tasks.

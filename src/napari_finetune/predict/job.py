@@ -1,7 +1,7 @@
 """A resumable prediction job kept in the store: its labels being written, and done markers.
 
 A prediction split into many independent region tasks (on a cluster,
-:mod:`napari_finetune.predict_distributed`) keeps its state in one hidden
+:mod:`napari_finetune.predict.distributed`) keeps its state in one hidden
 folder of the store, ``.napari-finetune-job-<name prefix>``::
 
     job.json              what the job computes (checkpoint, shapes, halo, range...)

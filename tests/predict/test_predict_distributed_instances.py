@@ -21,11 +21,11 @@ import zarr
 from napari_finetune.io.omezarr import list_labels, open_volume
 from napari_finetune.io.staging import STAGING_PREFIX
 from napari_finetune.objects import ChannelRole
-from napari_finetune.predict_job import job_dir, labelled_blocks
+from napari_finetune.predict.job import job_dir, labelled_blocks
+from ngff_stores import ngff_store
 from ngff_validation import assert_valid_ngff
 from test_cli import run_cli
 from test_cli_instances import BLOCK, OBJECTS, same_up_to_relabelling, textured  # noqa: F401
-from test_predict_store import _ngff_store
 
 MASKS = ["prediction-membrane", "prediction-mitochondria"]
 BLOCKS = 2 * 3 * 3  # (16, 48, 48) in blocks of (8, 16, 16)
@@ -38,7 +38,7 @@ def _labels(store: Path, name: str) -> np.ndarray:
 @pytest.fixture
 def reference(capsys, tmp_path, textured) -> Path:  # noqa: F811
     """The in-process ``predict --instances`` of the test store."""
-    store = _ngff_store(tmp_path / "ref.zarr", "0.5", (2, 4))
+    store = ngff_store(tmp_path / "ref.zarr", "0.5", (2, 4))
     code, _, err = run_cli(capsys, "predict", textured, store, "--instances", *BLOCK)
     assert code == 0, err
     return store
@@ -66,7 +66,7 @@ def _assert_same_as(store: Path, reference: Path) -> None:
 @pytest.mark.resource  # a LocalCluster of worker processes
 def test_instances_on_two_workers_equal_the_in_process_objects(capsys, tmp_path, textured,  # noqa: F811
                                                               reference):
-    store = _ngff_store(tmp_path / "vol.zarr", "0.5", (2, 4))
+    store = ngff_store(tmp_path / "vol.zarr", "0.5", (2, 4))
     code, out, err = run_cli(capsys, "predict", textured, store, "--instances", "--workers", "2",
                              *BLOCK)
     assert code == 0, err
@@ -92,13 +92,13 @@ def test_blocks_labelled_in_any_order_and_joined_equal_blockwise_instances(tmp_p
 
     from napari_finetune.objects import blockwise_instances
     from napari_finetune.objects.blockwise import block_cores, default_halo
-    from napari_finetune.predict_distributed import join_blocks
-    from napari_finetune.predict_job import (
+    from napari_finetune.predict.distributed import join_blocks
+    from napari_finetune.predict.job import (
         labels_array_path,
         prepare_objects,
         probability_path,
     )
-    from napari_finetune.predict_tasks import (
+    from napari_finetune.predict.tasks import (
         ObjectsTask,
         label_object_block,
         relabel_object_block,
@@ -134,8 +134,8 @@ def test_a_block_waits_for_every_region_it_reads(shape, chunks, region, halo):
     """The regions a block's labelling task waits for cover what it reads, the boundary
     role's one voxel lower included (odd chunks put a block's read on an odd start)."""
     from napari_finetune.objects.blockwise import _read_box, block_cores
-    from napari_finetune.predict_distributed import _regions_read
-    from napari_finetune.predict_tiling import region_grid
+    from napari_finetune.predict.distributed import _regions_read
+    from napari_finetune.predict.tiling import region_grid
 
     regions = region_grid(shape, region)
     futures = {i: f"region {i}" for i in range(len(regions))}  # any value: it is only named
@@ -156,7 +156,7 @@ def test_instances_killed_mid_labelling_then_resumed(tmp_path, textured, referen
     """SIGKILL the command (its process group: workers too) once some blocks are labelled;
     nothing new is listed; the same command again labels only the rest and writes the
     in-process objects."""
-    store = _ngff_store(tmp_path / "vol.zarr", "0.5", (2, 4))
+    store = ngff_store(tmp_path / "vol.zarr", "0.5", (2, 4))
     argv = _cli(textured, store, "--instances", "--workers", "2", *BLOCK)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -196,13 +196,13 @@ def test_interrupted_while_relabelling_resumes_with_the_same_objects(tmp_path, t
     from napari_finetune.config import PredictConfig
     from napari_finetune.model.checkpoint import load_checkpoint
     from napari_finetune.objects import roles_from_metadata
-    from napari_finetune.predict_distributed import local_cluster, predict_on_cluster
-    from napari_finetune.predict_job import final_blocks
+    from napari_finetune.predict.distributed import local_cluster, predict_on_cluster
+    from napari_finetune.predict.job import final_blocks
 
     ckpt = load_checkpoint(textured)
     roles = roles_from_metadata(ckpt.metadata, ckpt.channel_names)
     config = PredictConfig(block_shape=(8, 16, 16), halo=(8, 16, 16), device="cpu")
-    store = _ngff_store(tmp_path / "vol.zarr", "0.5", (2, 4))
+    store = ngff_store(tmp_path / "vol.zarr", "0.5", (2, 4))
     folder = job_dir(store, "prediction")
 
     def interrupt_once_relabelling(done: int, total: int) -> None:

@@ -1,4 +1,4 @@
-"""The worker side of :mod:`napari_finetune.predict_distributed`: one region per task.
+"""The worker side of :mod:`napari_finetune.predict.distributed`: one region per task.
 
 A task carries a :class:`RegionTask` (paths, the job's spec: a few hundred
 bytes) and a region; the model never travels with it. Each worker process
@@ -20,8 +20,7 @@ import numpy as np
 
 from napari_finetune.objects.blockwise import LabelledBlock, label_block
 from napari_finetune.objects.roles import ChannelRole
-from napari_finetune.predict import MaskAndProbability, write_probs
-from napari_finetune.predict_job import (
+from napari_finetune.predict.job import (
     JobSpec,
     block_record_path,
     labels_array_path,
@@ -30,11 +29,12 @@ from napari_finetune.predict_job import (
     probability_path,
     provisional_path,
 )
+from napari_finetune.predict.volume import MaskAndProbability, write_probs
 
 if TYPE_CHECKING:  # torch is imported at the first task, not with this module
     import torch
 
-    from napari_finetune.predict_regions import RegionPredictor
+    from napari_finetune.predict.regions import RegionPredictor
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ def _predictor(task: RegionTask) -> RegionPredictor:
     """This process's RegionPredictor for ``task``'s job."""
     from napari_finetune.devices import resolve_device
     from napari_finetune.io.volume import open_volume
-    from napari_finetune.predict_regions import RegionPredictor
+    from napari_finetune.predict.regions import RegionPredictor
 
     key = (task.spec, task.trust, task.store, task.device)
     with _LOCK:

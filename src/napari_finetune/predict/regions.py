@@ -23,11 +23,11 @@ from napari_finetune.data.normalization import (
     normalize,
 )
 from napari_finetune.devices import empty_device_cache
-from napari_finetune.predict import predict_batch, spatial_multiple
 
-# The tiling lives in predict_tiling; these names stay importable from here.
-from napari_finetune.predict_tiling import read_span, region_grid
-from napari_finetune.predict_tiling import smaller_block as smaller_block
+# The tiling lives in predict.tiling; these names stay importable from here.
+from napari_finetune.predict.tiling import read_span, region_grid
+from napari_finetune.predict.tiling import smaller_block as smaller_block
+from napari_finetune.predict.volume import predict_batch, spatial_multiple
 
 Log = Callable[[str], None]
 

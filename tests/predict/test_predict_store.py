@@ -12,13 +12,13 @@ from napari_finetune.config import PredictConfig
 from napari_finetune.io.omezarr import list_labels, load_corrections
 from napari_finetune.model.checkpoint import load_checkpoint, save_checkpoint
 from napari_finetune.model.unet import UNet
-from napari_finetune.predict_store import predict_to_omezarr
+from napari_finetune.predict.store import predict_to_omezarr
 from napari_finetune.testing import MemoryBudget, always_oom
+from ngff_stores import SHAPE, ngff_store
 from test_cli import make_store as make_cli_store
 
 CHANNELS = ["membrane", "mitochondria"]
 NAMES = [f"prediction-{c}" for c in CHANNELS]
-SHAPE = (16, 48, 48)
 CONFIG = PredictConfig(block_shape=(8, 24, 24), halo=(4, 8, 8), device="cpu")
 
 
@@ -125,23 +125,6 @@ def _budget_between(model) -> int:
     return (small + large) // 2
 
 
-def _ngff_store(path: Path, version: str, scale_factors: tuple[int, ...]) -> Path:
-    """A uint8 image in NGFF 0.4 (zarr v2) or 0.5 (zarr v3), written by ome-zarr-py."""
-    import zarr
-    from ome_zarr.format import FormatV04, FormatV05
-    from ome_zarr.io import parse_url
-    from ome_zarr.writer import write_image
-
-    fmt = FormatV04() if version == "0.4" else FormatV05()
-    rng = np.random.default_rng(0)
-    image = (rng.random(SHAPE) * 200 + 20).astype(np.uint8)
-    root = zarr.group(store=parse_url(str(path), mode="w", fmt=fmt).store,
-                      zarr_format=fmt.zarr_format)
-    write_image(image, root, axes="zyx", fmt=fmt, scale_factors=list(scale_factors),
-                scale={"z": 1.0, "y": 0.5, "x": 0.5})
-    return path
-
-
 @pytest.mark.parametrize("scale_factors", [(), (2, 4)], ids=["single-scale", "multiscale"])
 @pytest.mark.parametrize("version", ["0.4", "0.5"])
 def test_predictions_are_valid_ngff_with_the_image_levels(tmp_path, checkpoint, version,
@@ -151,7 +134,7 @@ def test_predictions_are_valid_ngff_with_the_image_levels(tmp_path, checkpoint, 
     from napari_finetune.io.omezarr import open_volume
     from ngff_validation import assert_napari_ome_zarr_reads_labels, assert_valid_ngff
 
-    store = _ngff_store(tmp_path / f"vol{version}.zarr", version, scale_factors)
+    store = ngff_store(tmp_path / f"vol{version}.zarr", version, scale_factors)
     assert predict_to_omezarr(checkpoint, store, config=CONFIG) == NAMES
     assert_valid_ngff(store)
     assert_napari_ome_zarr_reads_labels(store, NAMES)
