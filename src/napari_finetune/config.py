@@ -12,7 +12,6 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
 Mode = Literal["lora", "full"]
-Schedule = Literal["constant", "cosine"]
 DeviceName = Literal["auto", "cpu", "cuda", "mps"]
 
 
@@ -33,9 +32,6 @@ class FinetuneConfig:
         Spatial patch size, ZYX for 3D models, YX for 2D ones.
     learning_rate : float
         AdamW learning rate (1e-3 suits both modes on small UNets).
-    lr_schedule : {"constant", "cosine"}
-        The rate of each step: constant, or a short warm-up then a cosine decay
-        over ``steps`` (``trainer.schedule``).
     weight_decay : float
         AdamW weight decay.
     mode : {"lora", "full"}
@@ -55,10 +51,6 @@ class FinetuneConfig:
         Where to train; "auto" takes CUDA, then MPS, then the CPU.
     seed : int
         Seeds patch sampling, augmentation and adapter initialisation.
-    augment_intensity : bool
-        Jitter each painted patch's contrast, brightness, gamma, blur and noise
-        (on top of the flips and quarter turns every patch gets), so a few strokes
-        teach more than one appearance.
     max_grad_norm : float or None
         Clip the total gradient norm of a step to this value (fp16 gradients are
         unscaled first); None leaves the gradients as they are.
@@ -111,7 +103,6 @@ class FinetuneConfig:
     # and LoRA at 1e-4 barely moved the loss in 30 steps. Small UNets make the
     # full fine-tune's frozen teacher copy cheap; LoRA stays one click away.
     learning_rate: float = 1e-3
-    lr_schedule: Schedule = "constant"
     weight_decay: float = 0.0
     mode: Mode = "full"
     lora_rank: int = 8
@@ -128,7 +119,6 @@ class FinetuneConfig:
     cpu_bf16: bool = False
     device: str = "auto"
     seed: int = 0
-    augment_intensity: bool = False
     max_grad_norm: float | None = None
     prefetch_steps: int = 2
     sample_cache_gib: float = 1.0
@@ -192,10 +182,6 @@ class FinetuneConfig:
                 raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}.")
         if self.weight_decay < 0:
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}.")
-        if self.lr_schedule not in ("constant", "cosine"):
-            raise ValueError(
-                f"lr_schedule must be 'constant' or 'cosine', got {self.lr_schedule!r}."
-            )
         if self.mode not in ("lora", "full"):
             raise ValueError(f"mode must be 'lora' or 'full', got {self.mode!r}.")
         if self.distillation < 0:

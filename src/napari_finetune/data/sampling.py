@@ -16,7 +16,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from scipy import ndimage
 
 from napari_finetune.data.holdout import HeldOut, holdout_tile_shape, split_holdout
 from napari_finetune.data.normalization import missing_mask, normalize
@@ -54,9 +53,6 @@ class PatchSampler:
     holdout_fraction : float
         Share of each class's painted voxels kept out of training, as whole
         regions (``data.holdout``), to score the run on; 0 trains on all.
-    augment_intensity : bool
-        Also jitter each patch's grey values (:func:`jitter_intensity`): the
-        painting is unchanged, so it stays aligned voxel for voxel.
 
     Raises
     ------
@@ -75,7 +71,6 @@ class PatchSampler:
         max_label: int | None = None,
         cache_bytes: int = 0,
         holdout_fraction: float = 0.0,
-        augment_intensity: bool = False,
     ) -> None:
         self.image = image
         self.corrections = corrections
@@ -93,7 +88,6 @@ class PatchSampler:
             )
         self.low, self.high = (float(v) for v in normalization_range)
         self.augment = augment
-        self.augment_intensity = augment_intensity
         self.rng = np.random.default_rng(seed)
         self.anchors, self.class_counts = _find_anchors(corrections, self.rng)
         if not self.anchors:
@@ -206,8 +200,6 @@ class PatchSampler:
             image, label = self._read_patch(anchor)
             if self.augment:
                 image, label = self._augment(image, label)
-            if self.augment_intensity:
-                image = jitter_intensity(image, self.rng)
             images[i, 0] = image
             labels[i] = label
         return images, labels
@@ -250,32 +242,6 @@ class PatchSampler:
             image = np.rot90(image, k, axes=(-2, -1))
             label = np.rot90(label, k, axes=(-2, -1))
         return np.ascontiguousarray(image), np.ascontiguousarray(label)
-
-
-def jitter_intensity(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """The patch as another microscope might show it: contrast, brightness, gamma,
-    blur and noise drawn at random (ranges about those between the sample's
-    instruments), as float32 of the same shape.
-
-    ``image`` is normalised (the volume's 1st and 99th percentiles at 0 and 1);
-    the gamma curve bends [0, 1] and leaves what lies outside it straight, so
-    no value is clipped.
-    """
-    out = np.asarray(image, dtype=np.float32)
-    if rng.random() < 0.5:
-        # Blur along each axis on its own (z often differs in EM), sigma up to 1 voxel.
-        sigma = rng.uniform(0.0, 1.0, size=out.ndim)
-        out = ndimage.gaussian_filter(out, sigma=sigma, mode="reflect")
-    gamma = float(np.exp(rng.uniform(np.log(0.7), np.log(1.4))))
-    inside = np.clip(out, 0.0, 1.0)
-    out = out + (inside**gamma - inside)
-    contrast = float(np.exp(rng.uniform(np.log(0.75), np.log(1.33))))
-    brightness = float(rng.uniform(-0.1, 0.1))
-    out = (out - 0.5) * contrast + 0.5 + brightness
-    noise = float(rng.uniform(0.0, 0.05))
-    if noise > 0:
-        out = out + rng.normal(0.0, noise, size=out.shape).astype(np.float32)
-    return out.astype(np.float32, copy=False)
 
 
 def _slabs(shape: tuple[int, ...]) -> list[slice]:

@@ -53,7 +53,6 @@ def make_sampler(
         max_label=out_channels + 1,
         cache_bytes=int(config.sample_cache_gib * 2**30),
         holdout_fraction=config.validation_fraction,
-        augment_intensity=config.augment_intensity,
     )
     if rank:
         sampler.rng = np.random.default_rng(config.seed + rank)

@@ -27,7 +27,6 @@ from napari_finetune.trainer.ladder import after_applied_step, retry_at_bottom
 from napari_finetune.trainer.oom import oom_line
 from napari_finetune.trainer.oom_recovery import nothing_left_message, recover_from_oom
 from napari_finetune.trainer.run_state import RunState
-from napari_finetune.trainer.schedule import apply_learning_rate
 from napari_finetune.trainer.start import choose_micro_batch
 from napari_finetune.trainer.state import batchnorm_state, restore_batchnorm
 from napari_finetune.trainer.status import Status
@@ -45,9 +44,6 @@ def optimizer_step(trainer: Finetuner, images: np.ndarray, labels: np.ndarray) -
     state, parts, sync = trainer.state, trainer.parts, trainer.sync
     precision = parts.precision
     step = state.steps_done + 1
-    # Set once per step, before any attempt: a step redone after an out-of-memory
-    # keeps the rate of its step number (the schedule does not advance for it).
-    apply_learning_rate(parts.optimizer, step, trainer.config.steps, trainer.config.lr_schedule)
     while True:
         failure = None
         with trainer.lock:
