@@ -56,6 +56,8 @@ os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
 STEPS = {"full": 77, "lora": 51, "dense": 220}
 UNSEEN_SEED = 7
 UNSEEN_SHAPE = (48, 256, 256)
+THIRD_SEED = 23
+APPEARANCES = ("sample", "unseen", "third")
 
 
 def unseen_appearance() -> Appearance:
@@ -65,6 +67,18 @@ def unseen_appearance() -> Appearance:
     return Appearance(
         blur=(1.8, 0.8, 0.8), noise=0.06, shot=0.03, gamma=1.4, texture=0.06,
         texture_scale=4.0, offset=30.0, gain=200.0,
+    )
+
+
+def third_appearance() -> Appearance:
+    """A third microscope, made for issue 42 and never tuned on: sharp in z but
+    blurred in-plane, little additive noise but strong shot noise, fine grain,
+    a bright offset with a low gain (a washed-out detector), another geometry seed."""
+    from napari_finetune.samples.synthetic_em import Appearance
+
+    return Appearance(
+        blur=(0.7, 1.5, 1.5), noise=0.02, shot=0.06, gamma=0.85, texture=0.12,
+        texture_scale=1.8, offset=80.0, gain=120.0,
     )
 
 
@@ -87,7 +101,11 @@ def load_volume(name: str) -> Volume:
     if name == "sample":
         sample = load_sample()
         return Volume(name, sample.image, np.asarray(sample.truth), sample.checkpoint)
-    image, truth = generate_volume(UNSEEN_SHAPE, UNSEEN_SEED, appearance=unseen_appearance())
+    if name == "unseen":
+        look, seed = unseen_appearance(), UNSEEN_SEED
+    else:
+        look, seed = third_appearance(), THIRD_SEED
+    image, truth = generate_volume(UNSEEN_SHAPE, seed, appearance=look)
     return Volume(name, image, truth, load_checkpoint(sample_checkpoint_path()))
 
 
@@ -113,8 +131,15 @@ def finetune(
     return {"steps": step, "train_s": round(seconds, 1), "validation": validation}
 
 
-def run_one(volume: Volume, run: str, before: np.ndarray | None, steps: int) -> dict:
-    """One row: ``before``, ``full``, ``lora`` (sparse painting) or ``dense``."""
+def run_one(
+    volume: Volume, run: str, before: np.ndarray | None, steps: int,
+    overrides: dict[str, object] | None = None,
+) -> dict:
+    """One row: ``before``, ``full``, ``lora`` (sparse painting) or ``dense``.
+
+    ``overrides``: FinetuneConfig fields set on top of the demo's settings (the
+    options under test, e.g. ``{"lr_schedule": "cosine"}``).
+    """
     from napari_finetune.cli.demo import demo_config, predict_all
     from napari_finetune.cli.simulate import foreground_iou, simulate_corrections, split_slices
     from napari_finetune.model.checkpoint import load_checkpoint
@@ -128,8 +153,10 @@ def run_one(volume: Volume, run: str, before: np.ndarray | None, steps: int) -> 
     # a check costs several steps' time on the CPU, and the step budget is fixed.
     config = dataclasses.replace(
         demo_config(steps, False, "cpu", 0), mode="lora" if run == "lora" else "full",
-        validation_every=steps,
+        validation_every=steps, **(overrides or {}),
     )
+    if overrides:
+        row["settings"] = {k: overrides[k] for k in sorted(overrides)}
     if run == "dense":
         corrections = np.zeros(volume.truth.shape, np.uint8)
         corrections[: held_out.start] = volume.truth[: held_out.start] + 1
@@ -156,15 +183,18 @@ def table(rows: list[dict], names: list[str]) -> str:
     labels = {"before": "before (pretrained)", "full": "sparse, full", "lora": "sparse, lora",
               "dense": "dense (upper bound)"}
     for appearance in dict.fromkeys(r["appearance"] for r in rows):
-        mine = {r["run"]: r for r in rows if r["appearance"] == appearance}
-        upper = float(np.mean(mine["dense"]["iou"])) if "dense" in mine else float("nan")
-        for run in ("before", "full", "lora", "dense"):
-            if run not in mine:
-                continue
-            r, mean = mine[run], float(np.mean(mine[run]["iou"]))
+        mine = [r for r in rows if r["appearance"] == appearance]
+        dense = [r for r in mine if r["run"] == "dense"]
+        upper = float(np.mean(dense[-1]["iou"])) if dense else float("nan")
+        order = ("before", "full", "lora", "dense")
+        for r in sorted(mine, key=lambda r: order.index(r["run"])):
+            run, mean = r["run"], float(np.mean(r["iou"]))
             val = r.get("validation")
+            label = labels[run] + "".join(
+                f", {k}={v}" for k, v in (r.get("settings") or {}).items()
+            )
             cells = [
-                appearance, labels[run], *(f"{v:.3f}" for v in r["iou"]), f"{mean:.3f}",
+                appearance, label, *(f"{v:.3f}" for v in r["iou"]), f"{mean:.3f}",
                 f"{100 * mean / upper:.0f}%" if upper == upper else "-",
                 ", ".join(f"{k} {v:.2f}" for k, v in val.items()) if val else "-",
                 str(r.get("steps", "-")), str(r.get("train_s", "-")),
@@ -176,8 +206,11 @@ def table(rows: list[dict], names: list[str]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--appearances", nargs="+", default=["sample", "unseen"],
-                        choices=["sample", "unseen"])
+    parser.add_argument("--appearances", nargs="+", default=list(APPEARANCES),
+                        choices=APPEARANCES)
+    parser.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
+                        help="FinetuneConfig fields on top of the demo's (JSON values), "
+                        "e.g. lr_schedule='\"cosine\"' augment_intensity=true")
     parser.add_argument("--runs", nargs="+", default=["before", "full", "lora", "dense"],
                         choices=["before", "full", "lora", "dense"])
     for run, steps in STEPS.items():
@@ -199,6 +232,13 @@ def main() -> None:
 
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads")
+    overrides = {}
+    for item in args.set:
+        field, _, value = item.partition("=")
+        try:
+            overrides[field] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[field] = value  # a bare word: a string
     for name in args.appearances:
         volume = load_volume(name)
         ckpt = volume.checkpoint
@@ -209,7 +249,7 @@ def main() -> None:
             steps = {"full": args.steps_full, "lora": args.steps_lora,
                      "dense": args.steps_dense}.get(run, 0)
             t = time.perf_counter()
-            row = run_one(volume, run, before, steps)
+            row = run_one(volume, run, before, steps, overrides)
             row["wall_s"] = round(time.perf_counter() - t, 1)
             print(json.dumps(row), flush=True)
             with args.json.open("a") as f:
