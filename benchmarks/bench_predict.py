@@ -78,7 +78,8 @@ def throughput(model, shape: tuple[int, ...], repeats: int) -> list[list[str]]:
     """Table 1 rows."""
     from napari_finetune.config import PredictConfig
     from napari_finetune.data.normalization import intensity_range, normalize
-    from napari_finetune.predict import block_grid, predict_block, predict_volume, shape_multiple
+    from napari_finetune.model.geometry import shape_multiple
+    from napari_finetune.predict import block_grid, predict_block, predict_volume
 
     image = volume(shape)
     low, high = intensity_range(image, {"method": "percentile", "low": 1, "high": 99})

@@ -127,7 +127,7 @@ def _build_and_run(
     trust: Sequence[str],
 ) -> Job[None]:
     from napari_finetune.model.checkpoint import load_checkpoint
-    from napari_finetune.predict import shape_multiple
+    from napari_finetune.model.geometry import shape_multiple
     from napari_finetune.testing import build_hooks
     from napari_finetune.trainer.loop import Finetuner
 

@@ -32,7 +32,8 @@ from napari_finetune.devices import check_model_fits_image
 from napari_finetune.model.architectures import Trust
 from napari_finetune.model.atomic_write import write_atomically
 from napari_finetune.model.checkpoint import Checkpoint, load_checkpoint
-from napari_finetune.predict import predict_block, shape_multiple
+from napari_finetune.model.geometry import shape_multiple
+from napari_finetune.predict import predict_block
 
 DEFAULT_LICENSE = "CC-BY-4.0"
 # Test tensors: at most this big (a few MB in the package), cut from the volume's centre.

@@ -166,7 +166,7 @@ def train(args: argparse.Namespace) -> int:
     volume = open_volume(args.volume)
     if args.patch_shape is None:  # the default, fitted as the widget fits its patch
         from napari_finetune.data.patch_shape import fit_patch_shape
-        from napari_finetune.predict import shape_multiple
+        from napari_finetune.model.geometry import shape_multiple
 
         multiple = shape_multiple(ckpt.model, volume.data.ndim)
         config.patch_shape = fit_patch_shape(config.patch_shape, volume.shape, multiple)
