@@ -51,7 +51,7 @@ BLOCK_SETTINGS = [  # (label, block_shape, halo)
 
 def load_model(checkpoint: str | None):
     """The sample checkpoint when present (real weights, GroupNorm), else a fresh UNet."""
-    from napari_finetune.model.checkpoint import load_checkpoint
+    from napari_finetune.loading import load_checkpoint
     from napari_finetune.model.unet import UNet
 
     path = checkpoint

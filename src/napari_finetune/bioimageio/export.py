@@ -178,6 +178,7 @@ def check_package(path: Path) -> None:
 
 
 def _as_checkpoint(source: Any, folder: Path, trust: Trust) -> Checkpoint:
+    # Paths go through the public load_checkpoint: the loader sits above bioimageio/.
     if isinstance(source, Checkpoint):
         return source
     if hasattr(source, "export") and callable(source.export):
