@@ -33,7 +33,7 @@ import zarr
 from napari_finetune.config import PredictConfig
 from napari_finetune.data.normalization import intensity_range
 from napari_finetune.io.omezarr import open_volume
-from napari_finetune.model.checkpoint import load_checkpoint
+from napari_finetune.loading import load_checkpoint
 from napari_finetune.objects import (
     ChannelRole,
     blockwise_instances,

@@ -88,7 +88,7 @@ def make_data(shape: tuple[int, int, int]):
 
 def load_model():
     """The sample checkpoint when present, else the same architecture untrained."""
-    from napari_finetune.model.checkpoint import load_checkpoint
+    from napari_finetune.loading import load_checkpoint
     from napari_finetune.model.unet import UNet
     from napari_finetune.samples.synthetic_em import sample_checkpoint_path
 
@@ -437,7 +437,7 @@ def time_to_quality(device: str, dry_run: bool, budget_s: float, dense_s: float)
     from bench_adaptation import UNSEEN_SEED, unseen_appearance
     from bench_time_to_quality import HEADER, appearance_rows
 
-    from napari_finetune.model.checkpoint import load_checkpoint
+    from napari_finetune.loading import load_checkpoint
     from napari_finetune.samples.synthetic_em import generate_volume, sample_checkpoint_path
 
     shape = (16, 64, 64) if dry_run else (64, 256, 256)

@@ -86,7 +86,7 @@ def predict(checkpoint_path: Path, image: np.ndarray, cache: Path | None) -> np.
         return np.load(cached)
     from napari_finetune.config import PredictConfig
     from napari_finetune.data.normalization import intensity_range
-    from napari_finetune.model.checkpoint import load_checkpoint
+    from napari_finetune.loading import load_checkpoint
     from napari_finetune.predict import predict_volume
 
     ckpt = load_checkpoint(checkpoint_path)

@@ -51,7 +51,7 @@ BLOCK_SETTINGS = [  # (label, block_shape, halo)
 
 def load_model(checkpoint: str | None):
     """The sample checkpoint when present (real weights, GroupNorm), else a fresh UNet."""
-    from napari_finetune.model.checkpoint import load_checkpoint
+    from napari_finetune.loading import load_checkpoint
     from napari_finetune.model.unet import UNet
 
     path = checkpoint
@@ -78,7 +78,8 @@ def throughput(model, shape: tuple[int, ...], repeats: int) -> list[list[str]]:
     """Table 1 rows."""
     from napari_finetune.config import PredictConfig
     from napari_finetune.data.normalization import intensity_range, normalize
-    from napari_finetune.predict import block_grid, predict_block, predict_volume, shape_multiple
+    from napari_finetune.model.geometry import shape_multiple
+    from napari_finetune.predict import block_grid, predict_block, predict_volume
 
     image = volume(shape)
     low, high = intensity_range(image, {"method": "percentile", "low": 1, "high": 99})

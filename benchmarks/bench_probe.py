@@ -29,7 +29,7 @@ import torch
 from markdown_table import measured_under, print_table
 
 from napari_finetune.config import FinetuneConfig
-from napari_finetune.model.checkpoint import load_checkpoint
+from napari_finetune.loading import load_checkpoint
 from napari_finetune.model.unet import UNet
 from napari_finetune.samples.synthetic_em import sample_checkpoint_path
 from napari_finetune.trainer import oom_recovery

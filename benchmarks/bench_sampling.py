@@ -29,7 +29,7 @@ from napari_finetune.config import FinetuneConfig
 from napari_finetune.data.normalization import intensity_range
 from napari_finetune.data.sampling import PatchSampler
 from napari_finetune.io.volume import open_volume
-from napari_finetune.model.checkpoint import load_checkpoint
+from napari_finetune.loading import load_checkpoint
 from napari_finetune.samples.store import ensure_sample
 from napari_finetune.samples.synthetic_em import sample_checkpoint_path
 from napari_finetune.trainer.loop import Finetuner

@@ -113,7 +113,7 @@ def appearance_rows(
     from napari_finetune.cli.demo import predict_all
     from napari_finetune.cli.simulate import foreground_iou, simulate_corrections, split_slices
     from napari_finetune.config import FinetuneConfig, PredictConfig
-    from napari_finetune.model.checkpoint import load_checkpoint
+    from napari_finetune.loading import load_checkpoint
     from napari_finetune.predict import predict_volume
 
     painted_z, held_out = split_slices(truth.shape[0])

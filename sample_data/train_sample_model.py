@@ -28,7 +28,8 @@ import torch
 from torch import nn
 
 from napari_finetune.data.normalization import intensity_range, normalize
-from napari_finetune.model.checkpoint import load_checkpoint, save_checkpoint
+from napari_finetune.loading import load_checkpoint
+from napari_finetune.model.checkpoint import save_checkpoint
 from napari_finetune.model.unet import UNet
 from napari_finetune.samples.synthetic_em import (
     CHANNEL_NAMES,

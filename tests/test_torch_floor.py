@@ -29,7 +29,7 @@ NEWER_APIS = [
     ("torch.amp.GradScaler", (2, 3), "trainer/precision.py", "torch.amp.GradScaler("),
     ("torch.cuda.memory._record_memory_history", (2, 1), "trainer/snapshot.py",
      "_record_memory_history(max_entries="),
-    ("torch.load", (1, 13), "model/checkpoint.py", "weights_only=True"),
+    ("torch.load", (1, 13), "model/checkpoint_format.py", "weights_only=True"),
 ]
 
 

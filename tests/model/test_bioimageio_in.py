@@ -1,4 +1,4 @@
-"""load_checkpoint opens bioimage.io model packages (zip, folder, rdf.yaml), offline and safely."""
+"""The loader opens bioimage.io model packages (zip, folder, rdf.yaml), offline and safely."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from bioimageio_helpers import (
 )
 
 from napari_finetune.bioimageio import is_bioimageio_package
-from napari_finetune.model.checkpoint import CheckpointError, load_checkpoint
+from napari_finetune.loading import load_checkpoint
+from napari_finetune.model.checkpoint import CheckpointError
 
 
 @pytest.fixture(scope="module")
@@ -294,3 +295,19 @@ def test_without_bioimageio_installed_the_cli_says_what_to_install(package):
     assert result.returncode == 1, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "pip install 'napari-finetune[bioimageio]'" in lines[0]
+
+
+def test_the_public_path_opens_a_package_with_nothing_else_imported(package):
+    # The documented call of outside checks, in a fresh interpreter: the caller imports
+    # model.checkpoint alone, and a package path still reaches the bioimage.io reader.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from napari_finetune.model.checkpoint import load_checkpoint\n"
+        f"ckpt = load_checkpoint({str(package)!r})\n"
+        f"assert ckpt.channel_names == {CHANNELS!r}, ckpt.channel_names\n"
+        "assert 'bioimageio' in ckpt.metadata\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

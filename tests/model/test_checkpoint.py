@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from napari_finetune.loading import load_checkpoint
 from napari_finetune.model import checkpoint as ckpt_module
 from napari_finetune.model.bring_your_own import checkpoint_from_factory
 from napari_finetune.model.checkpoint import (
     CheckpointError,
     describe_checkpoint,
-    load_checkpoint,
     save_checkpoint,
 )
 from napari_finetune.model.unet import UNet
@@ -100,3 +100,28 @@ def test_names_that_moved_stay_importable_from_the_checkpoint_module():
     assert ckpt_module.call_factory is factory.call_factory
     with pytest.raises(AttributeError):
         ckpt_module.no_such_name  # noqa: B018
+
+
+def test_the_public_path_is_the_loader_and_importing_it_stays_on_the_model_floor():
+    # Outside checks call model.checkpoint.load_checkpoint; importing that module must
+    # not import the loader or the bioimage.io reader above it (only calling it does).
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import napari_finetune.model.checkpoint\n"
+        "above = [m for m in sys.modules if m.startswith(('napari_finetune.loading', "
+        "'napari_finetune.bioimageio'))]\n"
+        "assert not above, above\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_public_path_opens_our_checkpoint_as_the_loader_does(tmp_path):
+    path = save_checkpoint(tmp_path / "m.pt", _model(), {"channel_names": ["a", "b"]})
+    public, loaded = ckpt_module.load_checkpoint(path), load_checkpoint(path)
+    assert public.sha256 == loaded.sha256 and public.architecture == loaded.architecture
+    assert public.channel_names == ["a", "b"]
+    with pytest.raises(CheckpointError, match="checkpoint not found"):
+        ckpt_module.load_checkpoint(tmp_path / "missing.pt")

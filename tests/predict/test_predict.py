@@ -169,7 +169,8 @@ def test_block_grid_aligns_each_axis_to_its_own_multiple():
 def test_shape_multiple_is_one_divisor_for_every_axis():
     from monai.networks import nets
 
-    from napari_finetune.predict import shape_multiple, spatial_multiple
+    from napari_finetune.model.geometry import shape_multiple
+    from napari_finetune.predict import spatial_multiple
 
     model = nets.UNet(spatial_dims=3, in_channels=1, out_channels=2, channels=(2, 4, 4),
                       strides=((1, 2, 2), 2))

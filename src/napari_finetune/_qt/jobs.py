@@ -47,7 +47,7 @@ def model_to_predict(
     from napari_finetune.data.normalization import intensity_range
 
     if model is None:
-        from napari_finetune.model.checkpoint import load_checkpoint
+        from napari_finetune.loading import load_checkpoint
 
         ckpt = load_checkpoint(checkpoint_path, trust=tuple(trust))
         model, normalization = ckpt.model, ckpt.normalization
@@ -126,8 +126,8 @@ def _build_and_run(
     preview_interval_s: float, region: Callable[[], tuple[slice, ...] | None],
     trust: Sequence[str],
 ) -> Job[None]:
-    from napari_finetune.model.checkpoint import load_checkpoint
-    from napari_finetune.predict import shape_multiple
+    from napari_finetune.loading import load_checkpoint
+    from napari_finetune.model.geometry import shape_multiple
     from napari_finetune.testing import build_hooks
     from napari_finetune.trainer.loop import Finetuner
 

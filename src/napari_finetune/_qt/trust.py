@@ -84,7 +84,8 @@ def refusal(path: str, factory: str) -> str:
 
 def info_job(path: str, trust: tuple[str, ...] = ()) -> Job[CheckpointInfo | Untrusted]:
     """Read what the widget shows of a checkpoint, or the factory it needs trusted."""
-    from napari_finetune.model.checkpoint import CheckpointError, load_checkpoint
+    from napari_finetune.loading import load_checkpoint
+    from napari_finetune.model.checkpoint import CheckpointError
 
     yield from ()
     try:

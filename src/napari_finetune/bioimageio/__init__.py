@@ -6,7 +6,7 @@ a folder, or a ``.zip`` of it, with a description (``rdf.yaml`` or
 ``bioimageio.yaml``), weights and test tensors.
 
 - :func:`is_bioimageio_package` tells a package from a napari-finetune checkpoint
-  without importing ``bioimageio.spec`` (``load_checkpoint`` asks it first).
+  without importing ``bioimageio.spec`` (:mod:`napari_finetune.loading` asks it first).
 - :mod:`~napari_finetune.bioimageio.load` reads a package with
   ``pytorch_state_dict`` weights into a :class:`~napari_finetune.model.checkpoint.Checkpoint`.
 - :mod:`~napari_finetune.bioimageio.export` writes a checkpoint as a package.

@@ -32,7 +32,8 @@ from napari_finetune.devices import check_model_fits_image
 from napari_finetune.model.architectures import Trust
 from napari_finetune.model.atomic_write import write_atomically
 from napari_finetune.model.checkpoint import Checkpoint, load_checkpoint
-from napari_finetune.predict import predict_block, shape_multiple
+from napari_finetune.model.geometry import shape_multiple
+from napari_finetune.predict import predict_block
 
 DEFAULT_LICENSE = "CC-BY-4.0"
 # Test tensors: at most this big (a few MB in the package), cut from the volume's centre.
@@ -177,6 +178,7 @@ def check_package(path: Path) -> None:
 
 
 def _as_checkpoint(source: Any, folder: Path, trust: Trust) -> Checkpoint:
+    # Paths go through the public load_checkpoint: the loader sits above bioimageio/.
     if isinstance(source, Checkpoint):
         return source
     if hasattr(source, "export") and callable(source.export):

@@ -1,8 +1,8 @@
 """Open a bioimage.io model package as a napari-finetune checkpoint.
 
-``load_checkpoint(path)`` comes here when ``path`` is a package (a folder or
-``.zip`` with ``rdf.yaml`` / ``bioimageio.yaml``, or that file itself). The
-description is read and converted to the latest format by ``bioimageio.spec``
+:func:`napari_finetune.loading.load_checkpoint` comes here when ``path`` is a
+package (a folder or ``.zip`` with ``rdf.yaml`` / ``bioimageio.yaml``, or that file
+itself). The description is read and converted to the latest format by ``bioimageio.spec``
 with ``perform_io_checks=False``, so nothing is downloaded; a package whose
 weights or architecture file are URLs is refused.
 

@@ -72,7 +72,7 @@ def run(args: argparse.Namespace, source: Path) -> int:
     import dataclasses
 
     from napari_finetune.bioimageio.export import export_bioimageio
-    from napari_finetune.model.checkpoint import load_checkpoint
+    from napari_finetune.loading import load_checkpoint
 
     if args.volume is None:
         raise ValueError(

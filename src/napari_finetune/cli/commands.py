@@ -143,7 +143,7 @@ def train(args: argparse.Namespace) -> int:
     if args.nproc is not None and args.nproc != 1 and world_size == 1:  # start torchrun
         return multi.launch(args.nproc, args.argv)
     from napari_finetune.io.omezarr import load_corrections, open_volume
-    from napari_finetune.model.checkpoint import load_checkpoint
+    from napari_finetune.loading import load_checkpoint
 
     config = config_from_args(
         FinetuneConfig,
@@ -166,7 +166,7 @@ def train(args: argparse.Namespace) -> int:
     volume = open_volume(args.volume)
     if args.patch_shape is None:  # the default, fitted as the widget fits its patch
         from napari_finetune.data.patch_shape import fit_patch_shape
-        from napari_finetune.predict import shape_multiple
+        from napari_finetune.model.geometry import shape_multiple
 
         multiple = shape_multiple(ckpt.model, volume.data.ndim)
         config.patch_shape = fit_patch_shape(config.patch_shape, volume.shape, multiple)
@@ -193,7 +193,7 @@ def predict(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from napari_finetune.io.omezarr import open_volume
-    from napari_finetune.model.checkpoint import load_checkpoint
+    from napari_finetune.loading import load_checkpoint
     from napari_finetune.predict.regions import PredictOutOfMemoryError
     from napari_finetune.predict.store import predict_to_omezarr
 
@@ -251,8 +251,9 @@ def predict(args: argparse.Namespace) -> int:
 
 def export(args: argparse.Namespace) -> int:
     """Wrap a state dict into a checkpoint, re-save a checkpoint, write TorchScript."""
+    from napari_finetune.loading import load_checkpoint
     from napari_finetune.model.bring_your_own import checkpoint_from_factory
-    from napari_finetune.model.checkpoint import load_checkpoint, save_checkpoint
+    from napari_finetune.model.checkpoint import save_checkpoint
 
     if args.bioimageio is not None and not (args.factory or args.out or args.torchscript):
         return bioimageio_export.run(args, args.source)  # SOURCE may be a package folder
@@ -307,7 +308,8 @@ def info(args: argparse.Namespace) -> int:
 
         print(f"this machine: {describe_environment(run_environment(resolve_device(args.device)))}")
         return 0
-    from napari_finetune.model.checkpoint import describe_checkpoint, load_checkpoint
+    from napari_finetune.loading import load_checkpoint
+    from napari_finetune.model.checkpoint import describe_checkpoint
 
     ckpt = load_checkpoint(args.checkpoint, trust=args.trust_factory)
     print(describe_checkpoint(ckpt))

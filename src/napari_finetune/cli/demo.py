@@ -98,7 +98,7 @@ class Sample:
 def load_sample(shape: tuple[int, int, int] | None = None) -> Sample:
     """Generate (first use) and open the target sample and the pretrained checkpoint."""
     from napari_finetune.io.omezarr import load_corrections, open_volume
-    from napari_finetune.model.checkpoint import load_checkpoint
+    from napari_finetune.loading import load_checkpoint
     from napari_finetune.samples.store import ensure_sample
     from napari_finetune.samples.synthetic_em import sample_checkpoint_path
 
@@ -137,7 +137,7 @@ def demo(args: argparse.Namespace) -> int:
     """Run the demo; see the module docstring."""
     from napari_finetune.cli.run import run_finetune
     from napari_finetune.cli.simulate import foreground_iou, simulate_corrections, split_slices
-    from napari_finetune.model.checkpoint import load_checkpoint
+    from napari_finetune.loading import load_checkpoint
 
     require_matplotlib()  # before minutes of work, not at the figure
     t0 = time.perf_counter()

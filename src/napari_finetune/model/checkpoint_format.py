@@ -1,4 +1,4 @@
-"""The checkpoint file: what it holds (:class:`Checkpoint`) and how one is written.
+"""The checkpoint file: what it holds (:class:`Checkpoint`), how one is written and read.
 
 Layout of the file (plain types and tensors only, so ``torch.load(...,
 weights_only=True)`` reads it)::
@@ -9,15 +9,18 @@ weights_only=True)`` reads it)::
      "metadata": {"channel_names": [...], "channel_colors": [...],
                   "normalization": {...}, "run": {...}}}
 
-Reading, which may dispatch to a bioimage.io package or a model file, is
-:func:`napari_finetune.model.checkpoint.load_checkpoint`; the readers of other
-formats build their :class:`Checkpoint` from here without importing it.
+:func:`read_checkpoint` reads this layout only. Opening any model path (this file
+or a bioimage.io package) is :func:`napari_finetune.loading.load_checkpoint`, on a
+floor above this one and the bioimage.io reader; the readers of other formats build
+their :class:`Checkpoint` from here.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,17 +29,25 @@ import torch
 from torch import nn
 
 from napari_finetune import palette
+from napari_finetune.errors import one_line
+from napari_finetune.model.architectures import Trust
 from napari_finetune.model.atomic_write import write_atomically
-from napari_finetune.model.factory import CheckpointError
+from napari_finetune.model.factory import CheckpointError, build_model
+from napari_finetune.model.state_dict_fit import mismatch_line
 
 FORMAT = "napari-finetune-checkpoint"
 FORMAT_VERSION = 1
 DEFAULT_NORMALIZATION = {"method": "percentile", "low": 1.0, "high": 99.0}
 
+# How a reader rebuilds the model from the file's architecture record, its metadata
+# and the user's trust (the loader passes one that also knows a bioimage.io
+# package's own source file, which lives on a floor above this one).
+BuildModel = Callable[[dict[str, Any], dict[str, Any], Trust], nn.Module]
+
 
 @dataclass
 class Checkpoint:
-    """What :func:`~napari_finetune.model.checkpoint.load_checkpoint` returns.
+    """What :func:`~napari_finetune.loading.load_checkpoint` returns.
 
     Attributes
     ----------
@@ -164,6 +175,85 @@ def save_checkpoint(
     }
     return write_atomically(
         path, lambda handle: torch.save(payload, handle), size_hint=_payload_bytes(payload)
+    )
+
+
+def read_checkpoint(
+    path: str | os.PathLike,
+    device: str | torch.device = "cpu",
+    trust: Trust = None,
+    build: BuildModel | None = None,
+) -> Checkpoint:
+    """Read a file of this layout with ``weights_only=True`` and rebuild its model.
+
+    Parameters
+    ----------
+    path : path-like
+        The checkpoint file.
+    device : str or torch.device
+        Where the model is put.
+    trust : str or collection of str, optional
+        Model factories (``"package.module:callable"``) the user trusts beyond
+        the allow-list of :mod:`napari_finetune.model.architectures`.
+    build : callable, optional
+        ``build(architecture, metadata, trust)`` returns the model before its
+        weights are loaded; by default the factory of the record
+        (:func:`~napari_finetune.model.factory.build_model`).
+
+    Raises
+    ------
+    CheckpointError
+        Missing file, a file torch cannot read, a file of another format, a
+        factory that is neither allowed nor trusted, or weights that do not fit
+        the recorded architecture; the message says which.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path} (is the path right?)")
+    data = path.read_bytes()
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises several types for a bad file
+        raise CheckpointError(
+            f"{path} is not a readable PyTorch checkpoint ({one_line(exc)}); it may be "
+            "truncated or not a .pt file. Export it again or pick another file."
+        ) from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise CheckpointError(
+            f"{path} is a PyTorch file but not a napari-finetune checkpoint (no "
+            f"'format': '{FORMAT}'). A bare state dict can be wrapped with "
+            "napari_finetune.model.checkpoint.checkpoint_from_factory()."
+        )
+    if payload.get("format_version", 0) > FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path} was written by a newer napari-finetune (format "
+            f"{payload['format_version']}); upgrade napari-finetune to read it."
+        )
+    architecture = payload.get("architecture")
+    if not isinstance(architecture, dict) or not isinstance(architecture.get("factory"), str):
+        raise CheckpointError(
+            f"{path} has no usable 'architecture' (a dict with a 'factory' string); "
+            "export it again with napari-finetune."
+        )
+    metadata = payload.get("metadata") or {}
+    if build is None:
+        model = build_model(architecture, trust=trust)
+    else:
+        model = build(architecture, metadata, trust)
+    try:
+        model.load_state_dict(payload["state_dict"])
+    except RuntimeError as exc:
+        raise CheckpointError(
+            f"the weights in {path} do not fit its architecture "
+            f"{architecture['factory']}: {mismatch_line(model, payload['state_dict'], exc)}"
+        ) from None
+    model.to(device).eval()
+    return Checkpoint(
+        model=model,
+        metadata=metadata,
+        architecture=architecture,
+        path=path,
+        sha256=hashlib.sha256(data).hexdigest(),
     )
 
 

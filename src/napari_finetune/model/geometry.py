@@ -23,6 +23,7 @@ Results are cached per model object (weakly: a model that is dropped is forgotte
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -110,6 +111,14 @@ def model_geometry(
 def spatial_multiple(model: nn.Module, ndim: int) -> tuple[int, ...]:
     """Per-axis divisor the model's input sizes need (see :func:`model_geometry`)."""
     return model_geometry(model, ndim).multiple
+
+
+def shape_multiple(model: nn.Module, ndim: int | None = None) -> int:
+    """One divisor that suits every axis (the least common multiple of the per-axis ones).
+
+    ``ndim`` defaults to the model's ``dims`` (3 when it does not say).
+    """
+    return math.lcm(*spatial_multiple(model, ndim or int(getattr(model, "dims", 0) or 3)))
 
 
 def fit_patch(model: nn.Module, patch_shape: Sequence[int]) -> ModelGeometry:

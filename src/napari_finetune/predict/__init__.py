@@ -28,7 +28,6 @@ from napari_finetune.predict.volume import (
     launch_batch,
     predict_block,
     predict_volume,
-    shape_multiple,
     spatial_multiple,
 )
 
@@ -42,6 +41,5 @@ __all__ = [
     "launch_batch",
     "predict_block",
     "predict_volume",
-    "shape_multiple",
     "spatial_multiple",
 ]

@@ -224,6 +224,7 @@ def predict_on_cluster(
     from napari_finetune.model.checkpoint import load_checkpoint
 
     path = Path(checkpoint).resolve()
+    # The public path, not napari_finetune.loading, which sits above the predictor.
     ckpt = load_checkpoint(path, trust=list(trust))  # here: names, range, a clear error early
     volume = open_volume(Path(store_path))
     image = volume.data

@@ -93,6 +93,7 @@ def predict_to_omezarr(
     from napari_finetune.io.staging import staged_replace
     from napari_finetune.model.checkpoint import Checkpoint, load_checkpoint
 
+    # The public path, not napari_finetune.loading, which sits above the predictor.
     ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else load_checkpoint(checkpoint)
     volume = open_volume(Path(store_path))
     image = volume.data

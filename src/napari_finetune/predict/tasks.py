@@ -85,6 +85,7 @@ def _model(task: RegionTask, device: str) -> torch.nn.Module:
             import torch
 
             torch.set_num_threads(task.torch_threads)
+        # The public path, not napari_finetune.loading, which sits above the predictor.
         model = load_checkpoint(spec.checkpoint, device=device, trust=list(task.trust)).model
         _MODELS[key] = model.eval()
         _LOADS[(spec.checkpoint, spec.checkpoint_mtime_ns)] += 1

@@ -19,7 +19,6 @@ also depends on its content: blockwise results differ slightly from one call
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -48,14 +47,6 @@ def spatial_multiple(model: Any, ndim: int) -> tuple[int, ...]:
     from napari_finetune.model.geometry import spatial_multiple as per_axis
 
     return per_axis(model, ndim)
-
-
-def shape_multiple(model: Any, ndim: int | None = None) -> int:
-    """One divisor that suits every axis (the least common multiple of the per-axis ones).
-
-    ``ndim`` defaults to the model's ``dims`` (3 when it does not say).
-    """
-    return math.lcm(*spatial_multiple(model, ndim or int(getattr(model, "dims", 0) or 3)))
 
 
 def predict_block(model: Any, block: np.ndarray, device: str = "cpu") -> np.ndarray:
