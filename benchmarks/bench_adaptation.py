@@ -20,11 +20,17 @@ Appearances:
   the defaults were tuned on;
 - ``unseen``: another microscope nobody tuned anything on (:func:`unseen_appearance`):
   strong blur in z, a contrast curve that darkens, more noise, coarse grain,
-  and another geometry seed.
+  and another geometry seed;
+- ``third``: a microscope made for issue 42 before any run and never tuned on
+  (:func:`third_appearance`): sharp in z, blurred in-plane, strong shot noise,
+  a washed-out detector.
 
-Goal: sparse reaches >= 85 % of the upper bound's mean IoU and is not worse
-than before on any channel. Each run writes one JSON line, so the runs can be
-spread over processes and the table made at the end::
+``--set FIELD=VALUE`` runs the sparse and dense rows with FinetuneConfig fields
+on top of the demo's settings (how options are compared; the row says which).
+
+Goal: the full fine-tune reaches >= 95 % and LoRA >= 85 % of the upper bound's
+mean IoU, and neither is worse than before on any channel. Each run writes one
+JSON line, so the runs can be spread over processes and the table made at the end::
 
     python benchmarks/bench_adaptation.py --appearances sample --runs before full lora dense \\
         --json runs.jsonl
