@@ -531,14 +531,14 @@ def host_syncs(image, corrections, device: str, patch, dry_run: bool) -> bool:
 
     from napari_finetune.config import FinetuneConfig
     from napari_finetune.testing.host_reads import HostReads
-    from napari_finetune.trainer import retry
+    from napari_finetune.trainer import loop
 
     config = dataclasses.replace(
         FinetuneConfig(), steps=4, batch_size=2, patch_shape=tuple(patch), device=device,
         mixed_precision=True, cpu_bf16=dry_run, autobatch=False, validation_fraction=0.0,
     )
     counts: list[tuple[str, str, int]] = []
-    original = retry.run_step
+    original = loop.run_step
 
     def counted_step(parts, *args, **kwargs):  # noqa: ANN001, ANN202 - run_step's own
         if dry_run:
@@ -558,11 +558,11 @@ def host_syncs(image, corrections, device: str, patch, dry_run: bool) -> bool:
         counts.append((parts.precision.dtype_name, outcome.kind, n))
         return outcome
 
-    retry.run_step = counted_step
+    loop.run_step = counted_step
     try:
         _, statuses = timed_run(image, corrections, config)
     finally:
-        retry.run_step = original
+        loop.run_step = original
     how = "reads of device values (HostReads)" if dry_run else "sync warnings"
     print(f"9. host syncs per attempt at an optimizer step ({how}), goal 1 under bf16")
     print_table(["attempt", "dtype", "outcome", "syncs"],

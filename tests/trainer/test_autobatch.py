@@ -111,7 +111,9 @@ def test_autobatch_leaves_rng_batchnorm_gradients_and_weights_as_they_were():
     np.random.seed(8)  # noqa: NPY002
     random.seed(9)
     with testing.MemoryBudget(10**9) as budget:
-        decision = autobatch(trainer, budget)
+        decision = autobatch(
+            trainer.state, trainer.parts, trainer.sampler, trainer.config.memory_fraction, budget
+        )
     assert decision.applied and len(decision.points) == 4  # 1, 2, 4, 8
     got = (torch.rand(3), np.random.rand(3), random.random())  # noqa: NPY002
     assert torch.equal(got[0], expected[0]) and np.array_equal(got[1], expected[1])
@@ -151,7 +153,9 @@ def test_a_nonsense_profile_keeps_the_configured_batch():
     trainer = make_trainer(batch_size=4, accumulation=2, autobatch=True)
     trainer.build()
     memory = FakeMemory([1000, 3000, 2000, 4000])  # batch 4 measured below batch 2
-    decision = autobatch(trainer, memory)
+    decision = autobatch(
+        trainer.state, trainer.parts, trainer.sampler, trainer.config.memory_fraction, memory
+    )
     assert not decision.applied
     assert (trainer.batch_size, trainer.accumulation) == (4, 2)
     assert decision.message.startswith(
@@ -164,7 +168,9 @@ def test_an_oom_at_a_profile_point_ends_the_profile_and_caps_the_choice():
     trainer.build()
     fault = testing.oom_above_batch(trainer.model, 4)  # batch 8 fails, the fit says 16 fits
     with testing.MemoryBudget(10**9) as budget:
-        decision = autobatch(trainer, budget)
+        decision = autobatch(
+            trainer.state, trainer.parts, trainer.sampler, trainer.config.memory_fraction, budget
+        )
     assert fault.count == 1
     assert [size for size, _ in decision.points] == [1, 2, 4]
     assert decision.applied and trainer.batch_size <= 7
@@ -180,7 +186,9 @@ def test_the_profile_stops_before_a_size_the_fit_says_cannot_fit():
     reserved = pending_optimizer_bytes(trainer.parts.optimizer)
     memory = FakeMemory([100, 200, 400, 800, 1600, 3200, 6400],
                         free=math.ceil((reserved + 750) / 0.8))
-    decision = autobatch(trainer, memory)
+    decision = autobatch(
+        trainer.state, trainer.parts, trainer.sampler, trainer.config.memory_fraction, memory
+    )
     assert memory.measured == 3 and [size for size, _ in decision.points] == [1, 2, 4]
     # floor(750 / 100) = 7 samples fit: 64 in the fewest micro-batches of at most 7.
     assert decision.applied and (trainer.batch_size, trainer.accumulation) == (7, 10)

@@ -27,8 +27,6 @@ from engine_setup import make_trainer
 from napari_finetune import testing
 from napari_finetune.trainer.build import make_sampler
 from napari_finetune.trainer.distributed import per_rank_config
-from napari_finetune.trainer.retry import optimizer_step
-from napari_finetune.trainer.start import choose_micro_batch
 from napari_finetune.trainer.sync import LocalSync
 
 # Ports picked then released: one test of this module at a time (see `resource`).
@@ -153,7 +151,7 @@ def test_two_ranks_train_as_one_process_on_both_ranks_samples(plain):
         draws = [sampler.sample(2) for sampler in samplers]
         images = np.concatenate([d[0] for d in draws])
         labels = np.concatenate([d[1] for d in draws])
-        list(optimizer_step(ref, images, labels))
+        list(ref.optimizer_step(images, labels))
     expected = ref.model.state_dict()
     for key, value in plain[0]["weights"].items():
         torch.testing.assert_close(value, expected[key], rtol=1e-4, atol=1e-6)
@@ -200,7 +198,7 @@ def test_autobatch_takes_the_smallest_micro_batch_of_the_ranks():
     trainer.build()
     with testing.MemoryBudget(10**9) as budget:
         trainer.memory_info = budget
-        status = choose_micro_batch(trainer)
+        status = trainer.choose_micro_batch()
     assert trainer.autobatch_decision.applied and trainer.autobatch_decision.batch_size > 1
     assert (trainer.batch_size, trainer.accumulation) == (1, 8)
     assert status.message.endswith("micro-batch 1 × 8, the smallest of the ranks")

@@ -13,7 +13,8 @@ from napari_finetune.trainer.losses import (
     needs_teacher,
     step_normalisers,
 )
-from napari_finetune.trainer.step import accumulate_gradients, split_sizes
+from napari_finetune.trainer.micro_batches import split_sizes
+from napari_finetune.trainer.step import accumulate_gradients
 
 
 def test_corrected_channels():

@@ -11,13 +11,13 @@ import torch
 from engine_setup import make_trainer
 
 from napari_finetune.testing.host_reads import HostReads, Read
-from napari_finetune.trainer import retry
+from napari_finetune.trainer import loop
 
 
 def counted_attempts(monkeypatch, trainer, first_attempt_check=None):
     """Run ``trainer``; for every attempt at a step: (dtype, outcome, host reads)."""
     attempts = []
-    original = retry.run_step
+    original = loop.run_step
 
     def run_step(parts, *args, **kwargs):
         before = [p.detach().clone() for p in parts.model.parameters()]
@@ -29,7 +29,7 @@ def counted_attempts(monkeypatch, trainer, first_attempt_check=None):
         attempts.append((parts.precision.dtype_name, outcome.kind, counter.reads))
         return outcome
 
-    monkeypatch.setattr(retry, "run_step", run_step)
+    monkeypatch.setattr(loop, "run_step", run_step)
     events = list(trainer.run())
     assert events[-1].kind == "finished"
     return attempts
@@ -49,7 +49,7 @@ def test_nonfinite_bf16_gradients_are_refused_in_the_same_read(monkeypatch):
     trainer = make_trainer(dims=2, steps=1, batch_size=2, mixed_precision=True, cpu_bf16=True)
     trainer.build()
     weight = next(trainer.parts.model.parameters())
-    real_step = retry.run_step
+    real_step = loop.run_step
 
     def with_inf_gradients(*args, **kwargs):
         # A finite loss, inf gradients; after the run's precision probe, which
@@ -60,7 +60,7 @@ def test_nonfinite_bf16_gradients_are_refused_in_the_same_read(monkeypatch):
         finally:
             hook.remove()
 
-    monkeypatch.setattr(retry, "run_step", with_inf_gradients)
+    monkeypatch.setattr(loop, "run_step", with_inf_gradients)
     checked = []
 
     def untouched(outcome, before, after):

@@ -22,7 +22,6 @@ from __future__ import annotations
 import gc
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -31,6 +30,7 @@ import torch
 from napari_finetune.devices import empty_device_cache
 from napari_finetune.errors import is_oom_error
 from napari_finetune.trainer import step as _step
+from napari_finetune.trainer.autobatch_decision import AutobatchDecision
 from napari_finetune.trainer.batchnorm_floor import split_respects
 from napari_finetune.trainer.memory_info import MemoryInfo, format_bytes, memory_info_for
 from napari_finetune.trainer.run_state import RunState, TrainingParts
@@ -38,54 +38,10 @@ from napari_finetune.trainer.state import left_as_it_was, restore_batchnorm
 
 if TYPE_CHECKING:
     from napari_finetune.data.sampling import PatchSampler
-    from napari_finetune.trainer.loop import Finetuner
 
 Samples = tuple[np.ndarray, np.ndarray]
 
 __all__ = ["AutobatchDecision", "MemoryInfo", "autobatch", "choose_batch", "profile_sizes"]
-
-
-@dataclass(frozen=True)
-class AutobatchDecision:
-    """What autobatch measured and chose.
-
-    Attributes
-    ----------
-    applied : bool
-        Whether the micro-batch now in use came from the fit (False: configured kept).
-    batch_size, accumulation, samples_per_step : int
-        The micro-batch in use after the decision, and how the step is cut.
-    points : tuple of (int, int)
-        (micro-batch, peak bytes above the resting state) measured.
-    intercept_bytes, per_sample_bytes : float or None
-        The fit ``a + b * batch`` (None without a fit).
-    free_bytes : int or None
-        Free device memory read after the profile.
-    reserved_bytes : int
-        Optimizer state still to be allocated, taken off the free memory.
-    memory_fraction : float
-        Share of the free memory planned for.
-    message : str
-        The log line.
-    """
-
-    applied: bool
-    batch_size: int
-    accumulation: int
-    samples_per_step: int
-    points: tuple[tuple[int, int], ...]
-    intercept_bytes: float | None
-    per_sample_bytes: float | None
-    free_bytes: int | None
-    reserved_bytes: int
-    memory_fraction: float
-    message: str
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain types for the run record."""
-        d = asdict(self)
-        d["points"] = [list(p) for p in self.points]
-        return d
 
 
 def profile_sizes(samples: int, smallest: int = 1) -> list[int]:
@@ -129,26 +85,36 @@ def choose_batch(
 
 
 def autobatch(
-    trainer: Finetuner, memory: MemoryInfo | None = None, step_samples: Samples | None = None
+    state: RunState,
+    parts: TrainingParts,
+    sampler: PatchSampler,
+    memory_fraction: float,
+    memory: MemoryInfo | None = None,
+    step_samples: Samples | None = None,
 ) -> AutobatchDecision:
-    """Measure, fit and choose; sets the micro-batch and accumulation of ``trainer.state``.
+    """Measure, fit and choose; sets the micro-batch and accumulation of ``state``.
 
     Parameters
     ----------
-    trainer : Finetuner
-        Built; its micro-step is the one measured.
+    state : RunState
+        The run's state; its micro-batch and accumulation are set when the fit applies.
+    parts : TrainingParts
+        The built run; its micro-step is the one measured.
+    sampler : PatchSampler
+        Draws the profile's samples (unless ``step_samples`` are given).
+    memory_fraction : float
+        Share of the free memory the chosen micro-batch may plan to use.
     step_samples : (images, labels), optional
         Measure on these (a step's samples, mid-run) instead of drawing from the
         sampler, which a running sample feed owns.
     memory : MemoryInfo, optional
         Where free memory and peaks are read; default the device's own.
     """
-    state, parts = trainer.state, trainer.parts
     memory = memory or memory_info_for(parts.device)
     samples = int(state.samples_per_step)
     floor = state.batchnorm_floor
     smallest = floor.min_batch if floor is not None else 1
-    fraction = float(trainer.config.memory_fraction)
+    fraction = float(memory_fraction)
     configured = (state.batch_size, state.accumulation)
 
     def keep(reason: str, **measured: Any) -> AutobatchDecision:
@@ -167,7 +133,7 @@ def autobatch(
         return keep("one micro-batch is the whole step, nothing to choose")
     reserved = pending_optimizer_bytes(parts.optimizer)
     points, failed_at = measure(
-        parts, state, trainer.sampler, memory, samples, smallest,
+        parts, state, sampler, memory, samples, smallest,
         lambda: fraction * memory.free_bytes() - reserved, step_samples,
     )
     free = int(memory.free_bytes())

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from napari_finetune.errors import first_line
+from napari_finetune.trainer.micro_batches import split_sizes
 from napari_finetune.trainer.state import BATCHNORM_TYPES
 
 
@@ -124,7 +125,6 @@ def refuse_batch(floor: BatchNormFloor, patch_shape: Sequence[int], samples: int
 def split_respects(floor: BatchNormFloor | None, samples: int, batch_size: int) -> bool:
     """Whether cutting ``samples`` into micro-batches of ``batch_size`` keeps every one
     at or above the floor (an odd step of 3 at batch 2 is cut 2 + 1)."""
-    from napari_finetune.trainer.step import split_sizes
 
     if floor is None or floor.min_batch <= 1:
         return True

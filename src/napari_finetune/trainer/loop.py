@@ -1,46 +1,267 @@
-"""The fine-tuning loop as a generator of :class:`Status` events.
+"""The fine-tuning run: one :class:`Finetuner` owns it, from set-up to export.
 
 Construction is cheap on purpose (the widget builds a :class:`Finetuner` on the
 Qt main thread): the patch sampler, the optimizer (the first AdamW costs ~1.6 s
 of lazy imports), the PEFT wrapping and the teacher are built by
-:meth:`Finetuner.build` (:mod:`~napari_finetune.trainer.run_setup`), which
-:meth:`Finetuner.run` calls in the worker thread.
+:meth:`Finetuner.build`, which :meth:`Finetuner.run` calls in the worker thread.
+
+Before step 1 the run chooses its micro-batch (autobatch, when on) and probes
+its precision; when the probe falls back to fp32, whose activations are larger
+than those just measured, or frees the teacher, the profile is taken again.
 
 An optimizer step draws its samples once; if it runs out of memory anywhere
 (student forward, teacher forward, backward, optimizer step) the loop leaves
-the ``except`` block, undoes the failed attempt (BatchNorm statistics, stale
-gradients, the scaler's half-done step), steps down the ladder
-(:func:`~napari_finetune.trainer.oom_recovery.recover_from_oom`) and redoes the same
-step with the same samples cut smaller. A step is never skipped or applied
-twice, and the step counter only moves when the optimizer stepped.
+the ``except`` block (only a line of text is kept: the traceback holds the
+failed attempt's activations), undoes the failed attempt (BatchNorm
+statistics, stale gradients, the scaler's half-done step), steps down the
+ladder (:func:`~napari_finetune.trainer.oom_recovery.recover_from_oom`) and
+redoes the same step with the same samples cut smaller. Non-finite results
+under mixed precision fall back to fp32 and redo the step with the weights
+unchanged; an fp16 GradScaler skip is reported and redone. A step is never
+skipped or applied twice, and the step counter only moves when the optimizer
+stepped. With several ranks the attempt's outcome is already agreed when
+:func:`~napari_finetune.trainer.step.run_step` returns or raises, so every rank
+takes the same branch at the same step.
+
+The pure pieces take the :class:`~napari_finetune.trainer.run_state.RunState`
+and the :class:`~napari_finetune.trainer.run_state.TrainingParts` (or, for the
+record, anything shaped like a run) and never import this module.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 
+from napari_finetune.config import FinetuneConfig
+from napari_finetune.errors import RecoveryError, is_oom_error
 from napari_finetune.model.lora import describe_adapters
 from napari_finetune.trainer import collector, record
 from napari_finetune.trainer.batchnorm_floor import describe_floor
-from napari_finetune.trainer.retry import optimizer_step
-from napari_finetune.trainer.run_setup import RunSetup
-from napari_finetune.trainer.start import memory_aware_start
+from napari_finetune.trainer.ladder import after_applied_step, retry_at_bottom
+from napari_finetune.trainer.memory_info import MemoryInfo
+from napari_finetune.trainer.oom import oom_line
+from napari_finetune.trainer.oom_recovery import iter_probe, nothing_left_message, recover_from_oom
+from napari_finetune.trainer.precision import Precision
+from napari_finetune.trainer.run_state import FromState, RunState, TrainingParts
+from napari_finetune.trainer.snapshot import MemoryHistory
+from napari_finetune.trainer.state import batchnorm_state, restore_batchnorm
 from napari_finetune.trainer.status import Status
+from napari_finetune.trainer.step import run_step
+from napari_finetune.trainer.sync import LocalSync
+from napari_finetune.trainer.validation import Validator
 
 if TYPE_CHECKING:
-    pass
+    from napari_finetune.data.prefetch import SampleFeed
+    from napari_finetune.data.sampling import PatchSampler
+    from napari_finetune.trainer.autobatch import Samples
+    from napari_finetune.trainer.autobatch_decision import AutobatchDecision
+    from napari_finetune.trainer.batchnorm_floor import BatchNormFloor
+    from napari_finetune.trainer.climb import Climb
+    from napari_finetune.trainer.teacher import Teacher
+
+# Consecutive GradScaler skips of one step before fp16 is given up for fp32.
+MAX_SCALER_SKIPS = 8
 
 
-class Finetuner(RunSetup):
-    """Fine-tunes ``model`` on painted corrections of ``image``.
+class Finetuner:
+    """Fine-tunes ``model`` on painted corrections of ``image``; owns the whole run.
 
-    The parameters, attributes and :meth:`build` are :class:`RunSetup`'s.
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The pretrained model (one logit per channel). With ``mode="lora"`` PEFT
+        wraps it in place when the run starts.
+    image, corrections : array-like
+        Raw volume and its corrections (0 unpainted, 1 background, k >= 2
+        channel k - 2), same spatial shape, ZYX or YX; numpy, zarr or dask.
+    config : FinetuneConfig
+        The run's settings.
+    metadata : dict, optional
+        The checkpoint's metadata: ``channel_names``, ``normalization``, and
+        ``run`` (a previous run's record; its degraded state is resumed).
+    source_sha256 : str, optional
+        Hash of the starting checkpoint, recorded in the export.
+    sync : LocalSync, optional
+        Where the run's decisions are agreed: this process alone (default), or
+        every rank of a multi-process run (:mod:`~napari_finetune.trainer.distributed`).
+
+    Attributes
+    ----------
+    state : RunState
+        What the ladder, the precision fall-back and autobatch change; its
+        fields are also read-only attributes of the trainer (``batch_size``,
+        ``accumulation``, ``teacher``, ``recovery_log``, ``steps_done``, ...).
+    lock : threading.RLock
+        Held while the weights change; :meth:`predict` and :meth:`export` take it.
     """
+
+    batch_size: FromState[int] = FromState()
+    accumulation: FromState[int] = FromState()
+    samples_per_step: FromState[int] = FromState()
+    distillation: FromState[float] = FromState()
+    hold_other_channels: FromState[bool] = FromState()
+    teacher: FromState[Teacher | None] = FromState()
+    dropped_at_step: FromState[int | None] = FromState()
+    scaler_skips: FromState[int] = FromState()
+    recovery_log: FromState[list[str]] = FromState()
+    autobatch_decision: FromState[AutobatchDecision | None] = FromState()
+    climb: FromState[Climb] = FromState()
+    batchnorm_floor: FromState[BatchNormFloor | None] = FromState()
+    steps_done: FromState[int] = FromState()
+    last_loss: FromState[float | None] = FromState()
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        image: Any,
+        corrections: Any,
+        config: FinetuneConfig,
+        metadata: dict[str, Any] | None = None,
+        source_sha256: str | None = None,
+        sync: LocalSync | None = None,
+    ) -> None:
+        from napari_finetune.devices import check_model_fits_image, resolve_device
+
+        check_model_fits_image(model, tuple(np.shape(image)))
+        self.model = model
+        self.image = image
+        self.corrections = corrections
+        self.config = config
+        self.metadata = dict(metadata or {})
+        self.source_sha256 = source_sha256
+        self.device = torch.device(resolve_device(config.device))
+        self.precision = Precision(self.device, config.mixed_precision, config.cpu_bf16)
+        self.sync = sync or LocalSync()
+        self.state = RunState.from_config(config)
+        self._parts: TrainingParts | None = None  # made by build()
+        self.sampler: PatchSampler | None = None
+        self.feed: SampleFeed | None = None  # its wait_s says how long steps waited
+        self.ended: str | None = None  # how the run ended, when not by finishing or stop()
+        self.validator = Validator(
+            config.validation_every, config.early_stop_checks, config.keep_best
+        )
+        self.after_build: list[Callable[[Finetuner], None]] = []
+        # The memory-aware start: the provider autobatch reads (None: the
+        # device's own; tests and benchmarks put a MemoryBudget here), what it
+        # chose, the allocator history, and the ladder's way back up.
+        self.memory_info: MemoryInfo | None = None
+        self.memory_history = MemoryHistory(config.memory_snapshot, self.device)
+        self.lock = threading.RLock()
+        self._stop = threading.Event()
+        self._released = False
+        self._normalization_range: tuple[float, float] | None = None
+        self._start_time = time.perf_counter()
+        self._resumed = record.apply_previous_run(
+            self.state, self.precision, config, self.metadata.get("run")
+        )
+        if self._resumed:
+            self.state.recovery_log.append(self._resumed)
+
+    @property
+    def parts(self) -> TrainingParts:
+        """The model as trained, its optimizer and precision (after :meth:`build`)."""
+        if self._parts is None:
+            raise RuntimeError("the trainer is not built (or was released): call build() first.")
+        return self._parts
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None:
+        """The run's AdamW, once built (None before and after :meth:`release`)."""
+        return None if self._parts is None else self._parts.optimizer
+
+    @property
+    def corrected(self) -> torch.Tensor | None:
+        """Indices of the channels the corrections paint, once built."""
+        return None if self._parts is None else self._parts.corrected
+
+    # --- set-up (worker thread) ----------------------------------------------------
+
+    @property
+    def normalization_range(self) -> tuple[float, float]:
+        """(low, high) intensities of this image under the checkpoint's normalisation."""
+        if self._normalization_range is None:
+            from napari_finetune.data.normalization import intensity_range
+            from napari_finetune.model.checkpoint import DEFAULT_NORMALIZATION
+
+            spec = self.metadata.get("normalization") or DEFAULT_NORMALIZATION
+            self._normalization_range = intensity_range(self.image, spec)
+        return self._normalization_range
+
+    @property
+    def out_channels(self) -> int:
+        """Output channels of the model, once the patch is checked to fit it.
+
+        Raises ``ModelShapeError`` (one line naming the sizes) when the model
+        cannot run on ``config.patch_shape``.
+        """
+        from napari_finetune.model.geometry import fit_patch
+
+        return fit_patch(self.model, self.config.patch_shape).out_channels
+
+    @property
+    def painted_voxels(self) -> int:
+        """Painted (non-zero) voxels of the corrections."""
+        return int(self._get_sampler().painted_voxels)
+
+    def _get_sampler(self) -> PatchSampler:
+        if self.sampler is None:
+            from napari_finetune.trainer.build import make_sampler
+
+            self.sampler = make_sampler(
+                self.image,
+                self.corrections,
+                self.config,
+                self.normalization_range,
+                self.out_channels,
+                rank=self.sync.rank,
+            )
+        return self.sampler
+
+    def build(self) -> None:
+        """Sampler, PEFT wrapping, teacher and optimizer; idempotent.
+
+        Called by :meth:`run`; call it yourself to install fault injection on
+        the built trainer (or append a callable to ``after_build``).
+        """
+        if self._parts is not None or self._released:
+            return
+        from napari_finetune.trainer.build import build_parts, measure_floor
+
+        sampler, state = self._get_sampler(), self.state
+        self.model.to(self.device)
+        state.batchnorm_floor, floor_line = measure_floor(
+            self.model, self.config, self.device, state.samples_per_step, state.batch_size
+        )
+        if floor_line:
+            state.recovery_log.append(floor_line)
+        parts, state.teacher = build_parts(
+            self.model,
+            self.config,
+            self.precision,
+            sampler.classes_present,
+            self.out_channels,
+            state.distillation,
+            state.hold_other_channels,
+        )
+        # Every rank starts from rank 0's weights (LoRA adapters are drawn per process).
+        self.sync.align(parts.model)
+        self.model, self._parts = parts.model, parts
+        for hook in self.after_build:
+            hook(self)
+
+    @property
+    def channel_names(self) -> list[str]:
+        """The model's output channel names (from the checkpoint, or channel-N)."""
+        from napari_finetune.model.checkpoint import channel_names_of
+
+        return channel_names_of(self.metadata, self.out_channels)
 
     # --- the run -------------------------------------------------------------------
 
@@ -75,7 +296,7 @@ class Finetuner(RunSetup):
                 yield self.status("recovery", self._resumed)
             if recording:
                 yield self.status("probe", recording)
-            yield from memory_aware_start(self)
+            yield from self._memory_aware_start()
             total = self.config.steps
             # The feed draws the next steps' samples in a background thread (same
             # sequence as drawing here); it is closed before the run's last event
@@ -95,7 +316,7 @@ class Finetuner(RunSetup):
                     )
                     return
                 images, labels = self.feed.next(self.samples_per_step)
-                yield from optimizer_step(self, images, labels)
+                yield from self.optimizer_step(images, labels)
                 # Agreed, so no rank waits for one that stopped (GPU kernels may
                 # score the held-out voxels a hair differently per rank).
                 if self.sync.any(bool(self.validator.early_stop())):
@@ -118,6 +339,156 @@ class Finetuner(RunSetup):
                 self.memory_history.finish()  # a failed run's history is written all the same
             finally:
                 collector.show_again(hidden)
+
+    # --- before step 1 ---------------------------------------------------------------
+
+    def _memory_aware_start(self) -> Iterator[Status]:
+        """Autobatch when the config (or the device) asks for it, then the precision probe."""
+        use = self.config.autobatch_on(self.device.type)
+        if use:
+            yield self.choose_micro_batch()
+        state, precision = self.state, self.precision
+        mixed, had_teacher = precision.enabled, state.teacher is not None
+        probe = iter_probe(
+            state, self.parts, self.sampler, self.memory_history, self.sync
+        )
+        for kind, message in probe:
+            yield self.status(kind, message)
+        fell_back = mixed and not precision.enabled
+        freed = had_teacher and state.teacher is None
+        if use and (fell_back or freed):
+            yield self.choose_micro_batch()
+
+    def choose_micro_batch(self, step_samples: Samples | None = None) -> Status:
+        """Run autobatch against ``self.memory_info`` (None: the device's own).
+
+        ``step_samples``: the current step's samples, when called mid-run (after
+        the teacher was freed, to grow into the memory it gave back).
+        """
+        from napari_finetune.trainer.autobatch import autobatch
+
+        state = self.state
+        decision = autobatch(
+            state, self.parts, self._get_sampler(), self.config.memory_fraction, self.memory_info,
+            step_samples,
+        )
+        message = decision.message
+        # Several ranks train one micro-batch: the smallest any of them chose.
+        agreed = self.sync.smallest(state.batch_size)
+        if agreed != state.batch_size:
+            state.use_micro_batch(agreed)
+            message += f"; micro-batch {agreed} × {state.accumulation}, the smallest of the ranks"
+        state.autobatch_decision = decision
+        if decision.applied:
+            # The measured choice is the top rung: the ladder climbs back to it,
+            # never above it to a batch the profile said does not fit.
+            state.climb.rungs.clear()
+        return self.status("probe", message)
+
+    # --- one optimizer step ---------------------------------------------------------
+
+    def optimizer_step(self, images: np.ndarray, labels: np.ndarray) -> Iterator[Status]:
+        """Redo one optimizer step with the same samples until it is applied."""
+        state, parts, sync = self.state, self.parts, self.sync
+        precision = parts.precision
+        step = state.steps_done + 1
+        while True:
+            failure = None
+            with self.lock:
+                saved = batchnorm_state(parts.model, parts.batchnorm)
+                try:
+                    outcome = run_step(
+                        parts, state, images, labels, self.config.max_grad_norm, sync
+                    )
+                except Exception as exc:
+                    if not is_oom_error(exc):
+                        raise
+                    # Keep a line of text only: the exception's traceback holds
+                    # the failed attempt's activations.
+                    failure = oom_line(exc)
+            if failure is not None:
+                restore_batchnorm(saved)
+                del saved
+                yield from self._step_down(state, failure, step, (images, labels))
+                continue
+            if outcome.kind == "nonfinite":
+                restore_batchnorm(saved)
+                if not precision.enabled:
+                    raise FloatingPointError(
+                        f"the loss of step {step} is {outcome.loss} in fp32: check the image "
+                        "normalisation and the learning rate."
+                    )
+                message = (
+                    f"non-finite loss or gradients at step {step} under "
+                    f"{precision.describe()}: falling back to fp32 for good, redoing the "
+                    "step (weights unchanged)"
+                    + (f" on all {sync.world_size} ranks" if sync.distributed else "")
+                )
+                precision.fall_back_to_fp32()
+                state.recovery_log.append(message)
+                yield self.status("recovery", message)
+                continue
+            if outcome.kind == "skipped":
+                restore_batchnorm(saved)
+                state.scaler_skips += 1
+                before, after = outcome.scale
+                message = (
+                    f"fp16 overflow at step {step}: the GradScaler skipped the update "
+                    f"(scale {before:g} → {after:g}); redoing the step"
+                )
+                if state.scaler_skips >= MAX_SCALER_SKIPS:
+                    precision.fall_back_to_fp32()
+                    message += f"; {state.scaler_skips} skips in a row: fp32 from now on"
+                state.recovery_log.append(message)
+                yield self.status("recovery", message)
+                continue
+            sync.align_buffers(parts.model)
+            state.scaler_skips = 0
+            state.steps_done = step
+            state.last_loss = outcome.loss
+            state.painted_seen += int(np.count_nonzero(labels))
+            message = f"step {step}/{self.config.steps}: loss {outcome.loss:.4f}"
+            checked = self.validate_if_due()
+            yield self.status("step", f"{message}; {checked}" if checked else message)
+            climbed = after_applied_step(state)
+            if climbed:
+                state.recovery_log.append(climbed)
+                yield self.status("recovery", climbed)
+            return
+
+    def _step_down(
+        self,
+        state: RunState,
+        failure: str,
+        step: int,
+        samples: tuple[np.ndarray, np.ndarray],
+    ) -> Iterator[Status]:
+        """After an out-of-memory (agreed by every rank): one rung down, or a retry."""
+        parts = self.parts
+        snapshot = self.memory_history.dump_first_oom()
+        state.climb.out_of_memory()
+        # At the bottom rung a transient OOM gets a few retries (cache emptied)
+        # before the teacher is freed or the run gives up.
+        retry = retry_at_bottom(state, parts.device, step)
+        had_teacher = state.teacher is not None
+        if retry:
+            state.recovery_log.append(retry)
+        elif not recover_from_oom(state, parts):
+            raise RecoveryError(
+                nothing_left_message(state, parts.precision, failure, f"step {step}")
+            )
+        else:
+            state.climb.retries = 0
+        yield self.status("recovery", state.recovery_log[-1])
+        if snapshot:
+            yield self.status("recovery", snapshot)
+        if had_teacher and state.teacher is None and self.config.autobatch_on(
+            parts.device.type
+        ):
+            # The teacher's memory is free: measure again and grow into it.
+            status = self.choose_micro_batch(samples)
+            state.recovery_log.append(status.message)
+            yield self.status("recovery", status.message)
 
     def _with_snapshot(self, message: str) -> str:
         line = self.memory_history.finish()
@@ -234,4 +605,4 @@ class Finetuner(RunSetup):
             return record.export_checkpoint(self, path, ended, metadata)
 
 
-__all__ = ["Finetuner"]
+__all__ = ["MAX_SCALER_SKIPS", "Finetuner"]

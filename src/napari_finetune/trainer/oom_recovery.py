@@ -15,7 +15,7 @@ tests share one set of rules (docs/architecture.md, recovery):
   and so does a finite one that disagrees with an fp32 pass of the same batch
   (:mod:`~napari_finetune.trainer.precision_check`).
 
-The loop (:mod:`~napari_finetune.trainer.retry`, :mod:`~napari_finetune.trainer.start`)
+The loop (:class:`~napari_finetune.trainer.loop.Finetuner`)
 calls these; code driving a ``Finetuner`` by hand calls the public face,
 :mod:`~napari_finetune.trainer.recovery` (``halve_batch(trainer)``,
 ``survive_oom(trainer, epoch)``, ``probe_precision(trainer)``), which delegates here.

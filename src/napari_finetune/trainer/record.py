@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from napari_finetune.config import FinetuneConfig
 from napari_finetune.model.lora import adapted_layers
@@ -19,12 +19,44 @@ from napari_finetune.trainer.precision import Precision
 from napari_finetune.trainer.run_state import RunState
 
 if TYPE_CHECKING:
-    from napari_finetune.trainer.loop import Finetuner
+    import torch
+
+    from napari_finetune.data.sampling import PatchSampler
+    from napari_finetune.trainer.snapshot import MemoryHistory
+    from napari_finetune.trainer.sync import LocalSync
+    from napari_finetune.trainer.validation import Validator
 
 RECORD_VERSION = 1
 
 
-def run_record(trainer: Finetuner) -> dict[str, Any]:
+class RecordedRun(Protocol):
+    """What the record reads of a run (the Finetuner is one; nothing here imports it)."""
+
+    state: RunState
+    config: FinetuneConfig
+    precision: Precision
+    model: torch.nn.Module
+    device: torch.device
+    sync: LocalSync
+    sampler: PatchSampler | None
+    validator: Validator
+    memory_history: MemoryHistory
+    metadata: dict[str, Any]
+    source_sha256: str | None
+    ended: str | None
+
+    @property
+    def painted_voxels(self) -> int:
+        """Painted voxels of the corrections."""
+        ...
+
+    @property
+    def out_channels(self) -> int:
+        """Output channels of the model."""
+        ...
+
+
+def run_record(trainer: RecordedRun) -> dict[str, Any]:
     """Plain-types record of ``trainer``'s run (safe for ``weights_only`` loading)."""
     painted = trainer.painted_voxels if trainer.sampler is not None else None
     state = trainer.state
@@ -67,16 +99,16 @@ def run_record(trainer: Finetuner) -> dict[str, Any]:
     }
 
 
-def environment_record(trainer: Finetuner) -> dict[str, Any]:
+def environment_record(trainer: RecordedRun) -> dict[str, Any]:
     """Python, torch and napari-finetune versions, the device and the host of the run."""
     from napari_finetune.trainer.environment import run_environment
 
     return run_environment(trainer.device)
 
 
-def memory_record(trainer: Finetuner) -> dict[str, Any]:
+def memory_record(trainer: RecordedRun) -> dict[str, Any]:
     """What the memory-aware start chose and why, and where the snapshots went."""
-    decision = trainer.autobatch_decision
+    decision = trainer.state.autobatch_decision
     return {
         "autobatch": None if decision is None else decision.to_dict(),
         "memory_snapshots": list(trainer.memory_history.written),
@@ -152,7 +184,7 @@ def apply_previous_run(
 
 
 def export_checkpoint(
-    trainer: Finetuner, path: str | os.PathLike, ended: str | None = None,
+    trainer: RecordedRun, path: str | os.PathLike, ended: str | None = None,
     metadata_updates: Mapping[str, Any] | None = None,
 ) -> Path:
     """Merge the adapters into a copy and save it with the record, atomically;
@@ -174,7 +206,7 @@ def export_checkpoint(
     if ended is None and trainer.ended:
         ended = trainer.ended
     if ended is None:
-        done, total = trainer.steps_done, trainer.config.steps
+        done, total = trainer.state.steps_done, trainer.config.steps
         ended = "finished" if done >= total else f"stopped after step {done}"
     metadata["run"]["ended"] = ended
     if previous:

@@ -9,7 +9,7 @@ these with the trainer itself (docs/architecture.md, "Public recovery API")::
     probe_precision(trainer) -> list[str]  # one mixed-precision forward + backward,
                                            # compared with fp32
 
-Each builds the trainer first (:meth:`~napari_finetune.trainer.run_setup.RunSetup.build`
+Each builds the trainer first (:meth:`~napari_finetune.trainer.loop.Finetuner.build`
 is idempotent) and delegates to the typed rules of
 :mod:`~napari_finetune.trainer.oom_recovery`, which the loop itself calls on its
 :class:`~napari_finetune.trainer.run_state.RunState` and

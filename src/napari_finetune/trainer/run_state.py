@@ -14,17 +14,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 import torch
 
 from napari_finetune.config import FinetuneConfig
-from napari_finetune.trainer.ladder import Climb
+from napari_finetune.trainer.climb import Climb
 from napari_finetune.trainer.precision import Precision
 from napari_finetune.trainer.status import Switch
 
 if TYPE_CHECKING:
-    from napari_finetune.trainer.autobatch import AutobatchDecision
+    from napari_finetune.trainer.autobatch_decision import AutobatchDecision
     from napari_finetune.trainer.batchnorm_floor import BatchNormFloor
     from napari_finetune.trainer.precision_check import PrecisionCheck
     from napari_finetune.trainer.teacher import Teacher
@@ -186,7 +186,7 @@ class FromState(Generic[T]):
         return getattr(obj.state, self.name)
 
 
-class HasState:
-    """Base of an object that owns a :class:`RunState` (the Finetuner)."""
+class HasState(Protocol):
+    """An object that owns a :class:`RunState` (the Finetuner)."""
 
     state: RunState

@@ -20,6 +20,7 @@ import torch
 
 from napari_finetune.errors import is_oom_error
 from napari_finetune.trainer.losses import Normalisers, finetune_loss, step_normalisers
+from napari_finetune.trainer.micro_batches import split_sizes
 from napari_finetune.trainer.oom import StepOutOfMemory, oom_line
 from napari_finetune.trainer.precision import Precision, clip_gradients, total_squared_norm
 from napari_finetune.trainer.run_state import RunState, TrainingParts
@@ -27,18 +28,6 @@ from napari_finetune.trainer.sync import LocalSync
 
 # The agreement of a step run by one process alone.
 ALONE = LocalSync()
-
-
-def split_sizes(n: int, batch_size: int) -> list[int]:
-    """Micro-batch sizes for ``n`` samples, none over ``batch_size``, none lost.
-
-    Balanced: 5 at most 3 -> [3, 2]; 8 at most 3 -> [3, 3, 2].
-    """
-    if n <= 0:
-        return []
-    parts = math.ceil(n / batch_size)
-    base, extra = divmod(n, parts)
-    return [base + 1] * extra + [base] * (parts - extra)
 
 
 @dataclass(frozen=True)
