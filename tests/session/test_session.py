@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from tests.session.conftest import CHANNELS, tiny_config
 
@@ -48,13 +49,19 @@ def test_finetune_records_the_run_then_exports_and_predicts_with_it(session, rec
 
 def test_an_unreadable_checkpoint_fails_with_one_line_and_frees_the_session(
         session, record, tmp_path):
+    from napari_finetune.errors import first_line
+    from napari_finetune.loading import load_checkpoint
+
     broken = tmp_path / "broken.pt"
     broken.write_bytes(b"not a checkpoint at all")
     session.checkpoint = str(broken)
     assert session.finetune() is True  # it started; the job fails in the runner
     end = record["ended"][-1]
     assert (end.action, end.outcome) == (Busy.TRAIN, Outcome.FAILED)
-    assert end.reason.startswith("fine-tune failed: ") and "\n" not in end.reason, end.reason
+    assert "\n" not in end.reason, end.reason
+    with pytest.raises(Exception) as raised:  # the loader's own words, first line only
+        load_checkpoint(broken)
+    assert end.reason == f"fine-tune failed: {first_line(raised.value)}", end.reason
     assert session.busy is None and session.trainer is None
     assert session.last_end is end
     assert session.predict() is True  # the next action is not refused
