@@ -14,14 +14,15 @@ import pytest
 import torch
 from tests._qt.conftest import CHANNELS, make_volume
 
-from napari_finetune._qt import jobs, worker
-from napari_finetune._qt.corrections import save_corrections_locked
-from napari_finetune._qt.events import RunStatus, TrainerReady
+from napari_finetune._qt import worker
 from napari_finetune.config import FinetuneConfig
+from napari_finetune.session import jobs, work
+from napari_finetune.session.events import RunStatus, TrainerReady
+from napari_finetune.session.saving import save_corrections_locked
 
 
 def _save_job(store, labels):
-    return worker.guarded(_call_then_wait)(save_corrections_locked, str(store), labels, CHANNELS)
+    return work.guarded(_call_then_wait)(save_corrections_locked, str(store), labels, CHANNELS)
 
 
 def _call_then_wait(fn, *args):
@@ -40,7 +41,7 @@ def test_saves_during_a_run_leave_training_its_threads(tiny_store, tiny_checkpoi
     corrections[6:10, 4:12, 36:44] = 1
     config = FinetuneConfig(steps=2, batch_size=1, mode="full", device="cpu",
                             patch_shape=(16, 32, 32))
-    train = worker.guarded(jobs.train_job)(str(tiny_checkpoint), make_volume(), corrections,
+    train = work.guarded(jobs.train_job)(str(tiny_checkpoint), make_volume(), corrections,
                                          None, CHANNELS, config, 0.0, lambda: None)
 
     early_save = _save_job(tiny_store, corrections)
@@ -64,7 +65,7 @@ def test_saves_during_a_run_leave_training_its_threads(tiny_store, tiny_checkpoi
 
 def test_jobs_report_results_through_returned_and_failures_through_errored(qtbot):
     """napari's worker protocol: a torch-style RuntimeError is a failure, not a lost worker."""
-    from napari_finetune._qt.events import JobError, Progress
+    from napari_finetune.session.events import JobError, Progress
 
     def failing():
         yield Progress(1, 2, "test")
@@ -94,10 +95,10 @@ def test_overlapping_computing_jobs_share_one_setting(tiny_checkpoint):
     corrections[6:10, 20:28, 20:28] = 3
     config = FinetuneConfig(steps=2, batch_size=1, mode="full", device="cpu",
                             patch_shape=(16, 32, 32))
-    train = worker.guarded(jobs.train_job)(str(tiny_checkpoint), make_volume(), corrections,
+    train = work.guarded(jobs.train_job)(str(tiny_checkpoint), make_volume(), corrections,
                                          None, CHANNELS, config, 0.0, lambda: None)
     assert isinstance(next(train), TrainerReady)
-    predict = worker.guarded(jobs.predict_job)(str(tiny_checkpoint), make_volume(), 2, "cpu")
+    predict = work.guarded(jobs.predict_job)(str(tiny_checkpoint), make_volume(), 2, "cpu")
     next(predict)  # the prediction computes...
     for _ in train:  # ...while the run ends
         pass

@@ -18,8 +18,6 @@ from napari.utils.notifications import show_error, show_warning
 from qtpy.QtWidgets import QLabel
 
 from napari_finetune._qt import corrections as corr
-from napari_finetune._qt import jobs
-from napari_finetune._qt.events import Event, Preview, Progress, RunStatus, Saved, TrainerReady
 from napari_finetune._qt.layers import (
     apply_preview,
     fit_prediction_layers_later,
@@ -29,7 +27,10 @@ from napari_finetune._qt.layers import (
 from napari_finetune._qt.objects_step import show_checkpoint_roles
 from napari_finetune._qt.state import CheckpointInfo, Untrusted, release_trainer, shut_down
 from napari_finetune._qt.trust import ask_to_trust, info_job, refusal
-from napari_finetune._qt.worker import Job, start_call, start_job
+from napari_finetune._qt.worker import start_call, start_job
+from napari_finetune.session import jobs
+from napari_finetune.session.events import Event, Preview, Progress, RunStatus, Saved, TrainerReady
+from napari_finetune.session.work import Job
 
 if TYPE_CHECKING:
     from napari.layers import Image, Labels

@@ -15,9 +15,7 @@ and the save the training worker does before it starts).
 
 from __future__ import annotations
 
-import itertools
 import sys
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,15 +23,15 @@ import numpy as np
 from qtpy.QtCore import QObject, QTimer
 
 from napari_finetune import palette
+from napari_finetune.session.saving import (
+    next_snapshot,
+    not_yet_written,
+    save_corrections_locked,
+)
 
 BACKGROUND_COLOR = palette.BACKGROUND
 UNPAINTED = 0
 BACKGROUND = 1
-_SAVE_LOCK = threading.Lock()
-# Each copy of a painting gets the next number; a store keeps the newest one written, so a
-# save that started late (a worker that waited for the lock) cannot overwrite newer strokes.
-_SNAPSHOTS = itertools.count(1)
-_WRITTEN: dict[str, int] = {}
 METADATA_KEY = "napari_finetune_corrections"
 
 
@@ -100,34 +98,6 @@ def store_path_of(*layers: Any) -> str | None:
         if path:
             return str(path)
     return None
-
-
-def next_snapshot() -> int:
-    """The number of a new copy of a painting (increasing across the process)."""
-    return next(_SNAPSHOTS)
-
-
-def save_corrections_locked(
-    path: str, labels: np.ndarray, channel_names: Sequence[str] | None = None,
-    snapshot: int | None = None, channel_colors: Sequence[str] = (),
-) -> str:
-    """Write ``labels`` to ``<path>/labels/corrections`` (one writer at a time), with the
-    classes' names and colours (``channel_colors``: the checkpoint's; else the palette's).
-
-    With ``snapshot`` (from :func:`next_snapshot`, taken when ``labels`` was
-    copied), nothing is written when a newer copy is already in the store.
-    """
-    from napari_finetune.io.omezarr import save_corrections
-
-    names = list(channel_names) if channel_names else None
-    with _SAVE_LOCK:
-        if snapshot is not None and _WRITTEN.get(str(path), 0) > snapshot:
-            return path
-        save_corrections(path, labels, name="corrections", channel_names=names,
-                         channel_colors=list(channel_colors) or None)
-        if snapshot is not None:
-            _WRITTEN[str(path)] = snapshot
-    return path
 
 
 def is_corrections_candidate(layer: Any) -> bool:
@@ -200,8 +170,7 @@ class Autosaver(QObject):
     @property
     def unwritten(self) -> bool:
         """The last copy taken is not in the store yet (queued, or being written)."""
-        with _SAVE_LOCK:
-            return _WRITTEN.get(str(self.store_path), 0) < self.snapshot_id
+        return not_yet_written(self.store_path, self.snapshot_id)
 
     def snapshot(self) -> np.ndarray:
         """A copy of the painted array, taken on the main thread; cancels the pending save."""

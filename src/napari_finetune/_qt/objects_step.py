@@ -9,33 +9,21 @@ turn (:func:`~napari_finetune._qt.layers.show_objects_later`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from napari_finetune._qt import corrections as corr
-from napari_finetune._qt.events import Progress
 from napari_finetune._qt.layers import (
     objects_layer_name,
     remove_stale_objects_layers,
     show_objects_later,
 )
-from napari_finetune._qt.worker import Job
+from napari_finetune.session.derived import ChannelObjects, objects_job
 
 if TYPE_CHECKING:
     from napari_finetune._qt.state import CheckpointInfo
     from napari_finetune._qt.view import JobHost
     from napari_finetune.objects import ChannelRole
-
-
-@dataclass(frozen=True)
-class ChannelObjects:
-    """One channel's objects: uint32 ids 1..count (0 between objects)."""
-
-    labels: np.ndarray
-    count: int
 
 
 def with_role(roles: Mapping[str, ChannelRole]) -> dict[str, ChannelRole]:
@@ -87,23 +75,6 @@ def roles_edited(c: JobHost) -> None:
     except ValueError as exc:
         s.roles_error = str(exc)
     w.objects_label.setText(s.roles_error or describe_roles(s.info, s.roles))
-
-
-def objects_job(
-    probabilities: Mapping[str, np.ndarray], roles: Mapping[str, ChannelRole],
-) -> Job[dict[str, ChannelObjects]]:
-    """Each channel's objects by its role (``instances_of``), channel by channel."""
-    from napari_finetune.objects import instances_of
-
-    out: dict[str, ChannelObjects] = {}
-    for i, (channel, prob) in enumerate(probabilities.items()):
-        yield Progress(i, len(probabilities), "objects")
-        # prob[None]: the (1, *spatial) view instances_of takes, without a copy.
-        labels = instances_of(prob[None], {channel: roles[channel]}, [channel])[channel]
-        # Ids are 1..N consecutive, so the largest is the count (computed here, off the UI).
-        out[channel] = ChannelObjects(labels, int(labels.max(initial=0)))
-    yield Progress(len(probabilities), len(probabilities), "objects")
-    return out
 
 
 def compute_objects(c: JobHost) -> None:

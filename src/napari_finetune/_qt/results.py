@@ -13,7 +13,7 @@ import numpy as np
 from napari.utils.notifications import show_info
 
 from napari_finetune._qt import corrections as corr
-from napari_finetune._qt import jobs, share, suggest
+from napari_finetune._qt import share, suggest
 from napari_finetune._qt.actions import Controller, say
 from napari_finetune._qt.layers import (
     OBJECTS_KEY,
@@ -21,6 +21,7 @@ from napari_finetune._qt.layers import (
     objects_layers,
     prediction_layers,
 )
+from napari_finetune.session import derived, jobs
 from napari_finetune.uncertainty import Suggestion
 
 
@@ -50,7 +51,7 @@ def paint_here_next(c: Controller) -> None:
         c.w.status_panel.set_idle("uncertainty updated")
         _suggest(c)
 
-    c.run_job("predict", suggest.uncertainty_job, s.info.path, corr.image_level0(layer),
+    c.run_job("predict", derived.uncertainty_job, s.info.path, corr.image_level0(layer),
               len(s.info.channel_names), c.w.settings.device_name(), model=model,
               normalization=s.info.normalization, trust=s.info.trust,
               what="Computing the uncertainty failed", on_result=computed)
@@ -72,7 +73,7 @@ def _suggest(c: Controller) -> None:
             s.suggested.append(suggestion.box)
             suggest.go_to(c.w.viewer, c.w.image_layer(), suggestion)
 
-    c.run_job(None, suggest.suggest_job, s.uncertainty, corrections, region,
+    c.run_job(None, derived.suggest_job, s.uncertainty, corrections, region,
               list(s.suggested), what="Suggesting a region failed", on_result=suggested)
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from napari_finetune._qt.events import Progress
-from napari_finetune._qt.worker import Job, core_left_for_the_ui
 from napari_finetune.objects.roles import ChannelRole
+from napari_finetune.session.events import Progress
+from napari_finetune.session.work import Job, core_left_for_the_ui
 
 
 def bioimageio_job(source: Any, out_path: str, volume: Any, trust: Sequence[str] = (),

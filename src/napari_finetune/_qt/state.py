@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 from psygnal import evented
 
-from napari_finetune._qt import worker
 from napari_finetune._qt.corrections import Autosaver
 from napari_finetune._qt.shutdown import JobWorker, end_jobs
+from napari_finetune.session import work
 
 if TYPE_CHECKING:
     from napari.layers import Image
@@ -149,4 +149,4 @@ def release_trainer(s: RunState) -> None:
     """Drop the previous run's trainer and give its device memory back."""
     if s.trainer is not None:
         s.trainer = None
-        worker.release_memory()
+        work.release_memory()

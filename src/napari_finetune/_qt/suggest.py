@@ -10,60 +10,14 @@ weights change.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from napari_finetune._qt.jobs import model_to_predict
 from napari_finetune._qt.layers import camera_of
-from napari_finetune._qt.worker import Job, core_left_for_the_ui, with_progress
-from napari_finetune.uncertainty import Suggestion, entropy, suggest_region
+from napari_finetune.uncertainty import Suggestion
 
 LAYER_NAME = "uncertainty"
-
-
-def uncertainty_job(
-    checkpoint_path: str,
-    image: Any,
-    channel_count: int,
-    device: str,
-    model: Any = None,
-    normalization: dict | None = None,
-    trust: Sequence[str] = (),
-) -> Job[np.ndarray]:
-    """Whole-volume probabilities, blockwise, turned into the entropy of each voxel."""
-    from napari_finetune.config import PredictConfig
-    from napari_finetune.predict import predict_volume
-
-    model, low_high, channel_count = model_to_predict(
-        checkpoint_path, image, channel_count, model, normalization, trust
-    )
-    shape = tuple(int(s) for s in image.shape)
-    probabilities = [np.zeros(shape, np.float32) for _ in range(channel_count)]
-    with core_left_for_the_ui():
-        yield from with_progress(
-            lambda progress: predict_volume(
-                model, image, low_high, PredictConfig(device=device), out=probabilities,
-                progress=progress,
-            ),
-            "uncertainty",
-        )
-    unsure = np.zeros(shape, np.float32)
-    for channel in probabilities:  # channel by channel: one temporary volume, not C
-        np.maximum(unsure, entropy(channel[None]), out=unsure)
-    return unsure
-
-
-def suggest_job(
-    unsure: np.ndarray,
-    corrections: Any,
-    region_shape: Sequence[int],
-    exclude: Sequence[tuple[slice, ...]],
-) -> Job[Suggestion | None]:
-    """The next region to paint (None: everything is painted or was suggested)."""
-    yield from ()
-    return suggest_region(unsure, corrections, region_shape, exclude)
 
 
 def show_uncertainty(viewer: Any, image_layer: Any, unsure: np.ndarray) -> Any:

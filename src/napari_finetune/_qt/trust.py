@@ -17,8 +17,8 @@ from pathlib import Path
 from qtpy.QtWidgets import QMessageBox, QWidget
 
 from napari_finetune._qt.state import CheckpointInfo, Untrusted
-from napari_finetune._qt.worker import Job
 from napari_finetune.palette import channel_colors
+from napari_finetune.session.work import Job
 
 
 def untrusted_factory(path: str | os.PathLike, trust: tuple[str, ...] = ()) -> str | None:

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from napari_finetune._qt.settings import SettingsForm
     from napari_finetune._qt.state import RunState
     from napari_finetune._qt.status_panel import StatusPanel
-    from napari_finetune._qt.worker import Job
+    from napari_finetune.session.work import Job
 
 
 class WidgetView(Protocol):

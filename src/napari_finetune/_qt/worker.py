@@ -1,31 +1,24 @@
 """Thread-worker glue: how the widget runs a job off the main thread.
 
-A job (:mod:`napari_finetune._qt.jobs`) is a generator run by napari's
-generator worker: it yields typed events (:mod:`napari_finetune._qt.events`)
+A job (:mod:`napari_finetune.session.jobs`) is a generator run by napari's
+generator worker: it yields typed events (:mod:`napari_finetune.session.events`)
 that arrive on the main thread through ``yielded``, returns its result
 through ``returned`` and fails through ``errored`` (napari marks the task
 failed; the widget shows the engine's own message once and is back to a
-usable state). ``worker.quit()`` ends a job at its next yield.
+usable state). ``worker.quit()`` ends a job at its next yield. What a job is
+and how it is guarded live in :mod:`napari_finetune.session.work` (no Qt).
 """
 
 from __future__ import annotations
 
-import functools
-import gc
-import os
-import queue
-import threading
-from collections.abc import Callable, Generator, Iterator
-from contextlib import AbstractContextManager, contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from napari_finetune._qt.events import Event, JobError, Progress
+from napari_finetune.session.events import Event
+from napari_finetune.session.work import Job, call_job, guarded
 
 if TYPE_CHECKING:
     from napari_finetune._qt.shutdown import JobWorker
-
-R = TypeVar("R")
-Job = Generator[Event, None, R]
 
 
 def start_job(
@@ -58,121 +51,9 @@ def start_job(
     return worker
 
 
-def call_job(fn: Callable[..., R], *args: Any) -> Job[R]:
-    """``fn(*args)`` as a job that yields nothing and returns its result."""
-    yield from ()  # a generator, so the worker honours quit() before it begins
-    return fn(*args)
-
-
 def start_call(
     fn: Callable[..., Any], *args: Any, on_done: Callable[[Any], None],
     on_error: Callable[[Exception], None],
 ) -> JobWorker:
     """Run a plain function in a worker: ``on_done(result)`` or ``on_error(exc)``."""
     return start_job(call_job, fn, *args, on_result=on_done, on_error=on_error)
-
-
-def guarded(job: Callable[..., Job]) -> Callable[..., Job]:
-    """``job`` that gives device memory back however it ends and never fails with a
-    ``RuntimeError`` (napari's worker would take it for a deleted worker)."""
-
-    @functools.wraps(job)
-    def run(*args: Any, **kwargs: Any) -> Job:
-        try:
-            return (yield from job(*args, **kwargs))
-        except RuntimeError as exc:
-            raise JobError(str(exc)) from exc
-        finally:
-            release_memory()
-
-    return run
-
-
-class _CoreForTheUi:
-    """The process-wide torch thread count while computing jobs run, counted across jobs.
-
-    ``torch.set_num_threads`` is process-wide. Measured on 2 shared cores:
-    torch on both starved Qt and Xvfb (1.1 s stalls) and was slower too
-    (oversubscribed). So the first computing job to begin (a run, a
-    prediction, a package's test) leaves one core to the UI and the last to
-    end gives it back: however the jobs overlap, none hands another every
-    core, and none leaves the process a core short for good. Jobs that only
-    save or read (the autosave, a checkpoint's channels) never touch it.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._computing = 0
-        self._before = 0
-
-    @contextmanager
-    def held(self) -> Iterator[None]:
-        import torch
-
-        with self._lock:
-            if self._computing == 0:
-                self._before = torch.get_num_threads()
-                torch.set_num_threads(max(1, min(self._before, (os.cpu_count() or 2) - 1)))
-            self._computing += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._computing -= 1
-                if self._computing == 0:
-                    torch.set_num_threads(self._before)
-
-
-_core_for_the_ui = _CoreForTheUi()
-
-
-def core_left_for_the_ui() -> AbstractContextManager[None]:
-    """Run torch on all cores but one while this computing job runs (see ``_CoreForTheUi``)."""
-    return _core_for_the_ui.held()
-
-
-def release_memory() -> None:
-    """Return cached accelerator memory to the driver (after a collection).
-
-    Only when an accelerator holds memory: a full ``gc.collect()`` in a
-    process with napari loaded holds the GIL for up to a second (measured:
-    a 940 ms UI stall at the end of a CPU run), and on the CPU freed tensors
-    go back at once by reference counting anyway.
-    """
-    import torch
-
-    if torch.cuda.is_available() and torch.cuda.memory_reserved() > 0:
-        gc.collect()
-        torch.cuda.empty_cache()
-    mps = getattr(torch, "mps", None)
-    if mps is not None and torch.backends.mps.is_available():
-        gc.collect()
-        mps.empty_cache()
-
-
-def with_progress(fn: Callable[[Callable[[int, int], None]], Any], what: str) -> Job:
-    """Run ``fn(progress)`` in a helper thread and yield its ``progress(done, total)`` calls.
-
-    ``predict_volume`` reports progress through a callback; a generator cannot
-    yield from inside a callback, so the computation runs beside the
-    generator and the progress crosses over a queue.
-    """
-    events: queue.Queue = queue.Queue()
-    outcome: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            outcome["result"] = fn(lambda done, total: events.put((done, total)))
-        except BaseException as exc:  # re-raised in the generator's thread
-            outcome["error"] = exc
-        finally:
-            events.put(None)
-
-    thread = threading.Thread(target=target, name=f"napari-finetune-{what}", daemon=True)
-    thread.start()
-    while (item := events.get()) is not None:
-        yield Progress(item[0], item[1], what)
-    thread.join()
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome.get("result")

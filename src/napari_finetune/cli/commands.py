@@ -164,18 +164,13 @@ def train(args: argparse.Namespace) -> int:
         raise FileNotFoundError(2, "folder of --memory-snapshot does not exist", str(snapshot_dir))
     ckpt = load_checkpoint(args.checkpoint, trust=args.trust_factory)
     volume = open_volume(args.volume)
-    if args.patch_shape is None:  # the default, fitted as the widget fits its patch
-        from napari_finetune.data.patch_shape import fit_patch_shape
-        from napari_finetune.model.geometry import shape_multiple
-
-        multiple = shape_multiple(ckpt.model, volume.data.ndim)
-        config.patch_shape = fit_patch_shape(config.patch_shape, volume.shape, multiple)
     corrections = load_corrections(args.volume, args.corrections)
     _say_missing(volume)
     if world_size > 1:
         outcome = multi.run_rank(ckpt, volume.data, corrections, config, args)
-    else:
-        outcome = run_finetune(ckpt, volume.data, corrections, config, args.out, quiet=args.quiet)
+    else:  # the default patch is fitted as the widget fits its patch; a given one is kept
+        outcome = run_finetune(ckpt, volume.data, corrections, config, args.out, quiet=args.quiet,
+                               fit_patch=args.patch_shape is None)
     line = describe_outcome(outcome, config.steps, args.out)
     if (outcome.stopped or outcome.exit_code == 0) and outcome.speaks:
         print(line)

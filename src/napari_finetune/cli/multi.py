@@ -115,7 +115,8 @@ def run_rank(
     config = dataclasses.replace(config, device=device)
     sync = distributed.start(torch.device(device).type, args.collective_timeout)
     outcome = run_finetune(
-        ckpt, image, corrections, config, args.out, quiet=args.quiet or sync.rank > 0, sync=sync
+        ckpt, image, corrections, config, args.out, quiet=args.quiet or sync.rank > 0, sync=sync,
+        fit_patch=args.patch_shape is None,
     )
     if outcome.error is None:  # after a lost rank, leaving the group could wait for it
         distributed.stop()

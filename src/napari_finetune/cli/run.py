@@ -136,10 +136,13 @@ def run_finetune(
     quiet: bool = False,
     printer: StatusPrinter | None = None,
     sync: LocalSync | None = None,
+    fit_patch: bool = False,
 ) -> RunOutcome:
     """Run a Finetuner to its end, print status lines, export the last good weights.
 
-    With several ranks (``sync``) rank 0 alone prints and exports.
+    With several ranks (``sync``) rank 0 alone prints and exports. ``fit_patch``
+    fits the configured patch to the image and the model (the default patch;
+    a patch the user gave is kept).
 
     Returns
     -------
@@ -150,10 +153,8 @@ def run_finetune(
     from napari_finetune.trainer.loop import Finetuner
     from napari_finetune.trainer.recovery import RecoveryError
 
-    trainer = Finetuner(
-        ckpt.model, image, corrections, config, metadata=ckpt.metadata, source_sha256=ckpt.sha256,
-        sync=sync,
-    )
+    trainer = Finetuner.from_checkpoint(ckpt, image, corrections, config, sync=sync,
+                                        fit_patch=fit_patch)
     lead = trainer.sync.rank == 0
     printer = printer or StatusPrinter(config.steps, quiet=quiet, echo=lead)
     guard = _SignalGuard(trainer, printer)

@@ -60,6 +60,7 @@ from napari_finetune.trainer.validation import Validator
 if TYPE_CHECKING:
     from napari_finetune.data.prefetch import SampleFeed
     from napari_finetune.data.sampling import PatchSampler
+    from napari_finetune.model.checkpoint_format import Checkpoint
     from napari_finetune.trainer.autobatch import Samples
     from napari_finetune.trainer.autobatch_decision import AutobatchDecision
     from napari_finetune.trainer.batchnorm_floor import BatchNormFloor
@@ -262,6 +263,49 @@ class Finetuner:
         from napari_finetune.model.checkpoint import channel_names_of
 
         return channel_names_of(self.metadata, self.out_channels)
+
+    # --- one run assembly for every front end ---------------------------------------
+
+    @classmethod
+    def from_checkpoint(
+        cls, checkpoint: Checkpoint, image: Any, corrections: Any, config: FinetuneConfig,
+        sync: LocalSync | None = None, fit_patch: bool = True,
+    ) -> Finetuner:
+        """The run of ``checkpoint``'s model on ``image``: the one assembly of every front end.
+
+        The patch is fitted to the image and to the model's spatial multiple
+        (:func:`~napari_finetune.data.patch_shape.fit_patch_shape`), so the
+        widget, the CLI and a session train a given image on the same patch.
+        Construction stays cheap: the sampler, the optimizer and the teacher
+        are made by :meth:`build`, in the thread that runs :meth:`run`.
+
+        Parameters
+        ----------
+        checkpoint : Checkpoint
+            As :func:`napari_finetune.loading.load_checkpoint` returns it (its
+            model, metadata and hash go into the run and its record).
+        image, corrections : array-like
+            The raw volume and its corrections, same spatial shape.
+        config : FinetuneConfig
+            The run's settings; not changed (the fitted patch goes into a copy).
+        sync : LocalSync, optional
+            Where the run's decisions are agreed (several ranks); this process by default.
+        fit_patch : bool
+            False keeps ``config.patch_shape`` as given (a patch the user chose).
+        """
+        import dataclasses
+
+        if fit_patch:
+            from napari_finetune.data.patch_shape import fit_patch_shape
+            from napari_finetune.model.geometry import shape_multiple
+
+            shape = tuple(int(n) for n in np.shape(image))
+            multiple = shape_multiple(checkpoint.model, len(shape))
+            config = dataclasses.replace(
+                config, patch_shape=fit_patch_shape(config.patch_shape, shape, multiple)
+            )
+        return cls(checkpoint.model, image, corrections, config, metadata=checkpoint.metadata,
+                   source_sha256=checkpoint.sha256, sync=sync)
 
     # --- the run -------------------------------------------------------------------
 

@@ -1,4 +1,8 @@
-"""The jobs the widget runs off the main thread (see :mod:`napari_finetune._qt.worker`).
+"""The jobs of the widget and the Session, run off the main thread by a runner.
+
+The widget runs them in napari's thread worker (``napari_finetune._qt.worker``),
+a :class:`~napari_finetune.session.session.Session` through its runner
+(:mod:`napari_finetune.session.runner`).
 
 Every heavy object (checkpoint, model, trainer) is built inside the job, in
 the worker thread: a click never waits for it. Each job yields typed events
@@ -14,9 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from napari_finetune._qt.events import Preview, Progress, RunStatus, Saved, TrainerReady
-from napari_finetune._qt.worker import Job, core_left_for_the_ui, with_progress
-from napari_finetune.data.patch_shape import fit_patch_shape
+from napari_finetune.session.events import Preview, Progress, RunStatus, Saved, TrainerReady
+from napari_finetune.session.work import Job, core_left_for_the_ui, with_progress
 
 if TYPE_CHECKING:
     from napari_finetune.objects import ChannelRole
@@ -41,10 +44,11 @@ def warm_up_job() -> Job[None]:
 def model_to_predict(
     checkpoint_path: str, image: Any, channel_count: int | None, model: Any = None,
     normalization: dict | None = None, trust: Sequence[str] = (),
-) -> tuple[Any, tuple[float, float], int | None]:
+) -> tuple[Any, tuple[float, float], int]:
     """(model, intensity range of ``image``, channels): the given model (a fine-tuned one,
     with the checkpoint's normalisation) or the checkpoint's, loaded here in the worker."""
     from napari_finetune.data.normalization import intensity_range
+    from napari_finetune.model.checkpoint_format import DEFAULT_NORMALIZATION
 
     if model is None:
         from napari_finetune.loading import load_checkpoint
@@ -52,7 +56,12 @@ def model_to_predict(
         ckpt = load_checkpoint(checkpoint_path, trust=tuple(trust))
         model, normalization = ckpt.model, ckpt.normalization
         channel_count = len(ckpt.channel_names)
-    return model, intensity_range(image, normalization or {}), channel_count
+    elif channel_count is None:  # a model without its names: as many as it outputs
+        from napari_finetune.model.geometry import model_geometry
+
+        channel_count = model_geometry(model, len(np.shape(image))).out_channels
+    # A model's run without a saved normalisation trained with the default one.
+    return model, intensity_range(image, normalization or DEFAULT_NORMALIZATION), channel_count
 
 
 @dataclasses.dataclass
@@ -110,7 +119,7 @@ def train_job(
     last completed step.
     """
     if store_path:
-        from napari_finetune._qt.corrections import save_corrections_locked
+        from napari_finetune.session.saving import save_corrections_locked
 
         # Before anything can fail; ``snapshot`` keeps a later, newer save from being undone.
         save_corrections_locked(store_path, corrections, channel_names, snapshot,
@@ -127,19 +136,13 @@ def _build_and_run(
     trust: Sequence[str],
 ) -> Job[None]:
     from napari_finetune.loading import load_checkpoint
-    from napari_finetune.model.geometry import shape_multiple
     from napari_finetune.testing import build_hooks
     from napari_finetune.trainer.loop import Finetuner
 
     ckpt = load_checkpoint(checkpoint_path, trust=tuple(trust))  # as the user answered
     for hook in build_hooks.model:
         hook(ckpt.model)  # fault injection of the tests and the benchmark
-    multiple = shape_multiple(ckpt.model, image.ndim)
-    config = dataclasses.replace(
-        config, patch_shape=fit_patch_shape(config.patch_shape, image.shape, multiple)
-    )
-    trainer = Finetuner(ckpt.model, image, corrections, config, metadata=ckpt.metadata,
-                        source_sha256=ckpt.sha256)
+    trainer = Finetuner.from_checkpoint(ckpt, image, corrections, config)
     del ckpt
     trainer.after_build.extend(build_hooks.trainer)  # e.g. an OOM in the teacher
     yield TrainerReady(trainer)

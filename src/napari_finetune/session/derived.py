@@ -1,0 +1,89 @@
+"""Jobs on a prediction's probabilities: objects, uncertainty, where to paint next.
+
+Qt-free generators like :mod:`napari_finetune.session.jobs`; the widget and the
+:class:`~napari_finetune.session.session.Session` run them through a runner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from napari_finetune.session.events import Progress
+from napari_finetune.session.jobs import model_to_predict
+from napari_finetune.session.work import Job, core_left_for_the_ui, with_progress
+from napari_finetune.uncertainty import Suggestion, entropy, suggest_region
+
+if TYPE_CHECKING:
+    from napari_finetune.objects import ChannelRole
+
+
+@dataclass(frozen=True)
+class ChannelObjects:
+    """One channel's objects: uint32 ids 1..count (0 between objects)."""
+
+    labels: np.ndarray
+    count: int
+
+
+def objects_job(
+    probabilities: Mapping[str, np.ndarray], roles: Mapping[str, ChannelRole],
+) -> Job[dict[str, ChannelObjects]]:
+    """Each channel's objects by its role (``instances_of``), channel by channel."""
+    from napari_finetune.objects import instances_of
+
+    out: dict[str, ChannelObjects] = {}
+    for i, (channel, prob) in enumerate(probabilities.items()):
+        yield Progress(i, len(probabilities), "objects")
+        # prob[None]: the (1, *spatial) view instances_of takes, without a copy.
+        labels = instances_of(prob[None], {channel: roles[channel]}, [channel])[channel]
+        # Ids are 1..N consecutive, so the largest is the count (computed here, off the UI).
+        out[channel] = ChannelObjects(labels, int(labels.max(initial=0)))
+    yield Progress(len(probabilities), len(probabilities), "objects")
+    return out
+
+
+def uncertainty_job(
+    checkpoint_path: str,
+    image: Any,
+    channel_count: int | None,
+    device: str,
+    model: Any = None,
+    normalization: dict | None = None,
+    trust: Sequence[str] = (),
+) -> Job[np.ndarray]:
+    """Whole-volume probabilities, blockwise, turned into the entropy of each voxel."""
+    from napari_finetune.config import PredictConfig
+    from napari_finetune.predict import predict_volume
+
+    model, low_high, channel_count = model_to_predict(
+        checkpoint_path, image, channel_count, model, normalization, trust
+    )
+    shape = tuple(int(s) for s in image.shape)
+    probabilities = [np.zeros(shape, np.float32) for _ in range(channel_count)]
+    with core_left_for_the_ui():
+        yield from with_progress(
+            lambda progress: predict_volume(
+                model, image, low_high, PredictConfig(device=device), out=probabilities,
+                progress=progress,
+            ),
+            "uncertainty",
+        )
+    unsure = np.zeros(shape, np.float32)
+    for channel in probabilities:  # channel by channel: one temporary volume, not C
+        np.maximum(unsure, entropy(channel[None]), out=unsure)
+    return unsure
+
+
+def suggest_job(
+    unsure: np.ndarray,
+    corrections: Any,
+    region_shape: Sequence[int],
+    exclude: Sequence[tuple[slice, ...]],
+) -> Job[Suggestion | None]:
+    """The next region to paint (None: everything is painted or was suggested)."""
+    yield from ()
+    return suggest_region(unsure, corrections, region_shape, exclude)

@@ -1,0 +1,376 @@
+"""The user's work and the actions on it, without Qt: a :class:`Session`.
+
+A Session holds what the user chose (image, checkpoint, corrections, roles,
+the run's settings) and what came of it (the trainer of the last run, its
+status and history, the last prediction, objects, suggestion, export). Each
+action (:meth:`Session.predict`, :meth:`~Session.finetune`, :meth:`~Session.stop`,
+:meth:`~Session.export`, :meth:`~Session.save_predictions`,
+:meth:`~Session.objects`, :meth:`~Session.suggest`) checks its inputs, marks
+the session :class:`Busy` and starts a job (:mod:`napari_finetune.session.jobs`)
+through the :class:`~napari_finetune.session.runner.JobRunner` it was given.
+An action asked while another runs is refused: ``events.refused`` says why,
+and the action returns False. How every action ended (done, stopped, failed
+with a one-line reason) comes through ``events.ended``.
+
+The callbacks arrive where the runner delivers them (the calling thread for
+the inline runner, napari's main thread for the thread runner), so the
+Session is only ever changed from one thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from psygnal import Signal, SignalGroup
+
+from napari_finetune.config import FinetuneConfig
+from napari_finetune.errors import first_line
+from napari_finetune.session import derived, jobs
+from napari_finetune.session.events import Event, Preview, RunStatus, TrainerReady
+from napari_finetune.session.runner import JobCallbacks, JobHandle, JobRunner
+from napari_finetune.session.viewer import LayerKind, ViewerPort
+
+if TYPE_CHECKING:
+    from napari_finetune.objects import ChannelRole
+    from napari_finetune.session.work import Job
+    from napari_finetune.trainer.loop import Finetuner
+    from napari_finetune.trainer.status import Status
+    from napari_finetune.uncertainty import Suggestion
+
+
+class Busy(Enum):
+    """The action a session is busy with (one at a time)."""
+
+    PREDICT = "predict"
+    TRAIN = "fine-tune"
+    EXPORT = "export"
+    SAVE = "save predictions"
+    OBJECTS = "objects"
+    SUGGEST = "suggest where to paint"
+
+
+class Outcome(Enum):
+    """How an action ended."""
+
+    DONE = "done"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class ActionEnd:
+    """One action's end: which, how, and why (the failure's first line; how a run ended)."""
+
+    action: Busy
+    outcome: Outcome
+    reason: str = ""
+
+
+class SessionEvents(SignalGroup):
+    """What a :class:`Session` signals (psygnal, which napari ships)."""
+
+    busy = Signal(object)  # Busy, or None when the session is free again
+    job_event = Signal(object)  # every event of the running job, in order
+    status = Signal(object)  # each Status of a run (probe, step, recovery, end)
+    refused = Signal(str)  # an action asked while another ran, or without its inputs
+    ended = Signal(object)  # ActionEnd, after every action that was started
+
+
+@dataclass
+class Session:
+    """The user's work and the actions the widget offers, run by an injected runner.
+
+    Parameters
+    ----------
+    runner : JobRunner
+        Runs each action's job (inline here, a thread in napari, a cluster).
+    viewer : ViewerPort, optional
+        Where results are shown and the previewed region is read; None shows nothing.
+    """
+
+    runner: JobRunner
+    viewer: ViewerPort | None = None
+    image: Any = None  # the raw volume (numpy, zarr or dask), ZYX or YX
+    checkpoint: str | None = None  # the starting model's path
+    trust: tuple[str, ...] = ()  # factories the user trusted for that file
+    corrections: np.ndarray | None = None  # 0 unpainted, 1 background, k >= 2 channel k - 2
+    store: str | None = None  # the image's OME-Zarr store: corrections and predictions go there
+    channel_names: list[str] = field(default_factory=list)
+    channel_colors: list[str] = field(default_factory=list)
+    roles: dict[str, ChannelRole] = field(default_factory=dict)
+    config: FinetuneConfig = field(default_factory=FinetuneConfig)
+    preview_interval_s: float = 0.0  # 0: no previews during a run
+    # What came of the actions.
+    trainer: Finetuner | None = None  # the last run's, kept for Predict and Export
+    status: Status | None = None  # the last run's latest event
+    history: list[Status] = field(default_factory=list)  # every event of the last run
+    prediction: jobs.Prediction | None = None
+    found_objects: dict[str, derived.ChannelObjects] = field(default_factory=dict)
+    suggestion: Suggestion | None = None
+    suggested: list[tuple[slice, ...]] = field(default_factory=list)
+    exported: str | None = None
+    last_end: ActionEnd | None = None
+    events: SessionEvents = field(default_factory=SessionEvents, init=False, repr=False)
+    _busy: Busy | None = field(default=None, init=False, repr=False)
+    _handle: JobHandle | None = field(default=None, init=False, repr=False)
+    _action: int = field(default=0, init=False, repr=False)  # which start is the latest
+    _stop_asked: bool = field(default=False, init=False, repr=False)
+    _uncertainty: tuple[tuple[int, int], np.ndarray] | None = field(
+        default=None, init=False, repr=False)
+
+    @property
+    def busy(self) -> Busy | None:
+        """The action running now, or None."""
+        return self._busy
+
+    def _set_busy(self, busy: Busy | None) -> None:
+        if busy is not self._busy:
+            self._busy = busy
+            self.events.busy.emit(busy)
+
+    # -- starting and ending an action ---------------------------------------------------
+    def _refuse(self, reason: str) -> bool:
+        self.events.refused.emit(reason)
+        return False
+
+    def _free(self, action: Busy) -> str:
+        """Why ``action`` cannot start now ('' when it can)."""
+        if self._busy is not None:
+            return (f"Cannot {action.value}: busy with {self._busy.value}; wait for it to end"
+                    + (" or press Stop." if self._busy is Busy.TRAIN else "."))
+        return ""
+
+    def _start(
+        self, action: Busy, job: Job[Any], on_result: Callable[[Any], None],
+        on_event: Callable[[Event], None] | None = None,
+    ) -> bool:
+        self._action += 1
+        number, failure = self._action, []
+        self._stop_asked = False
+        self._set_busy(action)
+
+        def event(e: Event) -> None:
+            self.events.job_event.emit(e)
+            if on_event is not None:
+                on_event(e)
+
+        def finished(stopped: bool) -> None:
+            if number == self._action:
+                self._handle = None
+            if failure:
+                end = ActionEnd(action, Outcome.FAILED, failure[0])
+            elif stopped or self._run_stopped(action):
+                end = ActionEnd(action, Outcome.STOPPED, self._stopped_reason(action))
+            else:
+                end = ActionEnd(action, Outcome.DONE, self._done_reason(action))
+            self.last_end = end
+            self._set_busy(None)
+            self.events.ended.emit(end)
+
+        def started(handle: JobHandle) -> None:
+            self._handle = handle
+
+        callbacks: JobCallbacks[Any] = JobCallbacks(
+            on_started=started, on_event=event, on_result=on_result,
+            on_error=lambda exc: failure.append(f"{action.value} failed: {first_line(exc)}"),
+            on_finished=finished,
+        )
+        self.runner.start(job, callbacks)
+        return True
+
+    def _run_stopped(self, action: Busy) -> bool:
+        return (action is Busy.TRAIN and self.status is not None
+                and self.status.kind == "stopped")
+
+    def _stopped_reason(self, action: Busy) -> str:
+        if action is not Busy.TRAIN:
+            return f"{action.value} stopped before its end; nothing of it was kept"
+        if self.trainer is None or self.trainer.steps_done == 0:
+            return "stopped before the first step"
+        return (f"stopped after step {self.trainer.steps_done} of {self.config.steps}; "
+                "the weights of that step are kept")
+
+    def _done_reason(self, action: Busy) -> str:
+        if action is Busy.TRAIN and self.status is not None:
+            return self.status.message
+        if action is Busy.EXPORT:
+            return f"exported {self.exported}"
+        return ""
+
+    def stop(self) -> None:
+        """End the running action: a run after its current step (its weights kept),
+        any other job at its next event."""
+        self._stop_asked = True
+        if self._busy is Busy.TRAIN and self.trainer is not None:
+            self.trainer.stop()  # the run yields "stopped" and ends on its own
+        elif self._handle is not None:
+            self._handle.stop()
+
+    # -- the actions ---------------------------------------------------------------------
+    def predict(self) -> bool:
+        """Predict the whole image: with the last run's weights, else the checkpoint's."""
+        if reason := self._free(Busy.PREDICT) or self._missing(image=True, checkpoint=True):
+            return self._refuse(reason)
+        trainer = self.trainer
+        model = trainer.model if trainer is not None else None
+        normalization = trainer.metadata.get("normalization") if trainer is not None else None
+        count = len(self.channel_names) or None
+        keep = [i for i, name in enumerate(self.channel_names)
+                if name in self.roles and self.roles[name].role is not None]
+        job = jobs.predict_job(str(self.checkpoint), self.image, count, self.config.device,
+                               model=model, normalization=normalization, trust=self.trust,
+                               keep=keep)
+        return self._start(Busy.PREDICT, job, self._predicted)
+
+    def _predicted(self, prediction: jobs.Prediction) -> None:
+        self.prediction = prediction
+        self.found_objects = {}
+        if self.viewer is not None:
+            for i, mask in enumerate(prediction.masks):
+                self.viewer.show_layer(f"prediction-{self._channel(i)}", mask, LayerKind.LABELS)
+
+    def finetune(self) -> bool:
+        """Fine-tune the checkpoint on the corrections (saved into the store first)."""
+        if reason := self._free(Busy.TRAIN) or self._missing(
+                image=True, checkpoint=True, corrections=True):
+            return self._refuse(reason)
+        image_shape = tuple(int(n) for n in np.shape(self.image))
+        if tuple(self.corrections.shape) != image_shape:
+            return self._refuse(
+                f"Cannot fine-tune: corrections {tuple(self.corrections.shape)} and image "
+                f"{image_shape} differ in shape; paint corrections of the image's shape.")
+        from napari_finetune.session.saving import next_snapshot
+
+        self.trainer, self.status, self.history = None, None, []
+        viewer = self.viewer
+        job = jobs.train_job(
+            str(self.checkpoint), self.image, np.array(self.corrections, copy=True), self.store,
+            self.channel_names, self.config, self.preview_interval_s,
+            viewer.shown_region if viewer is not None else lambda: None, trust=self.trust,
+            snapshot=next_snapshot(), channel_colors=self.channel_colors)
+        return self._start(Busy.TRAIN, job, lambda _: None, on_event=self._run_event)
+
+    def _run_event(self, event: Event) -> None:
+        if isinstance(event, TrainerReady):
+            self.trainer = event.trainer
+            self._uncertainty = None  # new weights
+            if self._stop_asked:  # Stop came while the checkpoint was loading
+                event.trainer.stop()
+        elif isinstance(event, RunStatus):
+            self.status = event.status
+            self.history.append(event.status)
+            self.events.status.emit(event.status)
+        elif isinstance(event, Preview) and self.viewer is not None:
+            for i, probs in enumerate(event.probs):
+                self.viewer.show_layer(f"preview-{self._channel(i)}", probs, LayerKind.IMAGE)
+
+    def export(self, path: str) -> bool:
+        """Write the last run's weights (adapters merged, run record, roles) to ``path``."""
+        if reason := self._free(Busy.EXPORT):
+            return self._refuse(reason)
+        if self.trainer is None or self.trainer.steps_done == 0:
+            return self._refuse("Cannot export: no fine-tuning step was applied yet; "
+                                "fine-tune first.")
+        job = jobs.export_job(self.trainer, path, dict(self.roles) or None)
+        return self._start(Busy.EXPORT, job, self._exported)
+
+    def _exported(self, path: str) -> None:
+        self.exported = path
+
+    def save_predictions(self) -> bool:
+        """Write the last prediction (and its objects) into the store's ``labels/``."""
+        if reason := self._free(Busy.SAVE) or self._missing(prediction=True):
+            return self._refuse(reason)
+        if self.store is None:
+            return self._refuse("Cannot save predictions: the image has no OME-Zarr store; "
+                                "open the image from a .zarr folder.")
+        from napari_finetune import palette
+
+        assert self.prediction is not None  # _missing checked it
+        names = [self._channel(i) for i in range(len(self.prediction.masks))]
+        colors = self.channel_colors or palette.default_colors(len(names))
+        arrays = list(zip(names, colors, self.prediction.masks, strict=True))
+        objects = [(channel, found.labels) for channel, found in self.found_objects.items()]
+        job = jobs.save_predictions_job(self.store, arrays, objects)
+        return self._start(Busy.SAVE, job, lambda _: None)
+
+    def objects(self) -> bool:
+        """Instance labels of each channel with a role, from the last prediction."""
+        if reason := self._free(Busy.OBJECTS) or self._missing(prediction=True):
+            return self._refuse(reason)
+        assert self.prediction is not None  # _missing checked it
+        probabilities = {self._channel(i): p for i, p in self.prediction.probabilities.items()}
+        roles = {c: r for c, r in self.roles.items() if r.role is not None and c in probabilities}
+        if not roles:
+            return self._refuse("No objects: no channel of the last prediction has a role; "
+                                "give a channel a role (boundary or object), then predict.")
+        job = derived.objects_job({c: probabilities[c] for c in roles}, roles)
+        return self._start(Busy.OBJECTS, job, self._objects_found)
+
+    def _objects_found(self, found: dict[str, derived.ChannelObjects]) -> None:
+        self.found_objects = found
+        if self.viewer is not None:
+            for channel, objects in found.items():
+                self.viewer.show_layer(f"objects-{channel}", objects.labels, LayerKind.LABELS)
+
+    def suggest(self, region_shape: Sequence[int] | None = None) -> bool:
+        """The next region to paint: the most uncertain one with nothing painted yet.
+
+        The uncertainty of the current weights is computed once; asked again,
+        the next region is suggested (the earlier ones are skipped).
+        """
+        if reason := self._free(Busy.SUGGEST) or self._missing(image=True, checkpoint=True):
+            return self._refuse(reason)
+        from napari_finetune.data.patch_shape import fit_patch_shape
+
+        shape = tuple(int(n) for n in np.shape(self.image))
+        region = tuple(region_shape or fit_patch_shape(self.config.patch_shape, shape))
+        trainer = self.trainer
+        key = (id(trainer), trainer.steps_done if trainer is not None else -1)
+        cached = self._uncertainty[1] if self._uncertainty and self._uncertainty[0] == key \
+            else None
+        corrections, exclude = self.corrections, list(self.suggested)
+
+        def job() -> Job[tuple[np.ndarray, Suggestion | None]]:
+            unsure = cached
+            if unsure is None:
+                unsure = yield from derived.uncertainty_job(
+                    str(self.checkpoint), self.image, len(self.channel_names) or None,
+                    self.config.device, model=trainer.model if trainer else None,
+                    normalization=trainer.metadata.get("normalization") if trainer else None,
+                    trust=self.trust)
+            found = yield from derived.suggest_job(unsure, corrections, region, exclude)
+            return unsure, found
+
+        def suggested(result: tuple[np.ndarray, Suggestion | None]) -> None:
+            unsure, found = result
+            self._uncertainty = (key, unsure)
+            self.suggestion = found
+            if found is not None:
+                self.suggested.append(found.box)
+            if self.viewer is not None and cached is None:
+                self.viewer.show_layer("uncertainty", unsure, LayerKind.IMAGE)
+
+        return self._start(Busy.SUGGEST, job(), suggested)
+
+    # -- helpers -------------------------------------------------------------------------
+    def _channel(self, index: int) -> str:
+        names = self.channel_names
+        return names[index] if index < len(names) else f"channel-{index}"
+
+    def _missing(self, image: bool = False, checkpoint: bool = False,
+                 corrections: bool = False, prediction: bool = False) -> str:
+        """The one line naming the first input an action lacks ('' when none)."""
+        if image and self.image is None:
+            return "Nothing to work on: choose an image first."
+        if checkpoint and not self.checkpoint:
+            return "No model: choose a checkpoint first."
+        if corrections and (self.corrections is None or not np.any(self.corrections)):
+            return "Nothing painted: paint a few corrections first."
+        if prediction and self.prediction is None:
+            return "No prediction yet: press Predict first."
+        return ""

@@ -1,0 +1,162 @@
+"""The Session's actions, headless: real jobs on the tiny store, run by the inline runner."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from tests.session.conftest import CHANNELS, tiny_config
+
+from napari_finetune.session.session import ActionEnd, Busy, Outcome
+from napari_finetune.session.viewer import LayerKind
+
+
+def test_predict_fills_the_session_and_shows_a_layer_per_channel(session, record):
+    assert session.predict() is True
+    assert record["busy"] == [Busy.PREDICT, None]
+    assert record["ended"] == [ActionEnd(Busy.PREDICT, Outcome.DONE, "")]
+    assert session.busy is None
+    masks = session.prediction.masks
+    assert len(masks) == len(CHANNELS) and masks[0].shape == session.image.shape
+    assert session.viewer.shown == [f"prediction-{c}" for c in CHANNELS]
+    assert session.viewer.layers["prediction-membrane"][1] is LayerKind.LABELS
+
+
+def test_finetune_records_the_run_then_exports_and_predicts_with_it(session, record, tmp_path):
+    from napari_finetune.io.omezarr import load_corrections
+    from napari_finetune.loading import load_checkpoint
+
+    session.preview_interval_s = 1e-6  # a preview after every step
+    assert session.finetune() is True
+    end = record["ended"][-1]
+    assert (end.action, end.outcome) == (Busy.TRAIN, Outcome.DONE), end
+    assert session.trainer.steps_done == 2
+    assert [s.kind for s in session.history][-1] == "finished"
+    assert record["status"] == session.history and session.status is session.history[-1]
+    assert "preview-membrane" in session.viewer.layers  # the shown region's previews
+    # The corrections went into the store before the run.
+    np.testing.assert_array_equal(load_corrections(session.store), session.corrections)
+
+    out = str(tmp_path / "tuned.pt")
+    assert session.export(out) is True
+    assert record["ended"][-1] == ActionEnd(Busy.EXPORT, Outcome.DONE, f"exported {out}")
+    assert load_checkpoint(out).metadata["run"]["steps_done"] == 2
+
+    assert session.predict() is True  # with the run's weights, not the checkpoint's
+    assert record["ended"][-1].outcome is Outcome.DONE
+    assert len(session.prediction.masks) == len(CHANNELS)
+
+
+def test_an_unreadable_checkpoint_fails_with_one_line_and_frees_the_session(
+        session, record, tmp_path):
+    from napari_finetune.errors import first_line
+    from napari_finetune.loading import load_checkpoint
+
+    broken = tmp_path / "broken.pt"
+    broken.write_bytes(b"not a checkpoint at all")
+    session.checkpoint = str(broken)
+    assert session.finetune() is True  # it started; the job fails in the runner
+    end = record["ended"][-1]
+    assert (end.action, end.outcome) == (Busy.TRAIN, Outcome.FAILED)
+    assert "\n" not in end.reason, end.reason
+    with pytest.raises(Exception) as raised:  # the loader's own words, first line only
+        load_checkpoint(broken)
+    assert end.reason == f"fine-tune failed: {first_line(raised.value)}", end.reason
+    assert session.busy is None and session.trainer is None
+    assert session.last_end is end
+    assert session.predict() is True  # the next action is not refused
+    assert record["ended"][-1].outcome is Outcome.FAILED  # the same file, the same failure
+
+
+def test_stop_during_a_run_ends_after_the_step_and_keeps_its_weights(session, record):
+    from napari_finetune.loading import load_checkpoint
+
+    session.config = tiny_config(steps=6)
+
+    def stop_after_the_second_step(status):
+        if status.kind == "step" and status.step == 2:
+            session.stop()
+
+    session.events.status.connect(stop_after_the_second_step)
+    assert session.finetune() is True
+    end = record["ended"][-1]
+    assert end == ActionEnd(Busy.TRAIN, Outcome.STOPPED,
+                            "stopped after step 2 of 6; the weights of that step are kept")
+    assert session.trainer.steps_done == 2
+    assert session.history[-1].kind == "stopped"
+    start = load_checkpoint(session.checkpoint).model.state_dict()
+    tuned = session.trainer.model.state_dict()
+    assert any(not torch.equal(start[k], tuned[k]) for k in start), "no step was kept"
+
+
+def test_an_action_asked_while_another_runs_is_refused_with_a_reason(session, record):
+    answers = []
+
+    def predict_during_the_run(status):
+        if status.kind == "step" and not answers:
+            answers.append(session.predict())
+            answers.append(session.finetune())
+
+    session.events.status.connect(predict_during_the_run)
+    assert session.finetune() is True
+    assert answers == [False, False]
+    assert record["refused"] == [
+        "Cannot predict: busy with fine-tune; wait for it to end or press Stop.",
+        "Cannot fine-tune: busy with fine-tune; wait for it to end or press Stop.",
+    ]
+    assert [e.action for e in record["ended"]] == [Busy.TRAIN]  # nothing else ran
+    assert record["ended"][-1].outcome is Outcome.DONE
+    assert session.trainer.steps_done == 2
+
+
+def test_actions_without_their_inputs_are_refused_before_any_job(session, record):
+    session.corrections = np.zeros_like(session.corrections)
+    assert session.finetune() is False
+    assert session.export("x.pt") is False
+    assert session.objects() is False
+    assert record["refused"] == [
+        "Nothing painted: paint a few corrections first.",
+        "Cannot export: no fine-tuning step was applied yet; fine-tune first.",
+        "No prediction yet: press Predict first.",
+    ]
+    assert record["busy"] == [] and record["ended"] == []
+
+
+def test_objects_and_saving_the_prediction(session, record):
+    import zarr
+
+    from napari_finetune.objects import ChannelRole
+
+    session.roles = {"mitochondria": ChannelRole("object", threshold=0.5)}
+    assert session.predict() is True
+    assert set(session.prediction.probabilities) == {1}  # the channel with a role only
+    assert session.objects() is True
+    assert record["ended"][-1] == ActionEnd(Busy.OBJECTS, Outcome.DONE, "")
+    assert set(session.found_objects) == {"mitochondria"}
+    assert "objects-mitochondria" in session.viewer.layers
+    assert session.save_predictions() is True
+    assert record["ended"][-1].outcome is Outcome.DONE, record["ended"][-1]
+    labels = zarr.open_group(f"{session.store}/labels", mode="r")
+    names = set(labels.group_keys())
+    assert {"prediction-membrane", "prediction-mitochondria"} <= names, names
+
+
+def test_suggest_shows_the_uncertainty_once_and_moves_on(session, record):
+    assert session.suggest((8, 20, 20)) is True
+    first = session.suggestion
+    assert first is not None and session.viewer.shown == ["uncertainty"]
+    assert session.suggest((8, 20, 20)) is True
+    assert session.suggestion is not None and session.suggestion.box != first.box
+    assert session.viewer.shown == ["uncertainty"]  # the same weights: not computed again
+    assert [e.outcome for e in record["ended"]] == [Outcome.DONE, Outcome.DONE]
+
+
+def test_stop_ends_a_prediction_at_its_next_event(session, record):
+    def stop_at_the_first_block(event):
+        session.stop()
+
+    session.events.job_event.connect(stop_at_the_first_block)
+    assert session.predict() is True
+    assert record["ended"] == [ActionEnd(
+        Busy.PREDICT, Outcome.STOPPED, "predict stopped before its end; nothing of it was kept")]
+    assert session.prediction is None and session.busy is None
