@@ -18,7 +18,7 @@ never-painted half (z >= depth/2):
    appearances (the source domain, bench_adaptation's unseen one) -- for each
    model and for the semantic truth blurred by one voxel (an upper bound for
    mitochondria, not for cells: the drawn membrane has gaps where the truth
-   has two cells; no dense-trained model is trained here). Cells: adapted Rand error (truth 0,
+   has two cells; the dense-trained upper bound is ``--upper``'s). Cells: adapted Rand error (truth 0,
    the membrane, left out), VOI split and VOI merge apart, counts;
    mitochondria: F1 against the visible blobs;
 3. speed of the instance step on the whole volume, in Mvoxel/s of wall time
