@@ -18,8 +18,8 @@ never-painted half (z >= depth/2):
    appearances (the source domain, bench_adaptation's unseen one) -- for each
    model and for the semantic truth blurred by one voxel (an upper bound for
    mitochondria, not for cells: the drawn membrane has gaps where the truth
-   has two cells; the dense-trained upper bound is ``--upper``'s). Cells: adapted Rand error (truth 0,
-   the membrane, left out), VOI split and VOI merge apart, counts;
+   has two cells; the dense-trained upper bound is ``--upper``'s). Cells: adapted Rand error
+   (truth 0, the membrane, left out), VOI split and VOI merge apart, counts;
    mitochondria: F1 against the visible blobs;
 3. speed of the instance step on the whole volume, in Mvoxel/s of wall time
    and of CPU time (scipy and scikit-image run on one core).
