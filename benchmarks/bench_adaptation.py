@@ -137,24 +137,23 @@ def finetune(
     return {"steps": step, "train_s": round(seconds, 1), "validation": validation}
 
 
-def run_one(
-    volume: Volume, run: str, before: np.ndarray | None, steps: int,
+def train(
+    volume: Volume, run: str, before: np.ndarray | None, steps: int, out: Path,
     overrides: dict[str, object] | None = None,
 ) -> dict:
-    """One row: ``before``, ``full``, ``lora`` (sparse painting) or ``dense``.
+    """Fine-tune for ``run`` (``full`` or ``lora`` on the sparse painting, ``dense``
+    on the truth of every voxel of the first half) and export the checkpoint to ``out``.
 
-    ``overrides``: FinetuneConfig fields set on top of the demo's settings (the
-    options under test, e.g. ``{"lr_schedule": "cosine"}``).
+    Deterministic: the painting is simulated from ``before`` (the pretrained
+    model's prediction) with a fixed seed, and the budget is ``steps`` optimizer
+    steps, so two calls give the same checkpoint (bench_instances caches it).
+    Returns the row's training fields (labelled fraction, steps, seconds, validation).
     """
-    from napari_finetune.cli.demo import demo_config, predict_all
-    from napari_finetune.cli.simulate import foreground_iou, simulate_corrections, split_slices
-    from napari_finetune.model.checkpoint import load_checkpoint
+    from napari_finetune.cli.demo import demo_config
+    from napari_finetune.cli.simulate import simulate_corrections, split_slices
 
     painted_z, held_out = split_slices(volume.truth.shape[0])
-    row: dict[str, Any] = {"appearance": volume.name, "run": run}
-    if run == "before":
-        row["iou"] = foreground_iou(before, volume.truth, held_out)
-        return row
+    row: dict[str, Any] = {}
     # The widget's settings (demo_config), validated once at the last step:
     # a check costs several steps' time on the CPU, and the step budget is fixed.
     config = dataclasses.replace(
@@ -169,12 +168,36 @@ def run_one(
         config = dataclasses.replace(
             config, distillation=0.0, hold_other_channels=False, validation_fraction=0.0
         )
+    elif before is None:
+        raise ValueError(f"the sparse {run} run needs the pretrained model's prediction.")
     else:
         corrections = simulate_corrections(volume.truth, before, painted_z, 0.01, seed=0)
     row["labelled"] = round(float((corrections > 0).mean()), 4)
+    row.update(finetune(volume, corrections, config, out))
+    return row
+
+
+def run_one(
+    volume: Volume, run: str, before: np.ndarray | None, steps: int,
+    overrides: dict[str, object] | None = None,
+) -> dict:
+    """One row: ``before``, ``full``, ``lora`` (sparse painting) or ``dense``.
+
+    ``overrides``: FinetuneConfig fields set on top of the demo's settings (the
+    options under test, e.g. ``{"lr_schedule": "cosine"}``).
+    """
+    from napari_finetune.cli.demo import predict_all
+    from napari_finetune.cli.simulate import foreground_iou, split_slices
+    from napari_finetune.model.checkpoint import load_checkpoint
+
+    _, held_out = split_slices(volume.truth.shape[0])
+    row: dict[str, Any] = {"appearance": volume.name, "run": run}
+    if run == "before":
+        row["iou"] = foreground_iou(before, volume.truth, held_out)
+        return row
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "tuned.pt"
-        row.update(finetune(volume, corrections, config, out))
+        row.update(train(volume, run, before, steps, out, overrides))
         tuned = load_checkpoint(out)
         after = predict_all(tuned.model, volume.image, tuned, "cpu")
     row["iou"] = foreground_iou(after, volume.truth, held_out)

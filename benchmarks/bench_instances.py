@@ -18,8 +18,8 @@ never-painted half (z >= depth/2):
    appearances (the source domain, bench_adaptation's unseen one) -- for each
    model and for the semantic truth blurred by one voxel (an upper bound for
    mitochondria, not for cells: the drawn membrane has gaps where the truth
-   has two cells; no dense-trained model is trained here). Cells: adapted Rand error (truth 0,
-   the membrane, left out), VOI split and VOI merge apart, counts;
+   has two cells; the dense-trained upper bound is ``--upper``'s). Cells: adapted Rand error
+   (truth 0, the membrane, left out), VOI split and VOI merge apart, counts;
    mitochondria: F1 against the visible blobs;
 3. speed of the instance step on the whole volume, in Mvoxel/s of wall time
    and of CPU time (scipy and scikit-image run on one core).
@@ -30,6 +30,15 @@ Usage::
     python benchmarks/bench_instances.py --checkpoint demo/finetuned.pt
     python benchmarks/bench_instances.py --cache /tmp/probs       # reuse predictions
     python benchmarks/bench_instances.py --unseen --checkpoint tuned_on_unseen.pt
+    python benchmarks/bench_instances.py --upper sample unseen third --cache /tmp/probs
+
+``--upper APPEARANCE...`` prints only the objects per appearance against the
+dense-trained upper bound (:func:`upper_rows`): bench_adaptation's sparse full
+fine-tune (77 steps) and dense training (220 steps) of each appearance
+(``sample``, ``unseen``, ``third``), trained by bench_adaptation's own
+functions and kept as checkpoints under ``--cache`` (a rerun predicts and
+scores only), scored on the painted volume's held-out half and on a second,
+never painted volume of the same appearance (another geometry seed).
 """
 
 from __future__ import annotations
@@ -124,8 +133,16 @@ def main() -> None:
         help="bench_adaptation's unseen appearance instead of the sample (nothing was tuned "
         "on it; --shape is ignored); --checkpoint then is one fine-tuned on it",
     )
+    parser.add_argument(
+        "--upper", nargs="+", metavar="APPEARANCE",
+        help="only the objects of the sparse full fine-tune against the dense-trained upper "
+        "bound, per appearance (sample, unseen, third); checkpoints are cached under --cache",
+    )
     args = parser.parse_args()
 
+    if args.upper:
+        upper_tables(args.upper, args.cache)
+        return
     if args.unseen:
         from bench_adaptation import UNSEEN_SEED, UNSEEN_SHAPE, unseen_appearance
 
@@ -237,6 +254,135 @@ def generalise_rows(models: list[tuple[str, Path]], shape: tuple[int, int, int],
                          fmt(c["voi_merge"]), f"{c['n_pred']} / {c['n_true']}", fmt(m["f1"]),
                          f"{m['n_pred']} / {m['n_true']}"])
     return rows
+
+
+# Second volumes: the painted volume's appearance and shape, another geometry seed.
+SECOND_SEEDS = {"sample": 2, "unseen": 8, "third": 24}
+UPPER_RUNS = ("before", "full", "dense")
+
+
+def tuned_checkpoints(name: str, cache: Path) -> dict[str, Path]:
+    """``before``, ``full`` and ``dense`` checkpoints of appearance ``name``, trained
+    with bench_adaptation's functions on first use and kept under ``cache``.
+
+    The file name holds the run, its step budget and the pretrained checkpoint's
+    hash; training is deterministic (bench_adaptation.train), so a cached file is
+    what a fresh run would give.
+    """
+    import json
+
+    from bench_adaptation import STEPS, load_volume, train
+
+    from napari_finetune.cli.demo import predict_all
+    from napari_finetune.samples.synthetic_em import sample_checkpoint_path
+
+    pretrained = sample_checkpoint_path()
+    key = hashlib.sha256(pretrained.read_bytes()).hexdigest()[:8]
+    out = {"before": pretrained}
+    volume, before = None, None
+    for run in ("full", "dense"):
+        path = cache / f"tuned_{name}_{run}_{STEPS[run]}steps_{key}.pt"
+        if not path.exists():
+            if volume is None:
+                volume = load_volume(name)
+                # The painting is simulated from this prediction, as bench_adaptation does.
+                ckpt = volume.checkpoint
+                before = np.asarray(predict_all(ckpt.model, volume.image, ckpt, "cpu"))
+            cache.mkdir(parents=True, exist_ok=True)
+            info = train(volume, run, before, STEPS[run], path)
+            path.with_suffix(".json").write_text(json.dumps(info))
+            print(f"trained {name} {run}: {info}", flush=True)
+        out[run] = path
+    return out
+
+
+def appearance_volumes(
+    name: str,
+) -> list[tuple[str, np.ndarray, np.ndarray, np.ndarray, slice]]:
+    """(volume, image, semantic truth, cell truth, scored z) of appearance ``name``: the
+    painted volume's held-out half and a second volume (another seed), whole."""
+    from bench_adaptation import (
+        THIRD_SEED,
+        UNSEEN_SEED,
+        UNSEEN_SHAPE,
+        third_appearance,
+        unseen_appearance,
+    )
+
+    from napari_finetune.cli.simulate import split_slices
+    from napari_finetune.samples.synthetic_em import DEFAULT_SHAPE, generate_volume
+
+    if name == "sample":
+        shape, painted_seed, kwargs = DEFAULT_SHAPE, 1, {"domain": "target"}
+    elif name == "unseen":
+        shape, painted_seed, kwargs = UNSEEN_SHAPE, UNSEEN_SEED, {"appearance": unseen_appearance()}
+    elif name == "third":
+        shape, painted_seed, kwargs = UNSEEN_SHAPE, THIRD_SEED, {"appearance": third_appearance()}
+    else:
+        raise SystemExit(f"unknown appearance {name!r}: use sample, unseen or third.")
+    out = []
+    for seed, held_out in [(painted_seed, True), (SECOND_SEEDS[name], False)]:
+        image, semantic, truth = generate_volume(shape, seed, instances=True, **kwargs)
+        scored = split_slices(shape[0])[1] if held_out else slice(0, shape[0])
+        label = (f"painted (seed {seed}), held-out half" if held_out
+                 else f"second (seed {seed}), never painted")
+        out.append((label, image, semantic, truth["cells"], scored))
+    return out
+
+
+def upper_rows(name: str, cache: Path) -> tuple[list[list[str]], list[list[str]]]:
+    """Objects (default roles) of ``before``, sparse full and dense on each volume of
+    appearance ``name``, and the sparse - dense gaps in objects beside those in IoU."""
+    from napari_finetune.cli.simulate import foreground_iou
+    from napari_finetune.objects import instances_of
+    from napari_finetune.objects.scores import scores_by_role
+
+    names = ["membrane", "mitochondria"]
+    checkpoints = tuned_checkpoints(name, cache)
+    rows, gaps = [], []
+    for volume, image, semantic, cells, z in appearance_volumes(name):
+        runs = [(run, predict(checkpoints[run], image, cache)) for run in UPPER_RUNS]
+        runs.append(("semantic truth, blurred", truth_probability(semantic)))
+        got: dict[str, tuple[list[float], dict[str, dict[str, float]]]] = {}
+        for run, probs in runs:
+            found = {k: v[z] for k, v in instances_of(probs, SAMPLE_ROLES, names).items()}
+            s = scores_by_role(found, SAMPLE_ROLES, names, cells[z], semantic[z])
+            iou = foreground_iou(probs, semantic, z)
+            got[run] = (iou, s)
+            c, m = s["membrane"], s["mitochondria"]
+            rows.append([name, volume, run, fmt(iou[0]), fmt(iou[1]),
+                         fmt(c["adapted_rand_error"]), fmt(c["voi_split"]), fmt(c["voi_merge"]),
+                         f"{c['n_pred']} / {c['n_true']}", fmt(m["f1"]),
+                         f"{m['n_pred']} / {m['n_true']}"])
+        (iou_s, s_s), (iou_d, s_d) = got["full"], got["dense"]
+        are = s_s["membrane"]["adapted_rand_error"] - s_d["membrane"]["adapted_rand_error"]
+        f1 = s_d["mitochondria"]["f1"] - s_s["mitochondria"]["f1"]
+        # Positive = the sparse model is worse; the goal is each object gap <= 0.05.
+        gaps.append([name, volume, f"{iou_d[0] - iou_s[0]:+.3f}", f"{are:+.3f}",
+                     "yes" if are <= 0.05 else "no", f"{iou_d[1] - iou_s[1]:+.3f}",
+                     f"{f1:+.3f}", "yes" if f1 <= 0.05 else "no"])
+    return rows, gaps
+
+
+def upper_tables(appearances: list[str], cache: Path | None) -> None:
+    """Print :func:`upper_rows` for each appearance (``--upper``)."""
+    if cache is None:
+        raise SystemExit("--upper trains two models per appearance: give --cache DIR to keep them.")
+    from markdown_table import measured_under
+
+    print(f"# Objects against the dense-trained upper bound\n{measured_under()}\n")
+    rows, gaps = [], []
+    for name in appearances:
+        r, g = upper_rows(name, cache)
+        rows += r
+        gaps += g
+    print_table(["appearance", "volume (scored voxels)", "model", "IoU membrane",
+                 "IoU mitochondria", "cells: adapted Rand error", "VOI split", "VOI merge",
+                 "cells pred / true", "mitochondria F1 vs visible",
+                 "mitochondria pred / visible"], rows)
+    print_table(["appearance", "volume", "IoU membrane: dense - sparse",
+                 "cells ARE: sparse - dense", "<= 0.05", "IoU mitochondria: dense - sparse",
+                 "mitochondria F1: dense - sparse", "<= 0.05"], gaps)
 
 
 def speed(when: str, probs: np.ndarray, repeats: int = 3) -> list[list[str]]:

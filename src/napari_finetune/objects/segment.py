@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 from scipy import ndimage
-from skimage.morphology import h_maxima
+from skimage.morphology import h_maxima, reconstruction
 from skimage.segmentation import watershed
 
 from napari_finetune.objects.roles import ChannelRole
@@ -122,6 +122,31 @@ def _fine(coarse: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return coarse[tuple(slice(0, s) for s in shape)]
 
 
+def _depth_seeds(depth: np.ndarray, h: float, lowest: float) -> tuple[np.ndarray, int]:
+    """Seeds of the depth's h-maxima at least ``lowest`` deep, one id per dome.
+
+    :func:`skimage.morphology.h_maxima` marks the summit voxels of each dome
+    that rises ``h`` above its saddles; two summits of one dome with the same
+    height (common on the grid's distances, and on a volume's face, where a cut
+    cell is deepest along a line) are marked apart. Labelled as they are, they
+    seeded one cell twice (the 32x96x96 crop: 8 cells for 4). They are joined
+    here by the dome they stand in: the part of the depth above its
+    reconstruction from ``depth - h``, connected through everything within
+    ``h`` of the summit, and cut at every saddle ``h`` or more below it.
+    """
+    summits = h_maxima(depth, np.float32(h)).astype(bool) & (depth >= lowest)
+    if not summits.any():
+        return np.zeros(depth.shape, np.int32), 0
+    floor = reconstruction(depth - np.float32(h), depth, method="dilation")
+    # Full connectivity, as h_maxima's: a dome touching itself only diagonally is one.
+    domes, _ = _label(depth > floor, "seeds", full=True)
+    ids = np.unique(domes[summits])
+    lut = np.zeros(int(domes.max()) + 1, np.int32)
+    lut[ids] = np.arange(1, ids.size + 1, dtype=np.int32)
+    # Only the summits are seeds (the dome's id): a dome's lower rim may reach a gap.
+    return np.where(summits, lut[domes], 0).astype(np.int32), int(ids.size)
+
+
 def boundary_instances(prob: np.ndarray, params: ChannelRole | None = None) -> np.ndarray:
     """Regions enclosed by a boundary channel (cells between membranes).
 
@@ -162,11 +187,8 @@ def boundary_instances(prob: np.ndarray, params: ChannelRole | None = None) -> n
     # one coarse voxel is the grid's own unevenness (distances are square roots of
     # whole numbers), which would seed a bumpy cell twice, differently in a block's view.
     depth = ndimage.distance_transform_edt(coarse).astype(np.float32)
-    seeds = h_maxima(depth, np.float32(max(1.0, params.seed_distance / 4))).astype(bool)
-    seeds &= depth >= params.seed_distance / 2
-    # h_maxima finds plateaus of maxima in full connectivity; labelled 6-connected, one
-    # plateau touching itself only diagonally would seed its cell twice.
-    coarse_markers, n_markers = _label(seeds, "seeds", full=True)
+    coarse_markers, n_markers = _depth_seeds(depth, max(1.0, params.seed_distance / 4),
+                                             params.seed_distance / 2)
     regions, n_regions = _label(interior, "interior regions")
     markers = _fine(coarse_markers, interior.shape)
     labels, several = _one_marker_regions(markers, n_markers, regions, n_regions)
