@@ -94,6 +94,7 @@ class Finetuner(RunSetup):
                                                        f"of {total}")
                     )
                     return
+                self._rescore_anchors()
                 images, labels = self.feed.next(self.samples_per_step)
                 yield from optimizer_step(self, images, labels)
                 # Agreed, so no rank waits for one that stopped (GPU kernels may
@@ -118,6 +119,23 @@ class Finetuner(RunSetup):
                 self.memory_history.finish()  # a failed run's history is written all the same
             finally:
                 collector.show_again(hidden)
+
+    def _rescore_anchors(self) -> None:
+        """Every ``hard_anchor_every`` steps, weight the anchors by the model's errors.
+
+        The feed is closed first: the steps it drew ahead are given back, so
+        the new weights apply from the same draw with or without prefetch.
+        """
+        every = self.config.hard_anchor_every
+        step = self.steps_done
+        if not every or step % every or step == self._rescored_at:
+            return
+        from napari_finetune.trainer.hard_anchors import rescore
+
+        if self.feed is not None:
+            self.feed.close()
+        rescore(self)
+        self._rescored_at = step
 
     def _with_snapshot(self, message: str) -> str:
         line = self.memory_history.finish()

@@ -110,6 +110,7 @@ class RunSetup(HasState):
         self._parts: TrainingParts | None = None  # made by build()
         self.sampler: PatchSampler | None = None
         self.feed: SampleFeed | None = None  # its wait_s says how long steps waited
+        self._rescored_at: int | None = None  # step of the last anchor re-score
         self.ended: str | None = None  # how the run ended, when not by finishing or stop()
         self.validator = Validator(
             config.validation_every, config.early_stop_checks, config.keep_best

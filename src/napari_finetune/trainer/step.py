@@ -123,7 +123,8 @@ def accumulate_gradients(
             if use_teacher:
                 with torch.no_grad():
                     teacher_probs = torch.sigmoid(teacher(x).float())
-        loss = finetune_loss(logits, y, parts.corrected, norms, teacher_probs, distillation, hold)
+        loss = finetune_loss(logits, y, parts.corrected, norms, teacher_probs, distillation, hold,
+                             margin=state.stroke_margin)
         if scaled:
             precision.backward(loss)
         else:
