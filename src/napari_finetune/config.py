@@ -95,10 +95,6 @@ class FinetuneConfig:
         Every so many steps, re-score the painted voxels with the current model and
         draw patch anchors (within each class's turn) in proportion to how wrong it
         is there; 0 (default) draws anchors uniformly.
-    stroke_margin : float
-        Logit margin of a hinge loss on the painted voxels beside the masked BCE:
-        a painted voxel whose correct-side logit is not beyond it is penalised;
-        0 (default) turns the hinge off.
     """
 
     steps: int = 200
@@ -140,7 +136,6 @@ class FinetuneConfig:
     memory_fraction: float = 0.8
     memory_snapshot: str | None = None
     hard_anchor_every: int = 0
-    stroke_margin: float = 0.0
 
     def __post_init__(self) -> None:
         self.patch_shape = tuple(int(s) for s in self.patch_shape)
@@ -163,11 +158,6 @@ class FinetuneConfig:
                 "0 draws anchors uniformly, 10 re-scores them every 10 steps."
             )
         self.hard_anchor_every = int(self.hard_anchor_every)
-        if not (math.isfinite(float(self.stroke_margin)) and self.stroke_margin >= 0):
-            raise ValueError(
-                f"stroke_margin must be a finite number >= 0, got {self.stroke_margin!r}; "
-                "0 turns the hinge on the painted voxels off, 2 asks for logits beyond +-2."
-            )
         if not 0 <= self.validation_fraction < 1:
             raise ValueError(
                 f"validation_fraction must be in [0, 1), got {self.validation_fraction!r}; "

@@ -93,22 +93,3 @@ def test_batch_8_and_4x2_give_the_same_gradients():
         for a, b in zip(g8, grads, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
-
-def test_stroke_margin_is_zero_beyond_the_margin_and_linear_inside():
-    # One channel, corrected; voxels: background, painted channel 0, unpainted.
-    labels = torch.tensor([[1, 2, 0]])
-    corrected = corrected_channels([1, 2], 1)
-    norms = step_normalisers(labels, corrected, distillation=0.0, hold=False)
-    assert norms.supervised == 2
-    bce_only = lambda logits: finetune_loss(logits, labels, corrected, norms)  # noqa: E731
-    with_margin = lambda logits: finetune_loss(  # noqa: E731
-        logits, labels, corrected, norms, margin=2.0
-    )
-    # Both painted voxels beyond the margin (background -3, channel +2.5): no hinge;
-    # the unpainted voxel's logit (inside the margin) is never judged.
-    beyond = torch.tensor([[[-3.0, 2.5, 0.1]]])
-    assert abs(with_margin(beyond).item() - bce_only(beyond).item()) < 1e-7
-    # Inside: background at -0.5 pays 2 - 0.5 = 1.5, channel at -1 (wrong side) 2 + 1 = 3,
-    # averaged over the 2 supervised pairs: 2.25 on top of the BCE.
-    inside = torch.tensor([[[-0.5, -1.0, 0.1]]])
-    assert abs(with_margin(inside).item() - bce_only(inside).item() - 2.25) < 1e-6

@@ -16,11 +16,6 @@ foreground of output channel k - 2. The model gives one logit per channel.
   soft target of the corrected channels, weighted by ``distillation``.
 * **Hold on the other channels**: channels that no correction touches follow
   the teacher everywhere (soft-target BCE, weight ``HOLD_WEIGHT``).
-* **Stroke margin** (optional, ``margin`` > 0): a hinge on the supervised
-  pairs, ``max(0, margin - s * logit)`` with ``s`` = +1 for a positive and -1
-  for a negative, averaged like the supervised term: a painted voxel already
-  beyond the margin costs nothing, one inside it (or on the wrong side) pays
-  linearly, however confident the teacher's distillation keeps its neighbours.
 
 Every term is a sum over (voxel, channel) pairs divided by the number of such
 pairs in the WHOLE optimizer step (:func:`step_normalisers`), so splitting a
@@ -104,7 +99,6 @@ def finetune_loss(
     teacher_probs: torch.Tensor | None = None,
     distillation: float = 0.0,
     hold: bool = False,
-    margin: float = 0.0,
 ) -> torch.Tensor:
     """This micro-batch's share of the step loss (the shares add up to the step loss).
 
@@ -124,8 +118,6 @@ def finetune_loss(
         Weight of the teacher on unpainted voxels of corrected channels.
     hold : bool
         Keep the uncorrected channels close to the teacher everywhere.
-    margin : float
-        Logit margin of the hinge on the supervised pairs (0: no hinge).
     """
     logits = logits.float()
     n_channels = logits.shape[1]
@@ -150,34 +142,5 @@ def finetune_loss(
                 HOLD_WEIGHT / norms.hold
             )
     elementwise = F.binary_cross_entropy_with_logits(logits, target, reduction="none")
-    loss = (elementwise * weight).sum()
-    if margin > 0:
-        loss = loss + stroke_margin_loss(logits, positive, supervised, margin, norms.supervised)
-    return loss
+    return (elementwise * weight).sum()
 
-
-def stroke_margin_loss(
-    logits: torch.Tensor,
-    positive: torch.Tensor,
-    supervised: torch.Tensor,
-    margin: float,
-    count: int,
-) -> torch.Tensor:
-    """Hinge ``max(0, margin - s * logit)`` summed over the supervised pairs, / ``count``.
-
-    Parameters
-    ----------
-    logits : torch.Tensor
-        ``(n, C, *spatial)`` float32 student logits.
-    positive : torch.Tensor
-        Same shape, 1.0 where the pair is positive (painted for its channel).
-    supervised : torch.Tensor
-        Boolean, broadcastable: the painted voxels of the corrected channels.
-    margin : float
-        How far beyond 0 the correct side's logit must be to cost nothing.
-    count : int
-        The step's number of supervised pairs (the same divisor as the BCE's).
-    """
-    sign = positive * 2.0 - 1.0
-    hinge = torch.clamp(margin - sign * logits, min=0.0)
-    return (hinge * supervised.to(logits.dtype)).sum() / max(count, 1)

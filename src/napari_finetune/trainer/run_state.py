@@ -101,8 +101,6 @@ class RunState:
     precision_check : PrecisionCheck or None
         The probe's comparison of mixed precision with fp32 (None: not made,
         an fp32 run or a non-finite probe).
-    stroke_margin : float
-        Logit margin of the hinge on the painted voxels (0: off).
     """
 
     batch_size: int
@@ -123,7 +121,6 @@ class RunState:
     last_loss: float | None = None
     painted_seen: int = 0
     precision_check: PrecisionCheck | None = None
-    stroke_margin: float = 0.0
 
     @classmethod
     def from_config(cls, config: FinetuneConfig) -> RunState:
@@ -136,7 +133,6 @@ class RunState:
             hold_other_channels=bool(config.hold_other_channels),
             distillation_configured=config.distillation > 0,
             hold_configured=bool(config.hold_other_channels),
-            stroke_margin=float(config.stroke_margin),
         )
 
     def use_micro_batch(self, batch: int) -> None:

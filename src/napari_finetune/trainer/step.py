@@ -123,8 +123,7 @@ def accumulate_gradients(
             if use_teacher:
                 with torch.no_grad():
                     teacher_probs = torch.sigmoid(teacher(x).float())
-        loss = finetune_loss(logits, y, parts.corrected, norms, teacher_probs, distillation, hold,
-                             margin=state.stroke_margin)
+        loss = finetune_loss(logits, y, parts.corrected, norms, teacher_probs, distillation, hold)
         if scaled:
             precision.backward(loss)
         else:
