@@ -143,4 +143,3 @@ def finetune_loss(
             )
     elementwise = F.binary_cross_entropy_with_logits(logits, target, reduction="none")
     return (elementwise * weight).sum()
-
