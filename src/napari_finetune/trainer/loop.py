@@ -144,6 +144,7 @@ class Finetuner:
         self._parts: TrainingParts | None = None  # made by build()
         self.sampler: PatchSampler | None = None
         self.feed: SampleFeed | None = None  # its wait_s says how long steps waited
+        self._rescored_at: int | None = None  # step of the last anchor re-score
         self.ended: str | None = None  # how the run ended, when not by finishing or stop()
         self.validator = Validator(
             config.validation_every, config.early_stop_checks, config.keep_best
@@ -359,6 +360,7 @@ class Finetuner:
                                                        f"of {total}")
                     )
                     return
+                self._rescore_anchors()
                 images, labels = self.feed.next(self.samples_per_step)
                 yield from self.optimizer_step(images, labels)
                 # Agreed, so no rank waits for one that stopped (GPU kernels may
@@ -533,6 +535,23 @@ class Finetuner:
             status = self.choose_micro_batch(samples)
             state.recovery_log.append(status.message)
             yield self.status("recovery", status.message)
+
+    def _rescore_anchors(self) -> None:
+        """Every ``hard_anchor_every`` steps, weight the anchors by the model's errors.
+
+        The feed is closed first: the steps it drew ahead are given back, so
+        the new weights apply from the same draw with or without prefetch.
+        """
+        every = self.config.hard_anchor_every
+        step = self.steps_done
+        if not every or step % every or step == self._rescored_at:
+            return
+        from napari_finetune.trainer.hard_anchors import rescore
+
+        if self.feed is not None:
+            self.feed.close()
+        rescore(self)
+        self._rescored_at = step
 
     def _with_snapshot(self, message: str) -> str:
         line = self.memory_history.finish()
