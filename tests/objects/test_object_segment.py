@@ -124,6 +124,39 @@ def test_a_cell_with_a_bump_is_one_cell(seed_distance):
     assert cells.max() == 1 and not cells[~inside].any()
 
 
+def _long_cell(shape=(32, 48, 112)):
+    """A box-shaped cell walled on every face by 2 voxels of membrane."""
+    prob = np.ones(shape, np.float32)
+    prob[2:-2, 2:-2, 2:-2] = 0.0
+    return prob
+
+
+def test_a_speck_of_membrane_inside_a_cell_seeds_it_once():
+    """A plate of false membrane floating across a long cell's middle, 6 voxels clear of
+    its walls (what a model unsure of its membrane predicts on a mitochondrion): it
+    separates nothing, but it dented the depth into two domes, one per end, and so
+    seeded the cell twice (issue 42: the sparse model's unseen second volume)."""
+    prob = _long_cell()
+    prob[8:24, 8:40, 54:58] = 0.9
+    cells = boundary_instances(prob, SAMPLE_ROLES["membrane"])
+    assert np.unique(cells[2:-2, 2:-2, 2:-2]).tolist() == [1]
+    # The speck is the cell's now, not boundary: the cell is whole.
+    assert cells[16, 24, 56] == 1
+
+
+def test_a_floating_shell_wide_enough_to_hold_a_seed_keeps_its_cell():
+    """A closed membrane touching nothing else, around a pocket wide enough to be seeded,
+    is a cell within a cell (not a speck): it must stay a cell of its own."""
+    prob = _long_cell((40, 48, 112))
+    z, y, x = np.indices(prob.shape)
+    r = np.sqrt((z - 20) ** 2 + (y - 24) ** 2 + (x - 56) ** 2)
+    prob[(r >= 10) & (r < 12)] = 1.0
+    cells = boundary_instances(prob, SAMPLE_ROLES["membrane"])
+    inner, outer = cells[20, 24, 56], cells[20, 24, 10]
+    assert inner and outer and inner != outer
+    assert np.unique(cells[r < 10]).tolist() == [inner]
+
+
 def test_object_instances_recover_the_mitochondria(sample):
     probs, truth = sample
     mito = object_instances(probs[1], SAMPLE_ROLES["mitochondria"])
