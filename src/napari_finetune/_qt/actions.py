@@ -4,7 +4,7 @@ Kept apart from the layout (widget.py) so each action reads top to bottom:
 check the inputs on the main thread (cheap), copy what the worker needs,
 start the job, and handle what it reports. A failure comes through the
 worker's ``errored`` signal and becomes a napari notification with the
-engine's message; the buttons follow :class:`RunState` on their own.
+engine's message; the buttons follow :class:`WidgetState` on their own.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from napari_finetune._qt.trust import ask_to_trust, info_job, refusal
 from napari_finetune._qt.worker import start_call, start_job
 from napari_finetune.session import jobs
 from napari_finetune.session.events import Event, Preview, Progress, RunStatus, Saved, TrainerReady
+from napari_finetune.session.session import Busy
 from napari_finetune.session.work import Job
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ class Controller:
         show_error(message)
 
     def run_job(
-        self, busy: str | None, job: Callable[..., Job], *args: Any, what: str,
+        self, busy: Busy | None, job: Callable[..., Job], *args: Any, what: str,
         on_result: Callable[[Any], None] | None = None,
         on_failed: Callable[[], None] | None = None, **kwargs: Any,
     ) -> None:
@@ -100,10 +101,10 @@ class Controller:
             s.running -= 1
             if worker in s.jobs:
                 s.jobs.remove(worker)
-            if busy is not None and s.busy == busy:
+            if busy is not None and s.busy is busy:
                 s.worker = None
                 s.busy = None
-            if busy == "train" and not s.closed:
+            if busy is Busy.TRAIN and not s.closed:
                 self.after_training(stopped=bool(aborted))
 
         s.running += 1
@@ -193,7 +194,7 @@ class Controller:
         # the Objects step.
         keep = [i for i, name in enumerate(s.info.channel_names)
                 if name in s.roles and s.roles[name].role is not None]
-        self.run_job("predict", jobs.predict_job, s.info.path, corr.image_level0(layer),
+        self.run_job(Busy.PREDICT, jobs.predict_job, s.info.path, corr.image_level0(layer),
                      len(s.info.channel_names), self.w.settings.device_name(), model=model,
                      normalization=s.info.normalization, trust=s.info.trust, keep=keep,
                      what="Prediction failed", on_result=self._show_prediction)
@@ -205,7 +206,7 @@ class Controller:
         info, masks = s.info, prediction.masks
         s.probabilities = {info.channel_names[i]: p for i, p in prediction.probabilities.items()}
         s.predicted_image, s.prediction_id = image, s.prediction_id + 1
-        s.busy = "show"  # the buttons wait for the layers; the job's end leaves this be
+        s.busy = Busy.SHOW  # the buttons wait for the layers; the job's end leaves this be
 
         def show() -> None:  # into layers that are there, so no stall of two add_labels
             show_predictions(self.w.viewer, image, info.channel_names, info.colors, masks,
@@ -296,14 +297,14 @@ class Controller:
         release_trainer(s)
         s.statuses, s.previews, s.timings = [], 0, {}
         self.w.status_panel.start_run(config.steps, config.batch_size)
-        s.stop_requested, s.busy = False, "train"  # the job starts after the layers
+        s.stop_requested, s.busy = False, Busy.TRAIN  # the job starts after the layers
 
         def start() -> None:
             if s.stop_requested:  # Stop was pressed while the layers were added
                 s.busy = None
                 self.w.status_panel.set_idle("stopped before the first step")
                 return
-            self.run_job("train", jobs.train_job, info.path, data, labels, store,
+            self.run_job(Busy.TRAIN, jobs.train_job, info.path, data, labels, store,
                          info.channel_names, config, self.w.settings.preview_interval_s,
                          lambda: s.region, trust=info.trust, snapshot=snapshot,
                          channel_colors=info.colors,

@@ -19,6 +19,7 @@ from napari_finetune._qt.layers import (
     show_objects_later,
 )
 from napari_finetune.session.derived import ChannelObjects, objects_job
+from napari_finetune.session.session import Busy
 
 if TYPE_CHECKING:
     from napari_finetune._qt.state import CheckpointInfo
@@ -109,7 +110,7 @@ def compute_objects(c: JobHost) -> None:
 
     def computed(objects: dict[str, ChannelObjects]) -> None:
         names = {channel: objects_layer_name(channel, roles[channel].role) for channel in objects}
-        s.busy = "show"  # the buttons wait for the layers; the job's end leaves this be
+        s.busy = Busy.SHOW  # the buttons wait for the layers; the job's end leaves this be
         remove_stale_objects_layers(w.viewer, names.values())
 
         def shown() -> None:
@@ -127,6 +128,6 @@ def compute_objects(c: JobHost) -> None:
             below=w.corrections_layer())
 
     w.objects_label.setText("computing objects…")
-    c.run_job("objects", objects_job, probabilities, roles,
+    c.run_job(Busy.OBJECTS, objects_job, probabilities, roles,
               what="Computing the objects failed", on_result=computed,
               on_failed=lambda: w.objects_label.setText("objects: failed, see the log"))

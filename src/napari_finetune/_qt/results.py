@@ -22,6 +22,7 @@ from napari_finetune._qt.layers import (
     prediction_layers,
 )
 from napari_finetune.session import derived, jobs
+from napari_finetune.session.session import Busy
 from napari_finetune.uncertainty import Suggestion
 
 
@@ -51,7 +52,7 @@ def paint_here_next(c: Controller) -> None:
         c.w.status_panel.set_idle("uncertainty updated")
         _suggest(c)
 
-    c.run_job("predict", derived.uncertainty_job, s.info.path, corr.image_level0(layer),
+    c.run_job(Busy.SUGGEST, derived.uncertainty_job, s.info.path, corr.image_level0(layer),
               len(s.info.channel_names), c.w.settings.device_name(), model=model,
               normalization=s.info.normalization, trust=s.info.trust,
               what="Computing the uncertainty failed", on_result=computed)
@@ -93,7 +94,7 @@ def export_bioimageio(c: Controller, path: str) -> None:
         c.w.output_label.setToolTip(written)
         show_info(f"bioimage.io model package written to {written} (bioimage.io tests passed)")
 
-    c.run_job("export", share.bioimageio_job, source, path, corr.image_level0(layer),
+    c.run_job(Busy.EXPORT, share.bioimageio_job, source, path, corr.image_level0(layer),
               trust=s.info.trust, roles=dict(s.roles), what="bioimage.io export failed",
               on_result=packaged)
 
@@ -117,7 +118,7 @@ def export(c: Controller, path: str) -> None:
     if s.roles_error:  # the editor shows a value the file could not keep
         c.fail(ValueError(s.roles_error), "Cannot export")
         return
-    c.run_job("export", jobs.export_job, s.trainer, path, roles=dict(s.roles),
+    c.run_job(Busy.EXPORT, jobs.export_job, s.trainer, path, roles=dict(s.roles),
               what="Export failed", on_result=lambda written: _exported(c, written))
 
 
@@ -149,5 +150,5 @@ def save_predictions(c: Controller) -> None:
         c.w.output_label.setText(f"predictions written as labels: {', '.join(names)}")
         show_info(f"Predictions saved into {store}")
 
-    c.run_job("save", jobs.save_predictions_job, store, arrays, objects,
+    c.run_job(Busy.SAVE, jobs.save_predictions_job, store, arrays, objects,
               what="Saving predictions failed", on_result=written)

@@ -51,6 +51,9 @@ class Busy(Enum):
     SAVE = "save predictions"
     OBJECTS = "objects"
     SUGGEST = "suggest where to paint"
+    # A job's result going into the viewer: the widget adds its layers one per event-loop
+    # turn (two at once stall napari), and no other action starts until they are there.
+    SHOW = "show the results"
 
 
 class Outcome(Enum):
