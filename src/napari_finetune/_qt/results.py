@@ -1,8 +1,8 @@
 """The result buttons: Export, Save predictions, Paint here next, bioimage.io.
 
-Both start a job through the :class:`~napari_finetune._qt.actions.Controller`
-and handle its result here; the slow parts (predicting the volume, writing
-and testing a package) run in workers.
+Export is the widget's Session's action; the others start a job through the
+:class:`~napari_finetune._qt.actions.Controller` and handle its result here;
+the slow parts (predicting the volume, writing and testing a package) run in workers.
 """
 
 from __future__ import annotations
@@ -118,14 +118,17 @@ def export(c: Controller, path: str) -> None:
     if s.roles_error:  # the editor shows a value the file could not keep
         c.fail(ValueError(s.roles_error), "Cannot export")
         return
-    c.run_job(Busy.EXPORT, jobs.export_job, s.trainer, path, roles=dict(s.roles),
-              what="Export failed", on_result=lambda written: _exported(c, written))
+    # The Session's action; the Controller shows where it was written when it ends.
+    session = c.session
+    session.trainer, session.roles = s.trainer, dict(s.roles)
+    c.start_action(lambda: session.export(path), done=lambda: _exported(c))
 
 
-def _exported(c: Controller, path: str) -> None:
-    c.state.exported = path
-    say(c.w.output_label, "exported to {}", path)
-    show_info(f"Fine-tuned checkpoint exported to {path}")
+def _exported(c: Controller) -> None:
+    c.state.exported = path = c.session.exported
+    if path is not None:  # set before the job ended
+        say(c.w.output_label, "exported to {}", path)
+        show_info(f"Fine-tuned checkpoint exported to {path}")
 
 
 def save_predictions(c: Controller) -> None:

@@ -17,9 +17,10 @@ import numpy as np
 from psygnal import evented
 
 from napari_finetune._qt.corrections import Autosaver
+from napari_finetune._qt.runner import ThreadRunner
 from napari_finetune._qt.shutdown import JobWorker, end_jobs
 from napari_finetune.session import work
-from napari_finetune.session.session import Busy
+from napari_finetune.session.session import Busy, Session
 
 if TYPE_CHECKING:
     from napari.layers import Image
@@ -73,6 +74,10 @@ class WidgetState:
     ``info``, ``busy``, ``trainer`` and ``closed``."""
 
     info: CheckpointInfo | None = None
+    # The Session the buttons moved onto run their jobs (Predict so far) in ``runner``'s
+    # workers; a closing widget stops and waits for those as for its own.
+    runner: ThreadRunner = field(default_factory=ThreadRunner)
+    session: Session | None = None
     busy: Busy | None = None  # the action running (SHOW: its layers being added)
     trainer: Finetuner | None = None  # kept after a run, for Export and Predict
     worker: JobWorker | None = None
@@ -124,6 +129,8 @@ def stop(s: WidgetState) -> None:
     s.stop_requested = True
     if s.worker is not None:
         s.worker.quit()
+    if s.session is not None and s.session.busy is not None:
+        s.session.stop()
 
 
 def shut_down(s: WidgetState, wait_s: float) -> bool:
@@ -143,11 +150,13 @@ def shut_down(s: WidgetState, wait_s: float) -> bool:
     for saver in savers:
         saver.close()
     s.retired_savers.clear()
-    return end_jobs([*s.jobs, *saver_jobs], lambda: stop(s), wait_s)
+    return end_jobs([*s.jobs, *s.runner.workers, *saver_jobs], lambda: stop(s), wait_s)
 
 
 def release_trainer(s: WidgetState) -> None:
     """Drop the previous run's trainer and give its device memory back."""
+    if s.session is not None:
+        s.session.trainer = None  # the Session must not keep it alive either
     if s.trainer is not None:
         s.trainer = None
         work.release_memory()

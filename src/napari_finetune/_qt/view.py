@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from napari_finetune._qt.settings import SettingsForm
     from napari_finetune._qt.state import WidgetState
     from napari_finetune._qt.status_panel import StatusPanel
-    from napari_finetune.session.session import Busy
+    from napari_finetune.session.session import Busy, Session
     from napari_finetune.session.work import Job
 
 
@@ -56,6 +56,7 @@ class JobHost(Protocol):
 
     state: WidgetState
     w: WidgetView
+    session: Session
 
     def run_job(
         self, busy: Busy | None, job: Callable[..., Job], *args: Any, what: str,
@@ -63,3 +64,9 @@ class JobHost(Protocol):
         on_failed: Callable[[], None] | None = None, **kwargs: Any,
     ) -> None:
         """Start ``job``; ``busy`` marks the widget while it runs."""
+
+    def start_action(
+        self, start: Callable[[], bool], done: Callable[[], None] = ...,
+        failed: Callable[[], None] = ...,
+    ) -> None:
+        """Start one of the Session's actions; ``done`` or ``failed`` when it ends."""
