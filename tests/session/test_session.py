@@ -196,3 +196,19 @@ def test_predict_is_the_checkpoints_own_and_keeps_the_probability_of_role_channe
     assert session.predict() is True
     for mask, before in zip(session.prediction.masks, first, strict=True):
         np.testing.assert_array_equal(mask, before)
+
+
+def test_suggest_starts_over_with_another_checkpoint(session, record, tmp_path):
+    """As the widget's Paint here next: other weights, a new uncertainty map, and the region
+    suggested first for the old weights may be suggested again."""
+    import shutil
+
+    assert session.suggest((8, 20, 20)) is True
+    first = session.suggestion.box
+    assert session.suggest((8, 20, 20)) is True and session.suggestion.box != first
+    session.checkpoint = shutil.copy(session.checkpoint, tmp_path / "same_weights.pt")
+    assert session.suggest((8, 20, 20)) is True
+    assert session.viewer.shown == ["uncertainty", "uncertainty"]  # computed anew
+    assert session.suggestion.box == first  # the same weights: the same best region
+    assert session.suggested == [first]
+    assert [e.outcome for e in record["ended"]] == [Outcome.DONE] * 3
