@@ -10,6 +10,8 @@ from napari.utils.notifications import NotificationSeverity, notification_manage
 from qtpy.QtCore import Qt
 from tests._qt.conftest import CHANNELS, SHAPE, choose_checkpoint, wait_idle
 
+from napari_finetune.session.session import Busy
+
 
 def _errors() -> list[str]:
     return [
@@ -79,7 +81,7 @@ def test_long_texts_read_in_full_or_elide_from_the_left(docked, qtbot):
 def test_predict_button_adds_one_layer_per_channel(docked, qtbot):
     viewer, widget, image = docked
     qtbot.mouseClick(widget.predict_button, Qt.LeftButton)
-    assert widget.state.busy == "predict"  # the click returned while the worker runs
+    assert widget.state.busy is Busy.PREDICT  # the click returned while the worker runs
     wait_idle(qtbot, widget)
     names = [f"{c} prediction" for c in CHANNELS]
     assert all(n in viewer.layers for n in names)

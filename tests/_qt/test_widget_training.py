@@ -11,6 +11,8 @@ from qtpy.QtCore import Qt, QTimer
 from qtpy.QtWidgets import QFileDialog
 from tests._qt.conftest import choose_checkpoint, wait_idle
 
+from napari_finetune.session.session import Busy
+
 STALL_BOUND_MS = 250  # generous: the machine is shared; the benchmark's goal is 50 ms
 CLICK_BOUND_MS = 150  # generous too (goal 50 ms)
 
@@ -75,7 +77,7 @@ def test_finetune_refreshes_prediction_and_status_without_freezing(docked, qtbot
 
     with StallMeter() as meter:
         qtbot.mouseClick(widget.finetune_button, Qt.LeftButton)
-        assert widget.state.busy == "train" and widget.stop_button.isEnabled()
+        assert widget.state.busy is Busy.TRAIN and widget.stop_button.isEnabled()
         assert not widget.predict_button.isEnabled()
         wait_idle(qtbot, widget)
     kinds = [st.kind for st in widget.state.statuses]

@@ -160,3 +160,55 @@ def test_stop_ends_a_prediction_at_its_next_event(session, record):
     assert record["ended"] == [ActionEnd(
         Busy.PREDICT, Outcome.STOPPED, "predict stopped before its end; nothing of it was kept")]
     assert session.prediction is None and session.busy is None
+
+
+def test_predict_is_the_checkpoints_own_and_keeps_the_probability_of_role_channels(
+        session, record):
+    """The widget's Predict, headless: the masks ``predict_volume`` gives with the checkpoint,
+    progress on the way, the probability kept of the channels with a role only, and the
+    checkpoint's weights again once the last run's trainer is dropped."""
+    from napari_finetune.config import PredictConfig
+    from napari_finetune.data.normalization import intensity_range
+    from napari_finetune.loading import load_checkpoint
+    from napari_finetune.objects import ChannelRole
+    from napari_finetune.predict import predict_volume
+    from napari_finetune.session.events import Progress
+
+    events = []
+    session.events.job_event.connect(events.append)
+    session.roles = {"mitochondria": ChannelRole("object", threshold=0.5),
+                     "membrane": ChannelRole(None)}
+    assert session.predict() is True
+    assert record["ended"] == [ActionEnd(Busy.PREDICT, Outcome.DONE, "")]
+    assert any(isinstance(e, Progress) and e.done == e.total for e in events)
+    ckpt = load_checkpoint(session.checkpoint)
+    probs = predict_volume(ckpt.model, session.image,
+                           intensity_range(session.image, ckpt.normalization),
+                           PredictConfig(device="cpu"))
+    for mask, channel in zip(session.prediction.masks, probs, strict=True):
+        np.testing.assert_array_equal(mask, (channel > 0.5).astype(np.uint8))
+    assert list(session.prediction.probabilities) == [CHANNELS.index("mitochondria")]
+    np.testing.assert_allclose(session.prediction.probabilities[1], probs[1], atol=1e-6)
+
+    first = [m.copy() for m in session.prediction.masks]
+    assert session.finetune() is True and session.trainer.steps_done == 2
+    session.trainer = None  # a new checkpoint was chosen: the run's weights no longer apply
+    assert session.predict() is True
+    for mask, before in zip(session.prediction.masks, first, strict=True):
+        np.testing.assert_array_equal(mask, before)
+
+
+def test_suggest_starts_over_with_another_checkpoint(session, record, tmp_path):
+    """As the widget's Paint here next: other weights, a new uncertainty map, and the region
+    suggested first for the old weights may be suggested again."""
+    import shutil
+
+    assert session.suggest((8, 20, 20)) is True
+    first = session.suggestion.box
+    assert session.suggest((8, 20, 20)) is True and session.suggestion.box != first
+    session.checkpoint = shutil.copy(session.checkpoint, tmp_path / "same_weights.pt")
+    assert session.suggest((8, 20, 20)) is True
+    assert session.viewer.shown == ["uncertainty", "uncertainty"]  # computed anew
+    assert session.suggestion.box == first  # the same weights: the same best region
+    assert session.suggested == [first]
+    assert [e.outcome for e in record["ended"]] == [Outcome.DONE] * 3

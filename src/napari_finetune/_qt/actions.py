@@ -4,12 +4,21 @@ Kept apart from the layout (widget.py) so each action reads top to bottom:
 check the inputs on the main thread (cheap), copy what the worker needs,
 start the job, and handle what it reports. A failure comes through the
 worker's ``errored`` signal and becomes a napari notification with the
-engine's message; the buttons follow :class:`RunState` on their own.
+engine's message; the buttons follow :class:`WidgetState` on their own.
+
+Predict, Objects and Export have moved onto the widget's
+:class:`~napari_finetune.session.session.Session` (run by napari's thread
+worker): the click fills the Session's inputs and calls its action; the
+Session's ``busy`` becomes the widget's, its job events feed the status
+panel, its ``refused`` reason and a failure's one line are shown, and the
+prediction it ended with goes into the widget's layers (named and coloured
+by channel, so the Session is given no viewer of its own).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,12 +39,17 @@ from napari_finetune._qt.trust import ask_to_trust, info_job, refusal
 from napari_finetune._qt.worker import start_call, start_job
 from napari_finetune.session import jobs
 from napari_finetune.session.events import Event, Preview, Progress, RunStatus, Saved, TrainerReady
+from napari_finetune.session.session import ActionEnd, Busy, Outcome, Session
 from napari_finetune.session.work import Job
 
 if TYPE_CHECKING:
     from napari.layers import Image, Labels
 
     from napari_finetune._qt.view import WidgetView
+
+
+def _nothing() -> None:
+    """The default hook: nothing to do."""
 
 
 def say(label: QLabel, template: str, path: str) -> None:
@@ -50,6 +64,16 @@ class Controller:
     def __init__(self, widget: WidgetView) -> None:
         self.w = widget
         self.state = widget.state
+        self.session = Session(self.state.runner)
+        self.state.session = self.session
+        events = self.session.events
+        events.busy.connect(self._session_busy)
+        events.job_event.connect(self._session_event)
+        events.refused.connect(self._refused)
+        events.ended.connect(self._ended)
+        # What to do when the action started last ends done, or failed (its one line shown).
+        self._done: Callable[[], None] = _nothing
+        self._failed: Callable[[], None] = _nothing
 
     def fail(self, exc: BaseException, what: str) -> None:
         """Log and notify ``what: message`` (the engine's own message)."""
@@ -59,7 +83,7 @@ class Controller:
         show_error(message)
 
     def run_job(
-        self, busy: str | None, job: Callable[..., Job], *args: Any, what: str,
+        self, busy: Busy | None, job: Callable[..., Job], *args: Any, what: str,
         on_result: Callable[[Any], None] | None = None,
         on_failed: Callable[[], None] | None = None, **kwargs: Any,
     ) -> None:
@@ -100,10 +124,10 @@ class Controller:
             s.running -= 1
             if worker in s.jobs:
                 s.jobs.remove(worker)
-            if busy is not None and s.busy == busy:
+            if busy is not None and s.busy is busy:
                 s.worker = None
                 s.busy = None
-            if busy == "train" and not s.closed:
+            if busy is Busy.TRAIN and not s.closed:
                 self.after_training(stopped=bool(aborted))
 
         s.running += 1
@@ -114,6 +138,51 @@ class Controller:
             s.worker = worker
             s.busy = busy
         s.jobs.append(worker)
+
+    # -- the Session's events ----------------------------------------------------------------
+    def _session_busy(self, busy: Busy | None) -> None:
+        s = self.state
+        if busy is not None or s.busy is not Busy.SHOW:  # SHOW: the widget's layers come
+            s.busy = busy
+
+    def _session_event(self, event: Event) -> None:
+        if self.state.closed:  # the widget may be deleted; the Session keeps the record
+            return
+        try:
+            self.handle(event)
+        except RuntimeError as exc:  # "wrapped C/C++ object ... has been deleted"
+            if "deleted" not in str(exc):
+                raise
+
+    def _refused(self, reason: str) -> None:
+        if not self.state.closed:
+            self.w.status_panel.append_log(reason)
+            show_warning(reason)
+
+    def start_action(
+        self, start: Callable[[], bool], done: Callable[[], None] = _nothing,
+        failed: Callable[[], None] = _nothing,
+    ) -> None:
+        """Start one of the Session's actions (``start``: e.g. ``session.predict``); ``done``
+        runs when it ended done, ``failed`` after its failure's one line was shown."""
+        if self.state.closed:
+            return  # closing: no new work (e.g. the prediction after a run)
+        self._done, self._failed = done, failed
+        if start():
+            self.state.running += 1
+
+    def _ended(self, end: ActionEnd) -> None:
+        s = self.state
+        s.running -= 1
+        done, failed, self._done, self._failed = self._done, self._failed, _nothing, _nothing
+        if end.outcome is Outcome.FAILED:
+            s.errors.append(end.reason)
+            if not s.closed:
+                self.w.status_panel.append_log(end.reason)
+                show_error(end.reason)
+                failed()
+        elif end.outcome is Outcome.DONE and not s.closed:
+            done()
 
     def handle(self, event: Event) -> None:
         """Main-thread side of every job event."""
@@ -185,27 +254,28 @@ class Controller:
     # -- predict and paint -------------------------------------------------------------------
     def predict(self) -> None:
         """Whole volume: with the fine-tuned weights after a run, else the checkpoint's."""
-        s, layer = self.state, self.w.image_layer()
-        if layer is None or s.info is None:
-            return
-        model = s.trainer.model if s.trainer is not None else None
+        s, layer, session = self.state, self.w.image_layer(), self.session
+        if s.closed or layer is None or s.info is None:
+            return  # closing: no new work (e.g. the prediction after a run)
+        info = s.info
+        session.image, session.checkpoint, session.trust = (
+            corr.image_level0(layer), info.path, info.trust)
+        session.channel_names, session.channel_colors = list(info.channel_names), list(info.colors)
         # The channels with a role (the editor's, now) keep their probability too, for
         # the Objects step.
-        keep = [i for i, name in enumerate(s.info.channel_names)
-                if name in s.roles and s.roles[name].role is not None]
-        self.run_job("predict", jobs.predict_job, s.info.path, corr.image_level0(layer),
-                     len(s.info.channel_names), self.w.settings.device_name(), model=model,
-                     normalization=s.info.normalization, trust=s.info.trust, keep=keep,
-                     what="Prediction failed", on_result=self._show_prediction)
+        session.roles = dict(s.roles)
+        session.trainer = s.trainer  # the last run's weights, else the checkpoint's
+        session.config = replace(session.config, device=self.w.settings.device_name())
+        self.start_action(session.predict, done=lambda: self._show_prediction(session.prediction))
 
-    def _show_prediction(self, prediction: jobs.Prediction) -> None:
+    def _show_prediction(self, prediction: jobs.Prediction | None) -> None:
         s, image = self.state, self.w.image_layer()
-        if s.info is None or image is None:
+        if s.info is None or image is None or prediction is None:
             return
         info, masks = s.info, prediction.masks
         s.probabilities = {info.channel_names[i]: p for i, p in prediction.probabilities.items()}
         s.predicted_image, s.prediction_id = image, s.prediction_id + 1
-        s.busy = "show"  # the buttons wait for the layers; the job's end leaves this be
+        s.busy = Busy.SHOW  # the buttons wait for the layers; the job's end leaves this be
 
         def show() -> None:  # into layers that are there, so no stall of two add_labels
             show_predictions(self.w.viewer, image, info.channel_names, info.colors, masks,
@@ -296,14 +366,14 @@ class Controller:
         release_trainer(s)
         s.statuses, s.previews, s.timings = [], 0, {}
         self.w.status_panel.start_run(config.steps, config.batch_size)
-        s.stop_requested, s.busy = False, "train"  # the job starts after the layers
+        s.stop_requested, s.busy = False, Busy.TRAIN  # the job starts after the layers
 
         def start() -> None:
             if s.stop_requested:  # Stop was pressed while the layers were added
                 s.busy = None
                 self.w.status_panel.set_idle("stopped before the first step")
                 return
-            self.run_job("train", jobs.train_job, info.path, data, labels, store,
+            self.run_job(Busy.TRAIN, jobs.train_job, info.path, data, labels, store,
                          info.channel_names, config, self.w.settings.preview_interval_s,
                          lambda: s.region, trust=info.trust, snapshot=snapshot,
                          channel_colors=info.colors,

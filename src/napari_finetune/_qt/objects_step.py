@@ -1,7 +1,8 @@
 """The Objects step: instance labels of each channel with a role, from the last prediction.
 
 The click only checks and copies references (cheap, main thread); the
-labelling runs in a worker (:func:`objects_job`, the public functions of
+labelling is the widget's Session's action, run in a worker
+(:func:`~napari_finetune.session.derived.objects_job`, the public functions of
 :mod:`napari_finetune.objects`), and the layers come back one per event-loop
 turn (:func:`~napari_finetune._qt.layers.show_objects_later`).
 """
@@ -18,7 +19,7 @@ from napari_finetune._qt.layers import (
     remove_stale_objects_layers,
     show_objects_later,
 )
-from napari_finetune.session.derived import ChannelObjects, objects_job
+from napari_finetune.session.session import Busy
 
 if TYPE_CHECKING:
     from napari_finetune._qt.state import CheckpointInfo
@@ -103,13 +104,12 @@ def compute_objects(c: JobHost) -> None:
             f"objects: press Predict again: the last Predict kept no probability of "
             f"{', '.join(missing)} (no role then)")
         return
-    # The arrays themselves, not copies: a new prediction replaces them, never writes into them.
-    probabilities = {channel: s.probabilities[channel] for channel in roles}
     prediction_id, store = s.prediction_id, corr.store_path_of(image)
 
-    def computed(objects: dict[str, ChannelObjects]) -> None:
+    def computed() -> None:
+        objects = c.session.found_objects
         names = {channel: objects_layer_name(channel, roles[channel].role) for channel in objects}
-        s.busy = "show"  # the buttons wait for the layers; the job's end leaves this be
+        s.busy = Busy.SHOW  # the buttons wait for the layers; the job's end leaves this be
         remove_stale_objects_layers(w.viewer, names.values())
 
         def shown() -> None:
@@ -127,6 +127,6 @@ def compute_objects(c: JobHost) -> None:
             below=w.corrections_layer())
 
     w.objects_label.setText("computing objects…")
-    c.run_job("objects", objects_job, probabilities, roles,
-              what="Computing the objects failed", on_result=computed,
-              on_failed=lambda: w.objects_label.setText("objects: failed, see the log"))
+    c.session.roles = dict(s.roles)
+    c.start_action(c.session.objects, done=computed,
+                   failed=lambda: w.objects_label.setText("objects: failed, see the log"))

@@ -1,8 +1,8 @@
 """The result buttons: Export, Save predictions, Paint here next, bioimage.io.
 
-Both start a job through the :class:`~napari_finetune._qt.actions.Controller`
-and handle its result here; the slow parts (predicting the volume, writing
-and testing a package) run in workers.
+Export is the widget's Session's action; the others start a job through the
+:class:`~napari_finetune._qt.actions.Controller` and handle its result here;
+the slow parts (predicting the volume, writing and testing a package) run in workers.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from napari_finetune._qt.layers import (
     prediction_layers,
 )
 from napari_finetune.session import derived, jobs
+from napari_finetune.session.session import Busy
 from napari_finetune.uncertainty import Suggestion
 
 
@@ -51,7 +52,7 @@ def paint_here_next(c: Controller) -> None:
         c.w.status_panel.set_idle("uncertainty updated")
         _suggest(c)
 
-    c.run_job("predict", derived.uncertainty_job, s.info.path, corr.image_level0(layer),
+    c.run_job(Busy.SUGGEST, derived.uncertainty_job, s.info.path, corr.image_level0(layer),
               len(s.info.channel_names), c.w.settings.device_name(), model=model,
               normalization=s.info.normalization, trust=s.info.trust,
               what="Computing the uncertainty failed", on_result=computed)
@@ -93,7 +94,7 @@ def export_bioimageio(c: Controller, path: str) -> None:
         c.w.output_label.setToolTip(written)
         show_info(f"bioimage.io model package written to {written} (bioimage.io tests passed)")
 
-    c.run_job("export", share.bioimageio_job, source, path, corr.image_level0(layer),
+    c.run_job(Busy.EXPORT, share.bioimageio_job, source, path, corr.image_level0(layer),
               trust=s.info.trust, roles=dict(s.roles), what="bioimage.io export failed",
               on_result=packaged)
 
@@ -117,14 +118,17 @@ def export(c: Controller, path: str) -> None:
     if s.roles_error:  # the editor shows a value the file could not keep
         c.fail(ValueError(s.roles_error), "Cannot export")
         return
-    c.run_job("export", jobs.export_job, s.trainer, path, roles=dict(s.roles),
-              what="Export failed", on_result=lambda written: _exported(c, written))
+    # The Session's action; the Controller shows where it was written when it ends.
+    session = c.session
+    session.trainer, session.roles = s.trainer, dict(s.roles)
+    c.start_action(lambda: session.export(path), done=lambda: _exported(c))
 
 
-def _exported(c: Controller, path: str) -> None:
-    c.state.exported = path
-    say(c.w.output_label, "exported to {}", path)
-    show_info(f"Fine-tuned checkpoint exported to {path}")
+def _exported(c: Controller) -> None:
+    c.state.exported = path = c.session.exported
+    if path is not None:  # set before the job ended
+        say(c.w.output_label, "exported to {}", path)
+        show_info(f"Fine-tuned checkpoint exported to {path}")
 
 
 def save_predictions(c: Controller) -> None:
@@ -149,5 +153,5 @@ def save_predictions(c: Controller) -> None:
         c.w.output_label.setText(f"predictions written as labels: {', '.join(names)}")
         show_info(f"Predictions saved into {store}")
 
-    c.run_job("save", jobs.save_predictions_job, store, arrays, objects,
+    c.run_job(Busy.SAVE, jobs.save_predictions_job, store, arrays, objects,
               what="Saving predictions failed", on_result=written)

@@ -4,7 +4,7 @@ magicgui inputs in a grid, one row per channel of the chosen model, filled from 
 checkpoint's roles (:func:`RolesEditor.show_roles`) and read back as
 :class:`~napari_finetune.objects.ChannelRole` values (:func:`RolesEditor.roles`),
 which validate themselves: a value no role can have is one ValueError line.
-The values live in :class:`~napari_finetune._qt.state.RunState` (``roles``),
+The values live in :class:`~napari_finetune._qt.state.WidgetState` (``roles``),
 not here.
 """
 

@@ -7,7 +7,7 @@ What "clean" means here:
 - a running fine-tuning ends at its next step and the process waits for it, a
   bounded time, so no worker thread is still writing the store or emitting
   signals while Qt and Python tear down;
-- from then on job events only update :class:`RunState` (plain Python), never
+- from then on job events only update :class:`WidgetState` (plain Python), never
   a widget that may already be deleted, and no new job starts.
 
 :class:`JobWorker` is napari's generator worker that says when its thread

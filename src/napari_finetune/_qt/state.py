@@ -1,6 +1,6 @@
 """What the widget tracks between job events, and how a run is ended or released.
 
-:class:`RunState` is an evented dataclass (psygnal, which napari ships): the
+:class:`WidgetState` is an evented dataclass (psygnal, which napari ships): the
 fields the buttons depend on (``info``, ``busy``, ``trainer``, ``closed``)
 emit on change, and the widget follows them from one connection.
 """
@@ -17,8 +17,10 @@ import numpy as np
 from psygnal import evented
 
 from napari_finetune._qt.corrections import Autosaver
+from napari_finetune._qt.runner import ThreadRunner
 from napari_finetune._qt.shutdown import JobWorker, end_jobs
 from napari_finetune.session import work
+from napari_finetune.session.session import Busy, Session
 
 if TYPE_CHECKING:
     from napari.layers import Image
@@ -67,12 +69,16 @@ class Untrusted:
     equality_operators={"trainer": operator.is_, "info": operator.is_},
 )
 @dataclass
-class RunState:
+class WidgetState:
     """Everything the widget tracks between events; ``state.events`` signals changes of
     ``info``, ``busy``, ``trainer`` and ``closed``."""
 
     info: CheckpointInfo | None = None
-    busy: str | None = None  # "predict", "objects", "show" (layers), "train", "export", "save"
+    # The Session the buttons moved onto run their jobs (Predict so far) in ``runner``'s
+    # workers; a closing widget stops and waits for those as for its own.
+    runner: ThreadRunner = field(default_factory=ThreadRunner)
+    session: Session | None = None
+    busy: Busy | None = None  # the action running (SHOW: its layers being added)
     trainer: Finetuner | None = None  # kept after a run, for Export and Predict
     worker: JobWorker | None = None
     autosaver: Autosaver | None = None
@@ -114,7 +120,7 @@ class RunState:
         self.timings.setdefault(name, time.perf_counter() - self.clicked_at)
 
 
-def stop(s: RunState) -> None:
+def stop(s: WidgetState) -> None:
     """End the running job at its next event (napari's ``worker.quit()``).
 
     A run's events come after whole optimizer steps or recoveries, so the
@@ -123,9 +129,11 @@ def stop(s: RunState) -> None:
     s.stop_requested = True
     if s.worker is not None:
         s.worker.quit()
+    if s.session is not None and s.session.busy is not None:
+        s.session.stop()
 
 
-def shut_down(s: RunState, wait_s: float) -> bool:
+def shut_down(s: WidgetState, wait_s: float) -> bool:
     """Save the pending painting, end the run at its next step, wait up to ``wait_s``.
 
     Plain Python on ``s`` only (no widget), so it is safe from ``destroyed``
@@ -142,11 +150,13 @@ def shut_down(s: RunState, wait_s: float) -> bool:
     for saver in savers:
         saver.close()
     s.retired_savers.clear()
-    return end_jobs([*s.jobs, *saver_jobs], lambda: stop(s), wait_s)
+    return end_jobs([*s.jobs, *s.runner.workers, *saver_jobs], lambda: stop(s), wait_s)
 
 
-def release_trainer(s: RunState) -> None:
+def release_trainer(s: WidgetState) -> None:
     """Drop the previous run's trainer and give its device memory back."""
+    if s.session is not None:
+        s.session.trainer = None  # the Session must not keep it alive either
     if s.trainer is not None:
         s.trainer = None
         work.release_memory()

@@ -19,8 +19,9 @@ if TYPE_CHECKING:
 
     from napari_finetune._qt.roles_editor import RolesEditor
     from napari_finetune._qt.settings import SettingsForm
-    from napari_finetune._qt.state import RunState
+    from napari_finetune._qt.state import WidgetState
     from napari_finetune._qt.status_panel import StatusPanel
+    from napari_finetune.session.session import Busy, Session
     from napari_finetune.session.work import Job
 
 
@@ -28,7 +29,7 @@ class WidgetView(Protocol):
     """The dock widget's public members: its labels, panels and chosen layers."""
 
     viewer: Viewer
-    state: RunState
+    state: WidgetState
     status_panel: StatusPanel
     settings: SettingsForm
     roles_editor: RolesEditor
@@ -53,12 +54,19 @@ class WidgetView(Protocol):
 class JobHost(Protocol):
     """What a step needs of the Controller: the state, the widget and a way to run a job."""
 
-    state: RunState
+    state: WidgetState
     w: WidgetView
+    session: Session
 
     def run_job(
-        self, busy: str | None, job: Callable[..., Job], *args: Any, what: str,
+        self, busy: Busy | None, job: Callable[..., Job], *args: Any, what: str,
         on_result: Callable[[Any], None] | None = None,
         on_failed: Callable[[], None] | None = None, **kwargs: Any,
     ) -> None:
         """Start ``job``; ``busy`` marks the widget while it runs."""
+
+    def start_action(
+        self, start: Callable[[], bool], done: Callable[[], None] = ...,
+        failed: Callable[[], None] = ...,
+    ) -> None:
+        """Start one of the Session's actions; ``done`` or ``failed`` when it ends."""

@@ -4,7 +4,7 @@ Every button starts a job from :mod:`napari_finetune._qt.jobs` in a napari
 ``thread_worker`` (through :class:`~napari_finetune._qt.actions.Controller`)
 and returns at once; the job's events come back on the main thread, which
 only assigns labels and layer data. The buttons follow the evented
-:class:`~napari_finetune._qt.state.RunState` from one connection. No
+:class:`~napari_finetune._qt.state.WidgetState` from one connection. No
 training logic lives here.
 """
 
@@ -44,9 +44,10 @@ from napari_finetune._qt.parts import (
 from napari_finetune._qt.roles_editor import RolesEditor
 from napari_finetune._qt.settings import SettingsForm
 from napari_finetune._qt.shutdown import CLOSE_WAIT_S, WindowCloseWatcher
-from napari_finetune._qt.state import RunState, shut_down, stop
+from napari_finetune._qt.state import WidgetState, shut_down, stop
 from napari_finetune._qt.status_panel import StatusPanel
 from napari_finetune.config import FinetuneConfig
+from napari_finetune.session.session import Busy
 
 if TYPE_CHECKING:
     from napari import Viewer
@@ -65,7 +66,7 @@ class FinetuneWidget(QWidget):
         super().__init__()
         preload()
         self.viewer = napari_viewer
-        self.state = RunState()
+        self.state = WidgetState()
         self.actions = Controller(self)
         self.image_combo = layer_combo(napari_viewer, Image, lambda layer: True)
         self.checkpoint_edit = PathEdit(default_checkpoint())
@@ -239,12 +240,12 @@ class FinetuneWidget(QWidget):
                                        and s.predicted_image is self.image_layer())
         self.new_corrections_button.setEnabled(ready)
         self.finetune_button.setEnabled(idle and ready and self.corrections_layer() is not None)
-        self.stop_button.setEnabled(s.busy == "train")
+        self.stop_button.setEnabled(s.busy is Busy.TRAIN)
         self.export_button.setEnabled(idle and s.trainer is not None)
         self.save_predictions_button.setEnabled(idle and s.info is not None)
         self.paint_next_button.setEnabled(idle and ready)
         self.bioimageio_button.setEnabled(idle and ready)
-        self.finetune_button.setText("Fine-tuning…" if s.busy == "train" else "Fine-tune")
+        self.finetune_button.setText("Fine-tuning…" if s.busy is Busy.TRAIN else "Fine-tune")
 
     def _theme_changed(self, *_: object) -> None:
         from napari.utils.theme import get_theme

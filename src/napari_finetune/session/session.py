@@ -51,6 +51,9 @@ class Busy(Enum):
     SAVE = "save predictions"
     OBJECTS = "objects"
     SUGGEST = "suggest where to paint"
+    # A job's result going into the viewer: the widget adds its layers one per event-loop
+    # turn (two at once stall napari), and no other action starts until they are there.
+    SHOW = "show the results"
 
 
 class Outcome(Enum):
@@ -119,7 +122,7 @@ class Session:
     _handle: JobHandle | None = field(default=None, init=False, repr=False)
     _action: int = field(default=0, init=False, repr=False)  # which start is the latest
     _stop_asked: bool = field(default=False, init=False, repr=False)
-    _uncertainty: tuple[tuple[int, int], np.ndarray] | None = field(
+    _uncertainty: tuple[tuple[str, int, int], np.ndarray] | None = field(
         default=None, init=False, repr=False)
 
     @property
@@ -321,7 +324,9 @@ class Session:
         """The next region to paint: the most uncertain one with nothing painted yet.
 
         The uncertainty of the current weights is computed once; asked again,
-        the next region is suggested (the earlier ones are skipped).
+        the next region is suggested (the earlier ones are skipped). Other weights
+        (another checkpoint, a run's new steps) compute it anew, and the suggestions
+        start over.
         """
         if reason := self._free(Busy.SUGGEST) or self._missing(image=True, checkpoint=True):
             return self._refuse(reason)
@@ -330,10 +335,11 @@ class Session:
         shape = tuple(int(n) for n in np.shape(self.image))
         region = tuple(region_shape or fit_patch_shape(self.config.patch_shape, shape))
         trainer = self.trainer
-        key = (id(trainer), trainer.steps_done if trainer is not None else -1)
-        cached = self._uncertainty[1] if self._uncertainty and self._uncertainty[0] == key \
-            else None
-        corrections, exclude = self.corrections, list(self.suggested)
+        key = (str(self.checkpoint), id(trainer),
+               trainer.steps_done if trainer is not None else -1)
+        fresh = self._uncertainty is None or self._uncertainty[0] != key
+        cached = None if fresh or self._uncertainty is None else self._uncertainty[1]
+        corrections, exclude = self.corrections, [] if fresh else list(self.suggested)
 
         def job() -> Job[tuple[np.ndarray, Suggestion | None]]:
             unsure = cached
@@ -350,6 +356,8 @@ class Session:
             unsure, found = result
             self._uncertainty = (key, unsure)
             self.suggestion = found
+            if fresh:  # regions suggested for other weights say nothing of these
+                self.suggested = []
             if found is not None:
                 self.suggested.append(found.box)
             if self.viewer is not None and cached is None:

@@ -1,0 +1,40 @@
+"""The widget bound to its Session: the Session's busy, refusals and failures, seen in the dock."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from qtpy.QtCore import Qt
+from tests._qt.conftest import wait_idle
+
+from napari_finetune.session.session import Busy, Outcome
+
+
+def test_predict_is_the_sessions_and_its_refusals_and_failures_show_in_one_line(docked, qtbot):
+    viewer, widget, image = docked
+    session, log = widget.actions.session, widget.status_panel.log
+    ended = []
+    session.events.ended.connect(ended.append)
+
+    qtbot.mouseClick(widget.predict_button, Qt.LeftButton)
+    # The Session runs it; its busy is the widget's, and the buttons follow it.
+    assert session.busy is Busy.PREDICT and widget.state.busy is Busy.PREDICT
+    assert not widget.predict_button.isEnabled() and not widget.objects_button.isEnabled()
+    assert session.finetune() is False  # asked meanwhile: the reason is in the dock's log
+    assert log.toPlainText().splitlines()[-1] == (
+        "Cannot fine-tune: busy with predict; wait for it to end.")
+    wait_idle(qtbot, widget)
+    assert ended[-1].outcome is Outcome.DONE and widget.predict_button.isEnabled()
+    assert all(f"{c} prediction" in viewer.layers for c in session.channel_names)
+
+    # The checkpoint became unreadable after it was read: Predict fails in its worker.
+    Path(widget.state.info.path).write_bytes(b"not a checkpoint any more")
+    before = len(widget.state.errors)
+    qtbot.mouseClick(widget.predict_button, Qt.LeftButton)
+    wait_idle(qtbot, widget)
+    assert ended[-1].outcome is Outcome.FAILED
+    line = widget.state.errors[-1]
+    assert len(widget.state.errors) == before + 1 and line == ended[-1].reason
+    assert line.startswith("predict failed: ") and "\n" not in line
+    assert log.toPlainText().splitlines()[-1] == line
+    assert widget.predict_button.isEnabled() and widget.state.running == 0
