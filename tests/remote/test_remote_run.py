@@ -48,18 +48,7 @@ def config(**overrides) -> FinetuneConfig:
 
 
 @pytest.fixture(scope="module")
-def client():
-    from distributed import Client, LocalCluster
-
-    cluster = LocalCluster(processes=True, n_workers=1, threads_per_worker=1,
-                           dashboard_address=":0")
-    with Client(cluster) as c:
-        yield c
-    cluster.close()
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
+def model_file(tmp_path_factory) -> Path:
     torch.manual_seed(0)
     model = UNet(dims=3, depth=2, features=4, out_channels=2)
     path = tmp_path_factory.mktemp("model") / "model.pt"
@@ -70,13 +59,13 @@ def weights_of(path: Path) -> dict[str, torch.Tensor]:
     return load_checkpoint(path).model.state_dict()
 
 
-def test_a_remote_run_gives_the_in_process_losses_and_weights(client, checkpoint, tmp_path):
+def test_a_remote_run_gives_the_in_process_losses_and_weights(client, model_file, tmp_path):
     image, corrections = volume()
-    local = Finetuner.from_checkpoint(load_checkpoint(checkpoint), image, corrections, config())
+    local = Finetuner.from_checkpoint(load_checkpoint(model_file), image, corrections, config())
     local_losses = [s.loss for s in local.run() if s.kind == "step"]
     local.export(tmp_path / "local.pt")
 
-    remote = RemoteFinetuner.remote(load_checkpoint(checkpoint), image, corrections, config(),
+    remote = RemoteFinetuner.remote(load_checkpoint(model_file), image, corrections, config(),
                                     client, weights_every=2)
     statuses = list(remote.run())
     losses = [s.loss for s in statuses if s.kind == "step"]
@@ -98,9 +87,9 @@ def test_a_remote_run_gives_the_in_process_losses_and_weights(client, checkpoint
     assert run["environment"]["host"] and run["environment"]["device"]["type"] == "cpu"
 
 
-def test_stop_ends_the_run_after_the_step_in_progress_with_its_weights(client, checkpoint):
+def test_stop_ends_the_run_after_the_step_in_progress_with_its_weights(client, model_file):
     image, corrections = volume()
-    remote = RemoteFinetuner.remote(load_checkpoint(checkpoint), image, corrections,
+    remote = RemoteFinetuner.remote(load_checkpoint(model_file), image, corrections,
                                     config(steps=500, validation_fraction=0.0), client,
                                     weights_every=1000)
     statuses = []
@@ -114,10 +103,10 @@ def test_stop_ends_the_run_after_the_step_in_progress_with_its_weights(client, c
     assert remote.steps_done == last.step == remote.run_record["steps_done"]
 
 
-def test_closing_the_run_still_brings_the_last_weights_back(client, checkpoint):
+def test_closing_the_run_still_brings_the_last_weights_back(client, model_file):
     """napari's Stop closes the job's generator: the worker stops and its weights come back."""
     image, corrections = volume()
-    remote = RemoteFinetuner.remote(load_checkpoint(checkpoint), image, corrections,
+    remote = RemoteFinetuner.remote(load_checkpoint(model_file), image, corrections,
                                     config(steps=500, validation_fraction=0.0), client,
                                     weights_every=1000)
     run = remote.run()
@@ -129,9 +118,9 @@ def test_closing_the_run_still_brings_the_last_weights_back(client, checkpoint):
     assert remote.steps_done < 500
 
 
-def test_an_unreachable_scheduler_is_one_line_and_fast(checkpoint):
+def test_an_unreachable_scheduler_is_one_line_and_fast(model_file):
     image, corrections = volume()
-    remote = RemoteFinetuner.remote(load_checkpoint(checkpoint), image, corrections, config(),
+    remote = RemoteFinetuner.remote(load_checkpoint(model_file), image, corrections, config(),
                                     "tcp://127.0.0.1:9")
     remote.connect_timeout_s = 1.0
     began = time.monotonic()
@@ -142,9 +131,9 @@ def test_an_unreachable_scheduler_is_one_line_and_fast(checkpoint):
     assert "\n" not in line and "cannot reach the dask scheduler at tcp://127.0.0.1:9" in line
 
 
-def test_a_missing_gpu_is_one_line_before_anything_is_sent(client, checkpoint):
+def test_a_missing_gpu_is_one_line_before_anything_is_sent(client, model_file):
     image, corrections = volume()
-    remote = RemoteFinetuner.remote(load_checkpoint(checkpoint), image, corrections,
+    remote = RemoteFinetuner.remote(load_checkpoint(model_file), image, corrections,
                                     config(device="cuda"), client)
     with pytest.raises(RemoteError) as failed:
         list(remote.run())
