@@ -155,3 +155,19 @@ def _here() -> dict[str, str]:
     from napari_finetune.remote.worker import versions
 
     return versions()
+
+
+def test_a_retried_task_says_its_worker_was_lost_and_trains_nothing(client, model_file):
+    """dask retries a task whose worker died from scratch: the retry must not train again."""
+    from distributed import Event, Queue
+
+    from napari_finetune.remote.worker import train_on_worker
+
+    image, corrections = volume()
+    remote = RemoteFinetuner.remote(load_checkpoint(model_file), image, corrections, config(),
+                                    client)
+    inputs = remote.inputs()
+    Event(inputs.started_name(), client=client).set()  # as the first, killed, start left it
+    assert client.submit(train_on_worker, inputs, pure=False).result(timeout=60) == "lost"
+    message = Queue(inputs.queue_name(), client=client).get(timeout=10)
+    assert message["kind"] == "lost"

@@ -183,7 +183,7 @@ class RemoteFinetuner(Finetuner):
             from napari_finetune.remote.worker import versions
 
             workers = matching_versions(client, workers, versions())
-            inputs = self._inputs()
+            inputs = self.inputs()
             self.bytes_sent = inputs.nbytes
             self.volume_bytes = int(np.prod(self.image.shape)) * np.dtype(self.image.dtype).itemsize
             yield self.status("probe", (
@@ -195,7 +195,8 @@ class RemoteFinetuner(Finetuner):
             if client is not self.scheduler:
                 client.close()
 
-    def _inputs(self) -> RunInputs:
+    def inputs(self) -> RunInputs:
+        """What this run sends (the image tiles are read now): a new run id each call."""
         from napari_finetune.remote.tiles import ImageTiles, Painting
 
         painting = Painting.of(self.corrections)
