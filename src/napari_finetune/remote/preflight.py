@@ -39,6 +39,11 @@ def connect(address: str, security: Security | None = None,
     try:
         return Client(address, timeout=f"{timeout_s}s", security=security,
                       set_as_default=False)
+    except TypeError as exc:  # dask's way of saying a tls:// address got no certificates
+        raise RemoteError(
+            f"the dask scheduler at {address} speaks TLS ({first_line(exc)}); give its "
+            "certificates (--tls-ca-file, --tls-cert, --tls-key or dask's distributed.comm.tls)."
+        ) from None
     except (OSError, TimeoutError, ValueError) as exc:
         raise RemoteError(
             f"cannot reach the dask scheduler at {address} within {timeout_s:g} s "
