@@ -18,10 +18,10 @@ status says how many MB that was against the volume's size.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import time
 import uuid
+from collections import deque
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -61,8 +61,11 @@ if TYPE_CHECKING:
 
     from napari_finetune.model.checkpoint_format import Checkpoint
 
-# How long one wait for the worker's next message lasts before the worker is looked at.
-POLL_S = 0.5
+# The queue is read without waiting (a get that times out is logged as an error with
+# its traceback by the scheduler, several times a second): this often while it is empty.
+POLL_S = 0.05
+# After this long without a message, whether the worker is still there is asked.
+QUIET_S = 1.0
 
 
 class RemoteWorkerLost(RemoteError):
@@ -100,6 +103,9 @@ class RemoteFinetuner(Finetuner):
         The worker's record of the weights held (None before the first ones).
     worker, bytes_sent, volume_bytes
         The worker that trains; what the inputs weighed against the image.
+    status_latency_s : list of float
+        Per status, from the worker's put to its arrival here (wall clocks: only
+        meaningful when both run on one machine, as in the benchmark).
     """
 
     def __init__(
@@ -126,6 +132,7 @@ class RemoteFinetuner(Finetuner):
         self.worker: str | None = None
         self.bytes_sent = 0
         self.volume_bytes = 0
+        self.status_latency_s: list[float] = []
 
     @classmethod
     def remote(
@@ -223,24 +230,32 @@ class RemoteFinetuner(Finetuner):
             pure=False,
         )
         ended = stop_sent = False
+        heard = time.monotonic()
+        pending: deque[dict[str, Any]] = deque()  # taken from the queue, not yet applied
         try:
-            while True:
+            while not ended:
                 if self._stop.is_set() and not stop_sent:
                     stop.set()  # read by the worker after the step in progress
                     stop_sent = True
-                message = self._next(messages, client, future)
-                if message is None:
+                if not pending:
+                    pending.extend(messages.get(batch=True))  # what is there now, maybe nothing
+                if not pending:
+                    if time.monotonic() - heard > QUIET_S:
+                        self._check_alive(client, future)
+                        heard = time.monotonic()
+                    time.sleep(POLL_S)
                     continue
+                heard = time.monotonic()
+                message = pending.popleft()
                 ended = self._take(message)
                 if message["kind"] == STATUS:
+                    self.status_latency_s.append(time.time() - message["sent"])
                     yield status_from_plain(message["status"])
-                if ended:
-                    return
         except GeneratorExit:
             # Closed before the end (napari's Stop, the viewer closing): the worker
             # stops after its step and its last weights still come back.
             stop.set()
-            self._drain(messages, time.monotonic() + self.stop_wait_s)
+            self._drain(messages, pending, time.monotonic() + self.stop_wait_s)
             ended = True
             raise
         finally:
@@ -250,18 +265,13 @@ class RemoteFinetuner(Finetuner):
                 except Exception:  # the scheduler may be gone: nothing else to tell it
                     pass
 
-    def _next(self, messages: Queue, client: Client, future: Future) -> dict[str, Any] | None:
-        """The worker's next message, or None after ``POLL_S`` (the worker checked alive)."""
-        try:
-            return messages.get(timeout=POLL_S)
-        except (TimeoutError, asyncio.TimeoutError):
-            pass
+    def _check_alive(self, client: Client, future: Future) -> None:
+        """:class:`RemoteWorkerLost` when the task failed or its worker left the scheduler."""
         if future.status in ("error", "cancelled", "lost") or (
             self.worker is not None
             and self.worker not in client.scheduler_info(n_workers=-1)["workers"]
         ):
             raise RemoteWorkerLost(self._lost_line())
-        return None
 
     def _take(self, message: dict[str, Any]) -> bool:
         """Apply one message; True when it ended the run (an error raises)."""
@@ -279,17 +289,20 @@ class RemoteFinetuner(Finetuner):
             raise RemoteWorkerLost(self._lost_line())
         return kind == DONE
 
-    def _drain(self, messages: Queue, deadline: float) -> None:
-        """Take messages until the run's end or ``deadline`` (no statuses are shown)."""
+    def _drain(self, messages: Queue, pending: deque[dict[str, Any]], deadline: float) -> None:
+        """Apply ``pending``, then the queue's messages, until the run's end or ``deadline``
+        (no statuses are shown)."""
         while time.monotonic() < deadline:
-            try:
-                message = messages.get(timeout=POLL_S)
-            except (TimeoutError, asyncio.TimeoutError):
+            if not pending:
+                try:
+                    pending.extend(messages.get(batch=True))
+                except Exception:  # the scheduler went away: keep what came
+                    return
+            if not pending:
+                time.sleep(POLL_S)
                 continue
-            except Exception:  # the scheduler went away: keep what came
-                return
             try:
-                if self._take(message):
+                if self._take(pending.popleft()):
                     return
             except Exception:  # a failure or a lost worker: the weights received stay
                 return

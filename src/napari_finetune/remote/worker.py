@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import socket
 import tempfile
+import time
 from typing import Any
 
 from napari_finetune.errors import first_line
@@ -66,7 +67,8 @@ def train_on_worker(inputs: RunInputs) -> str:
     ended = "finished"
     try:
         for status in trainer.run():
-            messages.put({"kind": STATUS, "status": status_to_plain(status)})
+            # When it left (wall clock): on one machine the client measures the latency.
+            messages.put({"kind": STATUS, "status": status_to_plain(status), "sent": time.time()})
             if stop.is_set():
                 trainer.stop()  # after this step: the run's next check ends it
             step = status.step
