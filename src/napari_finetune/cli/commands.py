@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from napari_finetune.cli import bioimageio_export, multi, predict_cluster
+from napari_finetune.cli import bioimageio_export, multi, predict_cluster, train_remote
 from napari_finetune.cli.options import (
     add_config_options,
     add_predict_options,
@@ -21,6 +21,7 @@ from napari_finetune.cli.options import (
 )
 from napari_finetune.cli.run import describe_outcome, run_finetune
 from napari_finetune.config import FinetuneConfig, PredictConfig
+from napari_finetune.errors import first_line
 
 
 def register(sub: Any) -> None:
@@ -50,6 +51,7 @@ def register(sub: Any) -> None:
     )
     add_config_options(p, FinetuneConfig, skip=("resume_degraded", "explicit_settings"))
     multi.add_options(p)
+    train_remote.add_options(p)
     p.set_defaults(func=train)
 
     p = sub.add_parser(
@@ -151,6 +153,10 @@ def train(args: argparse.Namespace) -> int:
         resume_degraded=not args.fresh,
         explicit_settings=given_options(FinetuneConfig, args),
     )
+    if args.scheduler is not None and (world_size > 1 or (args.nproc or 1) > 1):
+        from napari_finetune.cli import UsageError
+
+        raise UsageError("--scheduler trains on one dask worker; leave out --nproc.")
     if world_size > 1 or args.global_samples is not None:
         from napari_finetune.trainer.distributed import per_rank_config
 
@@ -168,6 +174,8 @@ def train(args: argparse.Namespace) -> int:
     _say_missing(volume)
     if world_size > 1:
         outcome = multi.run_rank(ckpt, volume.data, corrections, config, args)
+    elif args.scheduler is not None:
+        outcome = _train_remotely(ckpt, volume.data, corrections, config, args)
     else:  # the default patch is fitted as the widget fits its patch; a given one is kept
         outcome = run_finetune(ckpt, volume.data, corrections, config, args.out, quiet=args.quiet,
                                fit_patch=args.patch_shape is None)
@@ -181,6 +189,24 @@ def train(args: argparse.Namespace) -> int:
 
         raise CLIError(line)
     return outcome.exit_code
+
+
+def _train_remotely(ckpt: Any, image: Any, corrections: Any, config: FinetuneConfig,
+                    args: argparse.Namespace) -> Any:
+    """The run on a worker of ``--scheduler``; what cannot start is one line."""
+    from napari_finetune.cli import CLIError
+    from napari_finetune.remote.finetuner import RemoteFinetuner
+    from napari_finetune.remote.preflight import RemoteError
+
+    trainer = RemoteFinetuner.remote(
+        ckpt, image, corrections, config, args.scheduler, trust=tuple(args.trust_factory),
+        security=train_remote.security(args), fit_patch=args.patch_shape is None,
+    )
+    try:
+        return run_finetune(ckpt, image, corrections, trainer.remote_config, args.out,
+                            quiet=args.quiet, trainer=trainer)
+    except RemoteError as exc:  # before any weights came back: nothing to export
+        raise CLIError(first_line(exc)) from None
 
 
 def predict(args: argparse.Namespace) -> int:

@@ -137,24 +137,30 @@ def run_finetune(
     printer: StatusPrinter | None = None,
     sync: LocalSync | None = None,
     fit_patch: bool = False,
+    trainer: Finetuner | None = None,
 ) -> RunOutcome:
     """Run a Finetuner to its end, print status lines, export the last good weights.
 
     With several ranks (``sync``) rank 0 alone prints and exports. ``fit_patch``
     fits the configured patch to the image and the model (the default patch;
-    a patch the user gave is kept).
+    a patch the user gave is kept). ``trainer``: a run already assembled (a
+    :class:`~napari_finetune.remote.finetuner.RemoteFinetuner`), used instead.
 
     Returns
     -------
     RunOutcome
         Steps done, how the run ended, the exit code for the command line.
     """
+    from napari_finetune.remote.finetuner import RemoteFinetuner
+    from napari_finetune.remote.preflight import RemoteError
     from napari_finetune.trainer.distributed import DistributedError
     from napari_finetune.trainer.loop import Finetuner
     from napari_finetune.trainer.recovery import RecoveryError
 
-    trainer = Finetuner.from_checkpoint(ckpt, image, corrections, config, sync=sync,
-                                        fit_patch=fit_patch)
+    if trainer is None:
+        trainer = Finetuner.from_checkpoint(ckpt, image, corrections, config, sync=sync,
+                                            fit_patch=fit_patch)
+    remote = isinstance(trainer, RemoteFinetuner)
     lead = trainer.sync.rank == 0
     printer = printer or StatusPrinter(config.steps, quiet=quiet, echo=lead)
     guard = _SignalGuard(trainer, printer)
@@ -162,9 +168,13 @@ def run_finetune(
 
     if lead:
         ranks = trainer.sync.world_size
-        printer.bar.write(describe_environment(run_environment(trainer.device)))
+        if remote:  # the worker's own environment goes into the run record
+            printer.bar.write(f"fine-tuning on a worker of the dask scheduler {trainer.scheduler}")
+        else:
+            printer.bar.write(describe_environment(run_environment(trainer.device)))
         printer.bar.write(
-            f"fine-tuning {config.steps} steps ({config.mode}, device {trainer.device}"
+            f"fine-tuning {config.steps} steps ({config.mode}, "
+            f"device {config.device if remote else trainer.device}"
             + (f", {ranks} processes × {config.samples_per_step} samples" if ranks > 1 else "")
             + f"); building the trainer ({'PEFT adapters, ' if config.mode == 'lora' else ''}"
             "optimizer, precision probe)..."
@@ -178,6 +188,10 @@ def run_finetune(
             ended, code, error = _failure(trainer, "out of memory", exc)
         except FloatingPointError as exc:
             ended, code, error = _failure(trainer, "non-finite loss", exc)
+        except RemoteError as exc:
+            if not remote or trainer.run_record is None:
+                raise  # nothing came back: the caller says why in one line
+            ended, code, error = _failure(trainer, "lost the remote run", exc)
         except DistributedError as exc:
             ended, code, error = _failure(trainer, "lost a process", exc)
             lead = True  # every rank that notices says so

@@ -196,6 +196,13 @@ class Finetuner:
             self._normalization_range = intensity_range(self.image, spec)
         return self._normalization_range
 
+    @normalization_range.setter
+    def normalization_range(self, low_high: tuple[float, float]) -> None:
+        # A run on part of a volume (the tiles a remote worker was sent) takes the range
+        # measured on the whole one, so it normalises exactly as the whole volume's run.
+        low, high = (float(v) for v in low_high)
+        self._normalization_range = (low, high)
+
     @property
     def out_channels(self) -> int:
         """Output channels of the model, once the patch is checked to fit it.

@@ -189,6 +189,22 @@ def export_checkpoint(
 ) -> Path:
     """Merge the adapters into a copy and save it with the record, atomically;
     ``metadata_updates`` replace those entries of the checkpoint's metadata."""
+    return write_export(trainer.model, trainer.metadata, trainer.out_channels,
+                        run_record(trainer), path, ended or trainer.ended, metadata_updates)
+
+
+def write_export(
+    model: torch.nn.Module, metadata: Mapping[str, Any], out_channels: int,
+    run: dict[str, Any], path: str | os.PathLike, ended: str | None = None,
+    metadata_updates: Mapping[str, Any] | None = None,
+) -> Path:
+    """Save ``model`` (adapters merged into a copy) with the run record ``run``, atomically.
+
+    The record may come from this process's run or from a run elsewhere (a
+    remote worker's, received with its weights). ``ended`` defaults to
+    ``"finished"`` when the record's steps are all done, else ``"stopped after
+    step N"``.
+    """
     from napari_finetune.model.checkpoint import (
         DEFAULT_NORMALIZATION,
         architecture_of,
@@ -197,20 +213,18 @@ def export_checkpoint(
     )
     from napari_finetune.model.lora import merged_copy
 
-    model = merged_copy(trainer.model)
-    metadata = {**trainer.metadata, **(metadata_updates or {})}
-    metadata["channel_names"] = channel_names_of(metadata, trainer.out_channels)
+    plain = merged_copy(model)
+    metadata = {**metadata, **(metadata_updates or {})}
+    metadata["channel_names"] = channel_names_of(metadata, out_channels)
     metadata["normalization"] = dict(metadata.get("normalization") or DEFAULT_NORMALIZATION)
     previous = metadata.get("run")
-    metadata["run"] = run_record(trainer)
-    if ended is None and trainer.ended:
-        ended = trainer.ended
+    metadata["run"] = dict(run)
     if ended is None:
-        done, total = trainer.state.steps_done, trainer.config.steps
+        done, total = int(run["steps_done"]), int(run["total_steps"])
         ended = "finished" if done >= total else f"stopped after step {done}"
     metadata["run"]["ended"] = ended
     if previous:
         metadata["run"]["previous_run"] = {
             k: v for k, v in previous.items() if k not in ("previous_run", "recovery_log")
         }
-    return save_checkpoint(path, model, metadata, architecture=architecture_of(model))
+    return save_checkpoint(path, plain, metadata, architecture=architecture_of(plain))

@@ -1,0 +1,91 @@
+"""A fine-tune on a dask worker against the same run in process (issue 44).
+
+On the sample store (target domain) with strokes spread over it, the sample
+model, CPU, fp32: the in-process run and the same run on a LocalCluster of one
+worker process (one task thread; torch on one thread in both, so the two do
+the same arithmetic), after a one-step warm-up of each. Reports wall time of
+the run (remote: connect, checks, reading and shipping the tiles, the run, the
+weights back), the overhead, the status latency worker -> client (p50, p95;
+one machine, one clock), and the bytes shipped against the volume's size.
+Budgets are optimizer steps, so results do not depend on load.
+
+    python benchmarks/bench_remote.py [--steps 20] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import torch
+from bench_sampling import PATCH, corrections_for
+from markdown_table import measured_under, print_table
+
+from napari_finetune.config import FinetuneConfig
+from napari_finetune.io.volume import open_volume
+from napari_finetune.loading import load_checkpoint
+from napari_finetune.remote.finetuner import RemoteFinetuner
+from napari_finetune.samples.store import ensure_sample
+from napari_finetune.samples.synthetic_em import sample_checkpoint_path
+from napari_finetune.trainer.loop import Finetuner
+
+
+def config(steps: int) -> FinetuneConfig:
+    return FinetuneConfig(steps=steps, batch_size=2, patch_shape=PATCH, device="cpu",
+                          mixed_precision=False, seed=0, validation_fraction=0.0)
+
+
+def in_process(image, corrections, steps: int) -> tuple[float, list[float]]:
+    ckpt = load_checkpoint(sample_checkpoint_path())
+    began = time.perf_counter()
+    trainer = Finetuner.from_checkpoint(ckpt, image, corrections, config(steps))
+    losses = [s.loss for s in trainer.run() if s.kind == "step"]
+    return time.perf_counter() - began, losses
+
+
+def remote(client, image, corrections, steps: int) -> tuple[float, list[float], RemoteFinetuner]:
+    ckpt = load_checkpoint(sample_checkpoint_path())
+    began = time.perf_counter()
+    trainer = RemoteFinetuner.remote(ckpt, image, corrections, config(steps), client)
+    losses = [s.loss for s in trainer.run() if s.kind == "step"]
+    return time.perf_counter() - began, losses, trainer
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    from distributed import Client, LocalCluster
+
+    torch.set_num_threads(1)
+    image = open_volume(ensure_sample()).data
+    corrections = corrections_for(tuple(int(s) for s in image.shape))
+    with LocalCluster(processes=True, n_workers=1, threads_per_worker=1,
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        in_process(image, corrections, 1)  # warm-up: imports, the first AdamW
+        remote(client, image, corrections, 1)
+        local_s, remote_s, latency = [], [], []
+        for _ in range(args.rounds):  # interleaved, so load hits both alike
+            t, local_losses = in_process(image, corrections, args.steps)
+            local_s.append(t)
+            t, losses, trainer = remote(client, image, corrections, args.steps)
+            remote_s.append(t)
+            latency += trainer.status_latency_s
+            worst = float(np.max(np.abs(np.subtract(losses, local_losses))))
+    print(measured_under())
+    lo, re = statistics.median(local_s), statistics.median(remote_s)
+    p50, p95 = (1000 * float(np.percentile(latency, q)) for q in (50, 95))
+    print_table(
+        ["steps", "in process s", "remote s", "overhead", "status latency p50 / p95 ms",
+         "MB sent / volume MB", "largest loss difference"],
+        [[str(args.steps), f"{lo:.1f}", f"{re:.1f}", f"{100 * (re - lo) / lo:+.0f} %",
+          f"{p50:.1f} / {p95:.1f}", f"{trainer.bytes_sent / 1e6:.2f} / "
+          f"{trainer.volume_bytes / 1e6:.1f}", f"{worst:.1e}"]],
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""``napari-finetune train --scheduler ADDRESS``: the same run on a dask worker (a GPU server).
+
+The run is a :class:`~napari_finetune.remote.finetuner.RemoteFinetuner`, driven
+by :func:`~napari_finetune.cli.run.run_finetune` as a local one is: the status
+lines, Ctrl-C (stops the worker after its step), and the export of the last
+weights received, also when the worker is lost mid-run. ``--tls-*`` give dask's
+own TLS (``distributed.Security``); dask ships pickled functions, so the
+cluster must be yours.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from distributed import Security
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """``--scheduler`` and the TLS files."""
+    group = parser.add_argument_group(
+        "on a GPU server (dask.distributed; the cluster must be yours: dask runs pickled code)"
+    )
+    group.add_argument(
+        "--scheduler", metavar="ADDRESS",
+        help="train on a worker of this dask scheduler (e.g. tcp://gpu-server:8786 or "
+        "tls://...); with --device cuda a worker started with --resources GPU=1 is asked for. "
+        "The checkpoint, the painting and the image around it are sent; the weights come back",
+    )
+    group.add_argument("--tls-ca-file", metavar="PEM", help="CA certificate of the cluster (TLS)")
+    group.add_argument("--tls-cert", metavar="PEM", help="this client's certificate (TLS)")
+    group.add_argument("--tls-key", metavar="PEM", help="this client's private key (TLS)")
+
+
+def security(args: argparse.Namespace) -> Security | None:
+    """dask's ``Security`` from the ``--tls-*`` files (None: dask's configuration decides)."""
+    files = (args.tls_ca_file, args.tls_cert, args.tls_key)
+    if not any(files):
+        return None
+    if not all(files):
+        from napari_finetune.cli import UsageError
+
+        raise UsageError("--tls-ca-file, --tls-cert and --tls-key go together; give all three.")
+    from distributed import Security
+
+    return Security(tls_ca_file=args.tls_ca_file, tls_client_cert=args.tls_cert,
+                    tls_client_key=args.tls_key, require_encryption=True)

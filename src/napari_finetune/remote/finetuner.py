@@ -1,0 +1,340 @@
+"""A :class:`Finetuner` whose run happens on a dask.distributed worker; its weights come back.
+
+:class:`RemoteFinetuner` is built like a local run (``RemoteFinetuner.remote``
+mirrors ``Finetuner.from_checkpoint``, the patch fitted the same way) and used
+like one: :meth:`~RemoteFinetuner.run` yields the worker's
+:class:`~napari_finetune.trainer.status.Status` events, :meth:`stop` ends the
+run after the step in progress, :meth:`predict` and :meth:`export` use the last
+weights the worker sent (adapters merged there, so no PEFT here) with the
+worker's run record, which names the host and device that trained. A front
+end swaps ``Finetuner.from_checkpoint`` for ``RemoteFinetuner.remote``, nothing else.
+
+Before anything is sent, :mod:`~napari_finetune.remote.preflight` checks the
+scheduler, the resources and the versions (one line each). Then one task
+(:func:`~napari_finetune.remote.worker.train_on_worker`) gets the checkpoint's
+bytes, the painting and the image tiles the patches can reach; the first
+status says how many MB that was against the volume's size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from collections import deque
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from napari_finetune.config import FinetuneConfig
+from napari_finetune.errors import RecoveryError
+from napari_finetune.remote.messages import (
+    DONE,
+    FAILED,
+    LOST,
+    STARTED,
+    STATUS,
+    WEIGHTS,
+    RunInputs,
+    status_from_plain,
+    weights_from_bytes,
+)
+from napari_finetune.remote.preflight import (
+    CONNECT_TIMEOUT_S,
+    RemoteError,
+    connect,
+    eligible_workers,
+    matching_versions,
+    resources_for,
+)
+from napari_finetune.trainer import record
+from napari_finetune.trainer.loop import Finetuner
+from napari_finetune.trainer.status import Status
+
+if TYPE_CHECKING:
+    import os
+
+    from distributed import Client, Future, Queue, Security
+
+    from napari_finetune.model.checkpoint_format import Checkpoint
+
+# The queue is read without waiting (a get that times out is logged as an error with
+# its traceback by the scheduler, several times a second): this often while it is empty.
+POLL_S = 0.05
+# After this long without a message, whether the worker is still there is asked.
+QUIET_S = 1.0
+
+
+class RemoteWorkerLost(RemoteError):
+    """The worker running the fine-tune died or left; the last weights received are kept."""
+
+
+class RemoteFinetuner(Finetuner):
+    """Fine-tunes on a dask worker; holds the last weights and run record it sent back.
+
+    Parameters
+    ----------
+    model, image, corrections, config, metadata, source_sha256
+        As for :class:`~napari_finetune.trainer.loop.Finetuner`; ``config`` is
+        the run's, its ``device`` the worker's (this process predicts on its own).
+    scheduler : str or distributed.Client
+        The scheduler's address (connected when the run starts, closed when it
+        ends) or a client to use.
+    checkpoint : bytes
+        The starting checkpoint file's bytes, ``suffix`` its file suffix.
+    trust : sequence of str
+        The factories trusted to build the model (as for a local load).
+    security : distributed.Security, optional
+        TLS for the connection to the scheduler (dask's own).
+    weights_every : int
+        The worker sends its weights back every this many steps and at the end.
+    stop_wait_s : float
+        When the run is closed before its end, how long to wait for the
+        worker's last weights after asking it to stop.
+    connect_timeout_s : float
+        How long the scheduler may take to answer before the run is refused.
+
+    Attributes
+    ----------
+    run_record : dict or None
+        The worker's record of the weights held (None before the first ones).
+    worker, bytes_sent, volume_bytes
+        The worker that trains; what the inputs weighed against the image.
+    status_latency_s : list of float
+        Per status, from the worker's put to its arrival here (wall clocks: only
+        meaningful when both run on one machine, as in the benchmark).
+    """
+
+    def __init__(
+        self, model: torch.nn.Module, image: Any, corrections: Any, config: FinetuneConfig,
+        metadata: dict[str, Any] | None = None, source_sha256: str | None = None, *,
+        scheduler: str | Client, checkpoint: bytes, suffix: str = ".pt",
+        trust: tuple[str, ...] = (), security: Security | None = None,
+        weights_every: int = 5, stop_wait_s: float = 60.0,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+    ) -> None:
+        # This process only predicts with the weights that come back, on its own device.
+        super().__init__(model, image, corrections, dataclasses.replace(config, device="auto"),
+                         metadata=metadata, source_sha256=source_sha256)
+        self.remote_config = config
+        self.scheduler = scheduler
+        self.checkpoint = checkpoint
+        self.suffix = suffix
+        self.trust = tuple(trust)
+        self.security = security
+        self.weights_every = weights_every
+        self.stop_wait_s = stop_wait_s
+        self.connect_timeout_s = connect_timeout_s
+        self.run_record: dict[str, Any] | None = None
+        self.worker: str | None = None
+        self.bytes_sent = 0
+        self.volume_bytes = 0
+        self.status_latency_s: list[float] = []
+
+    @classmethod
+    def remote(
+        cls, checkpoint: Checkpoint, image: Any, corrections: Any, config: FinetuneConfig,
+        scheduler: str | Client, *, trust: tuple[str, ...] = (),
+        security: Security | None = None, fit_patch: bool = True, weights_every: int = 5,
+    ) -> RemoteFinetuner:
+        """The run of ``checkpoint`` on ``image`` on the scheduler's worker (patch fitted as
+        :meth:`Finetuner.from_checkpoint` fits it); nothing is sent before :meth:`run`."""
+        if fit_patch:
+            from napari_finetune.data.patch_shape import fit_patch_shape
+            from napari_finetune.model.geometry import shape_multiple
+
+            shape = tuple(int(n) for n in np.shape(image))
+            multiple = shape_multiple(checkpoint.model, len(shape))
+            config = dataclasses.replace(
+                config, patch_shape=fit_patch_shape(config.patch_shape, shape, multiple)
+            )
+        path = checkpoint.path
+        if path is None or not Path(path).is_file():
+            raise ValueError(
+                f"the checkpoint {path} is not a file; a remote run sends the file itself: "
+                "export the model to a .pt file first."
+            )
+        return cls(checkpoint.model, image, corrections, config, metadata=checkpoint.metadata,
+                   source_sha256=checkpoint.sha256, scheduler=scheduler,
+                   checkpoint=Path(path).read_bytes(), suffix=Path(path).suffix or ".pt",
+                   trust=trust, security=security, weights_every=weights_every)
+
+    # --- the run -----------------------------------------------------------------------
+
+    def run(self) -> Iterator[Status]:
+        """Check, send, then yield the worker's statuses until its run ends.
+
+        Raises
+        ------
+        RemoteError
+            The scheduler, the workers or their versions do not allow the run,
+            or the worker failed (its one line); :class:`RemoteWorkerLost` when
+            it died (the weights it sent last are kept).
+        RecoveryError, FloatingPointError
+            As a local run raises them, with the worker's line.
+        """
+        if self._released:
+            raise RuntimeError("this Finetuner was released; build a new one to train again.")
+        self._start_time = time.perf_counter()
+        if isinstance(self.scheduler, str):
+            address = self.scheduler
+            client = connect(address, self.security, self.connect_timeout_s)
+        else:
+            address, client = str(self.scheduler.scheduler.address), self.scheduler
+        try:
+            resources = resources_for(self.remote_config.device)
+            workers = eligible_workers(client, resources, address)
+            from napari_finetune.remote.worker import versions
+
+            workers = matching_versions(client, workers, versions())
+            inputs = self.inputs()
+            self.bytes_sent = inputs.nbytes
+            self.volume_bytes = int(np.prod(self.image.shape)) * np.dtype(self.image.dtype).itemsize
+            yield self.status("probe", (
+                f"sending {self.bytes_sent / 1e6:.1f} MB to the dask scheduler at {address} "
+                f"(the volume is {self.volume_bytes / 1e6:.1f} MB); "
+                f"{len(workers)} worker(s) can train it"))
+            yield from self._relay(client, inputs, workers, resources)
+        finally:
+            if client is not self.scheduler:
+                client.close()
+
+    def inputs(self) -> RunInputs:
+        """What this run sends (the image tiles are read now): a new run id each call."""
+        from napari_finetune.remote.tiles import ImageTiles, Painting
+
+        painting = Painting.of(self.corrections)
+        tiles = ImageTiles.read(self.image, painting, tuple(self.remote_config.patch_shape))
+        return RunInputs(
+            run_id=uuid.uuid4().hex, checkpoint=self.checkpoint, suffix=self.suffix,
+            trust=self.trust, config=self.remote_config,
+            normalization_range=self.normalization_range, painting=painting, image=tiles,
+            weights_every=self.weights_every,
+        )
+
+    def _relay(self, client: Client, inputs: RunInputs, workers: list[str],
+               resources: Mapping[str, float]) -> Iterator[Status]:
+        from distributed import Event, Queue
+
+        from napari_finetune.remote.worker import train_on_worker
+
+        messages = Queue(inputs.queue_name(), client=client)
+        stop = Event(inputs.stop_name(), client=client)
+        [shipped] = client.scatter([inputs], workers=workers)
+        future = client.submit(
+            train_on_worker, shipped, key=f"napari-finetune-train-{inputs.run_id}",
+            resources=dict(resources) or None, workers=workers, allow_other_workers=False,
+            pure=False,
+        )
+        ended = stop_sent = False
+        heard = time.monotonic()
+        pending: deque[dict[str, Any]] = deque()  # taken from the queue, not yet applied
+        try:
+            while not ended:
+                if self._stop.is_set() and not stop_sent:
+                    stop.set()  # read by the worker after the step in progress
+                    stop_sent = True
+                if not pending:
+                    pending.extend(messages.get(batch=True))  # what is there now, maybe nothing
+                if not pending:
+                    if time.monotonic() - heard > QUIET_S:
+                        self._check_alive(client, future)
+                        heard = time.monotonic()
+                    time.sleep(POLL_S)
+                    continue
+                heard = time.monotonic()
+                message = pending.popleft()
+                ended = self._take(message)
+                if message["kind"] == STATUS:
+                    self.status_latency_s.append(time.time() - message["sent"])
+                    yield status_from_plain(message["status"])
+        except GeneratorExit:
+            # Closed before the end (napari's Stop, the viewer closing): the worker
+            # stops after its step and its last weights still come back.
+            stop.set()
+            self._drain(messages, pending, time.monotonic() + self.stop_wait_s)
+            ended = True
+            raise
+        finally:
+            if not ended:
+                try:
+                    stop.set()  # a running task cannot be cancelled: it stops itself
+                except Exception:  # the scheduler may be gone: nothing else to tell it
+                    pass
+
+    def _check_alive(self, client: Client, future: Future) -> None:
+        """:class:`RemoteWorkerLost` when the task failed or its worker left the scheduler."""
+        if future.status in ("error", "cancelled", "lost") or (
+            self.worker is not None
+            and self.worker not in client.scheduler_info(n_workers=-1)["workers"]
+        ):
+            raise RemoteWorkerLost(self._lost_line())
+
+    def _take(self, message: dict[str, Any]) -> bool:
+        """Apply one message; True when it ended the run (an error raises)."""
+        kind = message["kind"]
+        if kind == STARTED:
+            self.worker = message["worker"]
+        elif kind == WEIGHTS:
+            self._receive(message)
+        elif kind == FAILED:
+            kinds: dict[str, type[Exception]] = {
+                "RecoveryError": RecoveryError, "FloatingPointError": FloatingPointError,
+            }
+            raise kinds.get(message["type"], RemoteError)(message["line"])
+        elif kind == LOST:
+            raise RemoteWorkerLost(self._lost_line())
+        return kind == DONE
+
+    def _drain(self, messages: Queue, pending: deque[dict[str, Any]], deadline: float) -> None:
+        """Apply ``pending``, then the queue's messages, until the run's end or ``deadline``
+        (no statuses are shown)."""
+        while time.monotonic() < deadline:
+            if not pending:
+                try:
+                    pending.extend(messages.get(batch=True))
+                except Exception:  # the scheduler went away: keep what came
+                    return
+            if not pending:
+                time.sleep(POLL_S)
+                continue
+            try:
+                if self._take(pending.popleft()):
+                    return
+            except Exception:  # a failure or a lost worker: the weights received stay
+                return
+
+    def _receive(self, message: dict[str, Any]) -> None:
+        weights = weights_from_bytes(message["weights"])
+        with self.lock:
+            self.model.load_state_dict(weights)
+            self.state.steps_done = int(message["steps_done"])
+            self.state.last_loss = message["loss"]
+            self.run_record = message["record"]
+            self.ended = message["ended"]
+
+    def _lost_line(self) -> str:
+        return (
+            f"the dask worker {self.worker or '(not started)'} running the fine-tune was lost; "
+            f"the weights of step {self.steps_done} it sent last are kept: export them and "
+            "fine-tune from them to continue."
+        )
+
+    # --- using the weights -------------------------------------------------------------
+
+    def export(
+        self, path: str | os.PathLike, ended: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> os.PathLike:
+        """Write the weights received last with the worker's run record (as a local export)."""
+        if self.run_record is None:
+            raise RuntimeError("no weights came back from the dask worker yet: nothing to export.")
+        with self.lock:
+            return record.write_export(self.model, self.metadata, self.out_channels,
+                                       self.run_record, path, ended or self.ended, metadata)
+
+
+__all__ = ["RemoteFinetuner", "RemoteWorkerLost"]

@@ -1,0 +1,95 @@
+"""Before a remote run starts: the scheduler is reachable, a worker has what the run asks
+for, and its versions are this machine's. Each failure is one line naming the fix."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from napari_finetune.errors import first_line
+
+if TYPE_CHECKING:
+    from distributed import Client, Security
+
+# How long a scheduler may take to answer before the run is refused.
+CONNECT_TIMEOUT_S = 5.0
+
+
+class RemoteError(RuntimeError):
+    """A remote run cannot start or went wrong; the message is one line naming the fix."""
+
+
+def require_distributed() -> None:
+    """Raise :class:`RemoteError` (one line) when dask.distributed is not installed."""
+    try:
+        import distributed  # noqa: F401
+    except ImportError:
+        raise RemoteError(
+            "training on a dask scheduler needs dask.distributed: "
+            "pip install 'napari-finetune[distributed]'"
+        ) from None
+
+
+def connect(address: str, security: Security | None = None,
+            timeout_s: float = CONNECT_TIMEOUT_S) -> Client:
+    """A client of the scheduler at ``address``; :class:`RemoteError` when it does not answer."""
+    require_distributed()
+    from distributed import Client
+
+    try:
+        return Client(address, timeout=f"{timeout_s}s", security=security,
+                      set_as_default=False)
+    except TypeError as exc:  # dask's way of saying a tls:// address got no certificates
+        raise RemoteError(
+            f"the dask scheduler at {address} speaks TLS ({first_line(exc)}); give its "
+            "certificates (--tls-ca-file, --tls-cert, --tls-key or dask's distributed.comm.tls)."
+        ) from None
+    except (OSError, TimeoutError, ValueError) as exc:
+        raise RemoteError(
+            f"cannot reach the dask scheduler at {address} within {timeout_s:g} s "
+            f"({first_line(exc)}); start one (dask scheduler) or check the address."
+        ) from None
+
+
+def resources_for(device: str) -> dict[str, float]:
+    """The dask resources a run on ``device`` asks for: one GPU when it asks for CUDA."""
+    return {"GPU": 1} if device.startswith("cuda") else {}
+
+
+def eligible_workers(client: Client, resources: Mapping[str, float], address: str) -> list[str]:
+    """The workers that offer ``resources``; :class:`RemoteError` when none does."""
+    workers = client.scheduler_info(n_workers=-1)["workers"]
+    if not workers:
+        raise RemoteError(
+            f"the dask scheduler at {address} has no workers; start one (dask worker {address})."
+        )
+    fits = [
+        worker for worker, info in workers.items()
+        if all(float((info.get("resources") or {}).get(k, 0)) >= v for k, v in resources.items())
+    ]
+    if not fits:
+        asked = ",".join(f"{k}={v:g}" for k, v in resources.items())
+        raise RemoteError(
+            f"no worker of the dask scheduler at {address} offers {asked} "
+            f"({len(workers)} without it); start one with dask worker {address} "
+            f"--resources {asked}, or train with --device cpu."
+        )
+    return fits
+
+
+def matching_versions(client: Client, workers: list[str], here: Mapping[str, str]) -> list[str]:
+    """Those of ``workers`` whose torch and napari-finetune are ``here``'s;
+    :class:`RemoteError` naming both sides when none is."""
+    from napari_finetune.remote.worker import versions
+
+    found: dict[str, dict[str, str]] = client.run(versions, workers=workers)
+    same = [w for w, v in found.items() if all(v.get(k) == here[k] for k in here)]
+    if not same:
+        worker, theirs = next(iter(found.items()))
+        there = ", ".join(f"{k} {theirs.get(k)}" for k in here)
+        mine = ", ".join(f"{k} {v}" for k, v in here.items())
+        raise RemoteError(
+            f"the worker {worker} has {there} but this machine has {mine}; "
+            "install the same versions on both."
+        )
+    return same

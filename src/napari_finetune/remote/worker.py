@@ -1,0 +1,128 @@
+"""The worker side of a remote run: one dask task that trains and reports through a Queue.
+
+:func:`train_on_worker` loads the shipped checkpoint, builds the run with
+:class:`~napari_finetune.trainer.loop.Finetuner` on the painting and the image
+tiles it was sent, and puts every :class:`Status` (as plain data) on the run's
+``distributed.Queue``. Between steps it reads the run's ``distributed.Event``:
+a running task cannot be cancelled, so Stop is cooperative and ends the run
+after the step in progress. Every ``weights_every`` steps, and at the end
+however the run ended, it sends the weights (adapters merged) and the run
+record, which names the host and device that trained.
+
+dask retries a task whose worker died from scratch; a retry of a run would
+report steps the client already saw from another start, so a second start
+only says the first worker was lost (the client keeps the last weights it
+received, and a new run can continue from them).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import time
+from typing import Any
+
+from napari_finetune.errors import first_line
+from napari_finetune.remote.messages import (
+    DONE,
+    FAILED,
+    LOST,
+    STARTED,
+    STATUS,
+    WEIGHTS,
+    RunInputs,
+    status_to_plain,
+    weights_to_bytes,
+)
+
+
+def versions() -> dict[str, str]:
+    """torch and napari-finetune versions of this process (the client compares them)."""
+    import torch
+
+    from napari_finetune import __version__
+
+    return {"torch": str(torch.__version__), "napari_finetune": __version__}
+
+
+def train_on_worker(inputs: RunInputs) -> str:
+    """Run the fine-tune on this worker; returns how it ended (the messages said the rest)."""
+    from distributed import Event, Queue, get_worker
+
+    messages = Queue(inputs.queue_name())
+    started = Event(inputs.started_name())
+    address = get_worker().address
+    if started.is_set():  # a retry after the first worker died: never train twice
+        messages.put({"kind": LOST, "worker": address})
+        return "lost"
+    started.set()
+    stop = Event(inputs.stop_name())
+    messages.put({"kind": STARTED, "worker": address, "host": socket.gethostname()})
+    try:
+        trainer = _build(inputs)
+    except Exception as exc:  # a bad input: one line, nothing trained
+        messages.put({"kind": FAILED, "type": type(exc).__name__, "line": first_line(exc)})
+        return "failed"
+    ended = "finished"
+    try:
+        for status in trainer.run():
+            # When it left (wall clock): on one machine the client measures the latency.
+            messages.put({"kind": STATUS, "status": status_to_plain(status), "sent": time.time()})
+            if stop.is_set():
+                trainer.stop()  # after this step: the run's next check ends it
+            step = status.step
+            if status.kind == "step" and step % max(1, inputs.weights_every) == 0:
+                messages.put(_weights(trainer, address))
+    except Exception as exc:
+        ended = "failed"
+        trainer.ended = f"{type(exc).__name__} at step {trainer.steps_done + 1}: {first_line(exc)}"
+        if trainer.steps_done:
+            messages.put(_weights(trainer, address))
+        messages.put({"kind": FAILED, "type": type(exc).__name__, "line": first_line(exc)})
+        trainer.release()
+        return ended
+    messages.put(_weights(trainer, address))
+    trainer.release()
+    messages.put({"kind": DONE})
+    return ended
+
+
+def _build(inputs: RunInputs) -> Any:
+    from napari_finetune.loading import load_checkpoint
+    from napari_finetune.remote.tiles import TileVolume
+    from napari_finetune.trainer.loop import Finetuner
+
+    # The checkpoint's own reader, from a file as it was on the client.
+    handle, path = tempfile.mkstemp(suffix=inputs.suffix, prefix="napari-finetune-")
+    try:
+        with os.fdopen(handle, "wb") as file:
+            file.write(inputs.checkpoint)
+        ckpt = load_checkpoint(path, trust=inputs.trust)
+    finally:
+        os.unlink(path)
+    trainer = Finetuner.from_checkpoint(
+        ckpt, TileVolume(inputs.image), inputs.painting.dense(), inputs.config, fit_patch=False
+    )
+    trainer.normalization_range = inputs.normalization_range
+    return trainer
+
+
+def _weights(trainer: Any, address: str) -> dict[str, Any]:
+    """The weights (adapters merged) and the run record, as a message."""
+    from napari_finetune.model.lora import is_lora, merged_copy
+    from napari_finetune.trainer.record import run_record
+
+    with trainer.lock:
+        model = merged_copy(trainer.model) if is_lora(trainer.model) else trainer.model
+        weights = weights_to_bytes(model.state_dict())
+        record = run_record(trainer)
+    record["worker"] = address  # the record's environment names the host and device
+    return {
+        "kind": WEIGHTS,
+        "weights": weights,
+        "record": record,
+        "ended": trainer.ended,
+        "steps_done": int(trainer.steps_done),
+        "loss": trainer.last_loss,
+    }

@@ -1,0 +1,48 @@
+"""``napari-finetune train --scheduler``: the local command's run on a dask worker."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from napari_finetune.loading import load_checkpoint
+from test_cli import TRAIN_FAST, assert_one_line_error, run_cli
+
+pytestmark = pytest.mark.resource  # the tests' LocalCluster
+
+
+def test_train_on_a_scheduler_exports_the_local_runs_weights(
+    capsys, tmp_path, painted_store, checkpoint, client
+):
+    args = ["train", painted_store, "-c", checkpoint, "--steps", "3", *TRAIN_FAST]
+    code, _, err = run_cli(capsys, *args, "-o", tmp_path / "local.pt")
+    assert code == 0, err
+    address = client.scheduler.address
+    code, stdout, err = run_cli(capsys, *args, "-o", tmp_path / "remote.pt",
+                                "--scheduler", address)
+    assert code == 0, err
+    assert f"fine-tuning on a worker of the dask scheduler {address}" in stdout
+    assert "finished after 3/3 steps" in stdout and "MB to the dask scheduler" in stdout
+    local, remote = load_checkpoint(tmp_path / "local.pt"), load_checkpoint(tmp_path / "remote.pt")
+    for name, value in local.model.state_dict().items():
+        torch.testing.assert_close(remote.model.state_dict()[name], value, rtol=0, atol=1e-6)
+    run = remote.metadata["run"]
+    assert run["ended"] == "finished" and run["worker"] in client.scheduler_info()["workers"]
+
+
+def test_train_on_an_unreachable_scheduler_is_one_line(capsys, tmp_path, painted_store,
+                                                       checkpoint):
+    code, _, err = run_cli(capsys, "train", painted_store, "-c", checkpoint, "-o",
+                           tmp_path / "o.pt", "--steps", "2", *TRAIN_FAST,
+                           "--scheduler", "tcp://127.0.0.1:9")
+    assert_one_line_error(code, err)
+    assert "cannot reach the dask scheduler at tcp://127.0.0.1:9" in err
+    assert not (tmp_path / "o.pt").exists()
+
+
+def test_tls_files_go_together(capsys, tmp_path, painted_store, checkpoint):
+    code, _, err = run_cli(capsys, "train", painted_store, "-c", checkpoint, "-o",
+                           tmp_path / "o.pt", *TRAIN_FAST, "--scheduler", "tls://127.0.0.1:9",
+                           "--tls-ca-file", "ca.pem")
+    assert_one_line_error(code, err, expected=2)
+    assert "--tls-ca-file, --tls-cert and --tls-key go together" in err

@@ -1,0 +1,67 @@
+"""A worker SIGKILLed mid-run: the last weights received stay, and a new run continues
+from them. Its own LocalCluster (its worker is killed and restarted by its nanny)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+
+import pytest
+import torch
+from test_remote_run import config, volume
+
+from napari_finetune.loading import load_checkpoint
+from napari_finetune.model.checkpoint import save_checkpoint
+from napari_finetune.model.unet import UNet
+from napari_finetune.remote.finetuner import RemoteFinetuner, RemoteWorkerLost
+
+pytestmark = pytest.mark.resource  # a worker process is SIGKILLed
+
+
+@pytest.fixture
+def own_client():
+    from distributed import Client, LocalCluster
+
+    cluster = LocalCluster(processes=True, n_workers=1, threads_per_worker=1,
+                           dashboard_address=":0")
+    with Client(cluster) as c:
+        yield c
+    cluster.close()
+
+
+def test_a_killed_worker_leaves_the_last_weights_and_a_new_run_continues(own_client, tmp_path):
+    torch.manual_seed(0)
+    start = save_checkpoint(tmp_path / "start.pt", UNet(dims=3, depth=2, features=4,
+                                                         out_channels=2), {})
+    image, corrections = volume()
+    remote = RemoteFinetuner.remote(load_checkpoint(start), image, corrections,
+                                    config(steps=100_000, validation_fraction=0.0), own_client,
+                                    weights_every=1)
+    [pid] = own_client.run(os.getpid).values()
+    steps = []
+    with pytest.raises(RemoteWorkerLost) as lost:
+        for status in remote.run():
+            if status.kind == "step":
+                steps.append(status.step)
+            if status.step == 4 and status.kind == "step":
+                os.kill(pid, signal.SIGKILL)
+    assert steps == sorted(steps)  # dask's retry of the task never trained again from step 1
+    line = str(lost.value)
+    assert "\n" not in line and "was lost" in line
+    assert 3 <= remote.steps_done < 100_000  # the weights sent before the kill
+    assert remote.run_record["steps_done"] == remote.steps_done
+    kept = remote.export(tmp_path / "kept.pt")
+    assert load_checkpoint(kept).metadata["run"]["steps_done"] == remote.steps_done
+    for name, value in load_checkpoint(kept).model.state_dict().items():
+        torch.testing.assert_close(value, remote.model.state_dict()[name], rtol=0, atol=0)
+
+    own_client.wait_for_workers(1, timeout=60)  # the nanny's new worker
+    again = RemoteFinetuner.remote(load_checkpoint(kept), image, corrections,
+                                   config(steps=2, validation_fraction=0.0), own_client)
+    assert [s.kind for s in again.run()][-1] == "finished"
+    record = again.run_record
+    assert record["source_sha256"] == hashlib.sha256(kept.read_bytes()).hexdigest()
+    again.export(tmp_path / "continued.pt")
+    previous = load_checkpoint(tmp_path / "continued.pt").metadata["run"]["previous_run"]
+    assert previous["steps_done"] == remote.steps_done
