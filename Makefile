@@ -90,6 +90,7 @@ beside = mkdir -p .pytest_cache; \
 test: system-deps $(VENV)/.installed $(VENV)/.test-peers
 	$(VENV)/bin/ruff check src tests benchmarks sample_data
 	$(VENV)/bin/lint-imports
+	$(PY) -m mypy
 	$(call beside,not slow and not serial,not slow and not serial)
 	$(XVFB) $(PYTEST) --durations=15 -m "serial and not slow"
 	$(QT6) $(XVFB) $(PYTEST) tests/_qt $(PARALLEL) -m "not slow and not serial" \

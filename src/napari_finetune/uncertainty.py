@@ -12,19 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 
+from napari_finetune.arrays import VolumeArray
+
 SLAB_VOXELS = 8_000_000
-
-
-class ArrayLike(Protocol):
-    """A sliceable array (numpy, zarr, dask)."""
-
-    shape: tuple[int, ...]
-
-    def __getitem__(self, key: tuple[slice, ...]) -> object: ...  # noqa: D105
 
 
 def entropy(probabilities: np.ndarray) -> np.ndarray:
@@ -64,8 +57,8 @@ class Suggestion:
 
 
 def suggest_region(
-    uncertainty: ArrayLike,
-    corrections: ArrayLike | None,
+    uncertainty: VolumeArray,
+    corrections: VolumeArray | None,
     region_shape: Sequence[int],
     exclude: Sequence[tuple[slice, ...]] = (),
 ) -> Suggestion | None:

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from napari_finetune.arrays import VolumeArray
 from napari_finetune.bioimageio import require
 from napari_finetune.data.normalization import intensity_range, normalize
 from napari_finetune.devices import check_model_fits_image
@@ -58,7 +59,7 @@ class ExportsCheckpoint(Protocol):
 def export_bioimageio(
     source: Checkpoint | ExportsCheckpoint | str | os.PathLike,
     out_path: str | os.PathLike,
-    volume: Any,
+    volume: VolumeArray | str | os.PathLike,
     *,
     name: str | None = None,
     description: str | None = None,
@@ -177,16 +178,20 @@ def check_package(path: Path) -> None:
         )
 
 
-def _as_checkpoint(source: Any, folder: Path, trust: Trust) -> Checkpoint:
+def _as_checkpoint(
+    source: Checkpoint | ExportsCheckpoint | str | os.PathLike, folder: Path, trust: Trust
+) -> Checkpoint:
     # Paths go through the public load_checkpoint: the loader sits above bioimageio/.
     if isinstance(source, Checkpoint):
         return source
-    if hasattr(source, "export") and callable(source.export):
-        return load_checkpoint(source.export(folder / "finetuned.pt"), trust=trust)
-    return load_checkpoint(source, trust=trust)
+    if isinstance(source, (str, os.PathLike)):
+        return load_checkpoint(source, trust=trust)
+    return load_checkpoint(source.export(folder / "finetuned.pt"), trust=trust)
 
 
-def _image_of(volume: Any) -> tuple[Any, str, list[float] | None, dict[str, str]]:
+def _image_of(
+    volume: VolumeArray | str | os.PathLike,
+) -> tuple[VolumeArray, str, list[float] | None, dict[str, str]]:
     """``(array, name, scale, units)``: an OME-Zarr store's level 0, or the array as given."""
     if isinstance(volume, (str, os.PathLike)):
         from napari_finetune.io.omezarr import open_volume
@@ -201,7 +206,9 @@ def _image_of(volume: Any) -> tuple[Any, str, list[float] | None, dict[str, str]
     return volume, "the given image", None, {}
 
 
-def _test_input(image: Any, model: torch.nn.Module, tile_shape: Sequence[int] | None) -> np.ndarray:
+def _test_input(
+    image: VolumeArray, model: torch.nn.Module, tile_shape: Sequence[int] | None
+) -> np.ndarray:
     """A tile from the centre of ``image``, each side a multiple of the model's."""
     multiple = shape_multiple(model)
     shape = tuple(int(s) for s in image.shape)

@@ -46,9 +46,9 @@ def _affine(step: Step) -> tuple[float, float] | None:
         kw = step.kwargs
         return _scalar(kw.gain, "scale_linear"), _scalar(kw.offset, "scale_linear")
     if isinstance(step, v0_5.FixedZeroMeanUnitVarianceDescr):
-        kw = step.kwargs
-        mean = _scalar(kw.mean, "fixed_zero_mean_unit_variance")
-        std = _scalar(kw.std, "fixed_zero_mean_unit_variance")
+        fixed = step.kwargs
+        mean = _scalar(fixed.mean, "fixed_zero_mean_unit_variance")
+        std = _scalar(fixed.std, "fixed_zero_mean_unit_variance")
         return 1.0 / std, -mean / std
     return None
 

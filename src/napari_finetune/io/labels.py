@@ -20,12 +20,13 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
 from napari_finetune import palette
+from napari_finetune.arrays import VolumeArray
 from napari_finetune.io import pyramid
 from napari_finetune.io.ngff import zarr_kind
 from napari_finetune.io.staging import (
@@ -43,6 +44,9 @@ from napari_finetune.io.volume import (
     open_volume,
 )
 
+if TYPE_CHECKING:  # zarr is imported where a store is opened
+    import zarr
+
 
 def _check_name(name: str) -> None:
     if not name or "/" in name or "\\" in name or name.startswith(".") or name == "labels":
@@ -51,7 +55,7 @@ def _check_name(name: str) -> None:
         )
 
 
-def _check_array(volume: Volume, array: Any, what: str) -> None:
+def _check_array(volume: Volume, array: VolumeArray | _Shape, what: str) -> None:
     shape = tuple(int(s) for s in array.shape)
     if shape != volume.shape:
         raise VolumeError(
@@ -74,19 +78,20 @@ def _image_label(
     return meta
 
 
-def _staging_labels(staging: Path, volume: Volume) -> Any:
+def _staging_labels(staging: Path, volume: Volume) -> zarr.Group:
     """The ``labels`` group of a staging folder (a zarr hierarchy of the store's format)."""
     import zarr
     from zarr.storage import LocalStore
 
-    root = zarr.open_group(store=LocalStore(staging), mode="a", zarr_format=volume.zarr_format)
+    zarr_format: Literal[2, 3] = 2 if volume.zarr_format == 2 else 3
+    root = zarr.open_group(store=LocalStore(staging), mode="a", zarr_format=zarr_format)
     return root.require_group("labels")
 
 
 def write_labels(
     path: str | os.PathLike,
     name: str,
-    array: Any,
+    array: VolumeArray,
     colors: list[dict[str, Any]] | None = None,
     properties: list[dict[str, Any]] | None = None,
     dtype: npt.DTypeLike | None = None,
@@ -133,7 +138,7 @@ def write_labels(
             _staging_labels(staging, volume), name, volume, dtype, chunks,
             _image_label(colors, properties),
         )
-        pyramid.write_level0(group["s0"], array)
+        pyramid.write_level0(pyramid.level_array(group, "s0"), array)
         pyramid.fill_pyramid(group)
     return store / "labels" / name
 
@@ -169,7 +174,7 @@ def correction_metadata(
 
 def save_corrections(
     path: str | os.PathLike,
-    labels: Any,
+    labels: VolumeArray,
     name: str = "corrections",
     channel_names: list[str] | None = None,
     channel_colors: list[str] | None = None,
@@ -229,12 +234,12 @@ def create_labels_array(
     path: str | os.PathLike,
     name: str,
     shape: tuple[int, ...],
-    dtype: Any = np.uint8,
+    dtype: npt.DTypeLike = np.uint8,
     chunks: tuple[int, ...] | None = None,
     colors: list[dict[str, Any]] | None = None,
     properties: list[dict[str, Any]] | None = None,
     staging: Path | None = None,
-) -> Any:
+) -> zarr.Array:
     """Create an empty ``labels/<name>`` (every level, NGFF metadata written) to fill by blocks.
 
     The caller writes level 0 (the array returned) and then calls
@@ -274,11 +279,11 @@ def create_labels_array(
     if staging is None:  # a staged image is listed by staged_replace when swapped in
         list_name(parent, name)
         refresh_consolidated(store)
-    return group["s0"]
+    return pyramid.level_array(group, "s0")
 
 
 class _Shape:
     """A shape and dtype that :func:`_check_array` can validate before anything exists."""
 
-    def __init__(self, shape: tuple[int, ...], dtype: Any) -> None:
+    def __init__(self, shape: tuple[int, ...], dtype: npt.DTypeLike) -> None:
         self.shape, self.dtype = tuple(shape), np.dtype(dtype)

@@ -20,12 +20,17 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 
+from napari_finetune.arrays import VolumeArray
 from napari_finetune.io.ngff import ngff_format
-from napari_finetune.io.volume import Volume, compose_transforms
+from napari_finetune.io.volume import Volume, VolumeError, compose_transforms
+
+if TYPE_CHECKING:  # zarr is imported where a store is opened
+    import zarr
 
 # Largest chunk a labels level gets (voxels): what one block of the writing holds in
 # memory, a few times over. An image stored as one big chunk would otherwise make
@@ -63,13 +68,13 @@ def level_transforms(volume: Volume, level: int) -> list[dict[str, Any]]:
 
 
 def create_pyramid(
-    parent: Any,
+    parent: zarr.Group,
     name: str,
     volume: Volume,
-    dtype: Any,
+    dtype: npt.DTypeLike,
     chunks: tuple[int, ...],
     image_label: dict[str, Any],
-) -> Any:
+) -> zarr.Group:
     """Create ``<parent>/<name>``: one zero-filled array per image level, with its metadata.
 
     Parameters
@@ -152,7 +157,7 @@ def chunk_blocks(shape: tuple[int, ...], chunks: tuple[int, ...]) -> Iterator[tu
 
 
 def downsample_level(
-    src: Any, dst: Any, src_geometry: list[tuple[float, float]],
+    src: zarr.Array, dst: zarr.Array, src_geometry: list[tuple[float, float]],
     dst_geometry: list[tuple[float, float]],
 ) -> None:
     """Fill ``dst`` from ``src`` (zarr arrays) by nearest neighbour, one chunk of ``dst`` at a time.
@@ -172,7 +177,20 @@ def downsample_level(
         dst[block] = region[np.ix_(*[p - p[0] for p in picks])]
 
 
-def fill_pyramid(group: Any) -> None:
+def level_array(group: zarr.Group, path: str) -> zarr.Array:
+    """The level ``path`` of a multiscale image (an array; a group there is damage)."""
+    import zarr
+
+    array = group[path]
+    if not isinstance(array, zarr.Array):
+        raise VolumeError(
+            f"{group.path}/{path} is a group, not a level array; the labels image is "
+            "damaged: save the labels again."
+        )
+    return array
+
+
+def fill_pyramid(group: zarr.Group) -> None:
     """Recompute levels 1, 2, ... of a multiscale labels image from its level 0.
 
     Parameters
@@ -181,12 +199,14 @@ def fill_pyramid(group: Any) -> None:
         A labels image (NGFF ``multiscales``), opened for writing, whose
         level 0 is written.
     """
-    attrs = group.attrs.asdict()
+    # NGFF metadata: JSON whose layout the spec fixes, read as plain dicts and lists.
+    attrs: dict[str, Any] = group.attrs.asdict()
     multiscale = attrs.get("ome", attrs)["multiscales"][0]
     outer = multiscale.get("coordinateTransformations") or []
-    arrays, geometry = [], []
+    arrays: list[zarr.Array] = []
+    geometry: list[list[tuple[float, float]]] = []
     for dataset in multiscale["datasets"]:
-        array = group[dataset["path"]]
+        array = level_array(group, dataset["path"])
         scale, translation = compose_transforms(
             list(dataset.get("coordinateTransformations") or []) + list(outer), array.ndim
         )
@@ -196,7 +216,7 @@ def fill_pyramid(group: Any) -> None:
         downsample_level(arrays[level - 1], arrays[level], geometry[level - 1], geometry[level])
 
 
-def write_level0(array: Any, data: Any) -> None:
+def write_level0(array: zarr.Array, data: VolumeArray) -> None:
     """Store ``data`` (numpy, dask or zarr) into level 0, one of its chunks at a time."""
     import dask.array as da
 
@@ -204,5 +224,7 @@ def write_level0(array: Any, data: Any) -> None:
     lazy = lazy.astype(array.dtype).rechunk(array.chunks)
     # Each dask block is one whole zarr chunk: no two writers touch the same chunk. A
     # few threads only: each holds a chunk or three, on a 64-core machine too.
-    da.store(lazy, array, lock=False, scheduler="threads",
+    # dask types store()'s targets as array-likes; it only writes them by slices, which
+    # a zarr array takes.
+    da.store(lazy, array, lock=False, scheduler="threads",  # type: ignore[arg-type]
              num_workers=min(STORE_THREADS, os.cpu_count() or 1))

@@ -32,11 +32,14 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from napari_finetune.io.ngff import ngff_format
 from napari_finetune.io.volume import VolumeError
 from napari_finetune.processes import process_alive
+
+if TYPE_CHECKING:  # zarr is imported where a store is opened
+    import zarr
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +69,7 @@ def check_writable(store: Path, name: str | None = None) -> None:
             )
 
 
-def labels_group(store: Path) -> Any:
+def labels_group(store: Path) -> zarr.Group:
     """The store's ``labels`` zarr group, created if missing (in the store's zarr format)."""
     import zarr
     from zarr.storage import LocalStore
@@ -76,7 +79,7 @@ def labels_group(store: Path) -> Any:
     return root.require_group("labels")
 
 
-def list_name(group: Any, name: str) -> None:
+def list_name(group: zarr.Group, name: str) -> None:
     """Make ``name`` appear exactly once in the labels group's NGFF ``labels`` list.
 
     The group's NGFF ``version`` is written with it.

@@ -11,12 +11,15 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dask.array as da
 
 from napari_finetune.io.ngff import ngff_format, zarr_format_of, zarr_kind
 from napari_finetune.io.ome_zarr_log import quiet_ome_zarr
+
+if TYPE_CHECKING:  # ome-zarr-py is imported where a store is opened (it ships no types)
+    from ome_zarr.io import ZarrLocation
 
 SPATIAL_AXES = ("z", "y", "x")
 # Axes that may be present with size 1 and are squeezed away.
@@ -55,7 +58,7 @@ class Volume:
         Units of the spatial axes, when the store records them.
     """
 
-    levels: list[Any]
+    levels: list[da.Array]
     axes: list[str]
     scale: list[list[float]]
     path: Path
@@ -68,7 +71,7 @@ class Volume:
     axis_units: dict[str, str] = field(default_factory=dict)
 
     @property
-    def data(self) -> Any:
+    def data(self) -> da.Array:
         """Level 0 (full resolution)."""
         return self.levels[0]
 
@@ -118,7 +121,7 @@ def check_store(path: str | os.PathLike) -> Path:
     return p.resolve()
 
 
-def open_location(p: Path) -> Any:
+def open_location(p: Path) -> ZarrLocation:
     """ome-zarr-py's ZarrLocation for ``p``, read-only, in the store's own NGFF format."""
     from ome_zarr.io import parse_url
 

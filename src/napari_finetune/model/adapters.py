@@ -22,6 +22,7 @@ import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
+from typing import SupportsInt
 
 import torch
 from torch import nn
@@ -60,12 +61,19 @@ class ArchitectureAdapter:
     kwargs_of: Callable[[nn.Module], Kwargs] | None = field(default=None)
 
 
+def _int(value: object) -> int:
+    """A constructor argument read back as an int (Python or numpy number, or a digit string)."""
+    if not isinstance(value, (SupportsInt, str)):
+        raise TypeError(f"expected an integer, got {value!r}")
+    return int(value)
+
+
 def _strides_product(strides: object, ndim: int) -> tuple[int, ...]:
     """Per-axis product of MONAI UNet ``strides`` (each an int or one per axis)."""
     per_axis = [1] * ndim
     for stride in strides if isinstance(strides, (list, tuple)) else [strides]:
         values = list(stride) if isinstance(stride, (list, tuple)) else [stride] * ndim
-        per_axis = [p * int(v) for p, v in zip(per_axis, values[-ndim:], strict=True)]
+        per_axis = [p * _int(v) for p, v in zip(per_axis, values[-ndim:], strict=True)]
     return tuple(per_axis)
 
 
@@ -82,16 +90,17 @@ def _monai_unet_kwargs(model: nn.Module) -> Kwargs:
 def _monai_basic_unet_kwargs(model: nn.Module) -> Kwargs:
     # BasicUNet keeps nothing: read the sizes off its layers; the rest are the
     # defaults, which the rebuild check confirms.
-    def convs(block: nn.Module) -> list[nn.Module]:
+    def convs(name: str) -> list[nn.Conv1d | nn.Conv2d | nn.Conv3d]:
+        block = model.get_submodule(name)
         return [m for m in block.modules() if isinstance(m, (nn.Conv2d, nn.Conv3d, nn.Conv1d))]
 
-    blocks = [model.conv_0, model.down_1, model.down_2, model.down_3, model.down_4]
-    features = [convs(b)[-1].out_channels for b in blocks] + [convs(model.upcat_1)[-1].out_channels]
-    first = convs(model.conv_0)[0]
+    blocks = ["conv_0", "down_1", "down_2", "down_3", "down_4", "upcat_1"]
+    features = [convs(b)[-1].out_channels for b in blocks]
+    first = convs("conv_0")[0]
     return {
         "spatial_dims": first.weight.ndim - 2,
         "in_channels": first.in_channels,
-        "out_channels": model.final_conv.out_channels,
+        "out_channels": convs("final_conv")[-1].out_channels,
         "features": tuple(features),
         "bias": first.bias is not None,
     }
@@ -100,11 +109,12 @@ def _monai_basic_unet_kwargs(model: nn.Module) -> Kwargs:
 def _torch_em_multiple(kwargs: Kwargs, ndim: int) -> tuple[int, ...]:
     scale_factors = kwargs.get("scale_factors")
     if scale_factors is None:
-        return (2 ** int(kwargs.get("depth", 4)),) * ndim
+        return (2 ** _int(kwargs.get("depth", 4)),) * ndim
     per_axis = [1] * ndim
-    for factor in scale_factors:  # type: ignore[union-attr]
+    factors = scale_factors if isinstance(scale_factors, (list, tuple)) else [scale_factors]
+    for factor in factors:
         values = list(factor) if isinstance(factor, (list, tuple)) else [factor] * ndim
-        per_axis = [p * int(v) for p, v in zip(per_axis, values[-ndim:], strict=True)]
+        per_axis = [p * _int(v) for p, v in zip(per_axis, values[-ndim:], strict=True)]
     return tuple(per_axis)
 
 
@@ -123,7 +133,7 @@ BUILTIN_ADAPTERS: tuple[ArchitectureAdapter, ...] = (
         name="MONAI UNet",
         factories=_names("monai.networks.nets.unet", "monai.networks.nets", "UNet", "Unet"),
         spatial_multiple=lambda kw, ndim: _strides_product(kw.get("strides", ()), ndim),
-        out_channels=lambda kw: int(kw["out_channels"]),  # type: ignore[call-overload]
+        out_channels=lambda kw: _int(kw["out_channels"]),
         kwargs_of=_monai_unet_kwargs,
     ),
     ArchitectureAdapter(
@@ -132,7 +142,7 @@ BUILTIN_ADAPTERS: tuple[ArchitectureAdapter, ...] = (
             "monai.networks.nets.basic_unet", "monai.networks.nets", "BasicUNet", "BasicUnet"
         ),
         spatial_multiple=lambda kw, ndim: 16,  # four 2x max-poolings
-        out_channels=lambda kw: int(kw.get("out_channels", 2)),  # type: ignore[call-overload]
+        out_channels=lambda kw: _int(kw.get("out_channels", 2)),
         kwargs_of=_monai_basic_unet_kwargs,
     ),
     ArchitectureAdapter(
@@ -141,7 +151,7 @@ BUILTIN_ADAPTERS: tuple[ArchitectureAdapter, ...] = (
             "torch_em.model.unet", "torch_em.model", "UNet2d", "UNet3d", "AnisotropicUNet"
         ),
         spatial_multiple=_torch_em_multiple,
-        out_channels=lambda kw: int(kw["out_channels"]),  # type: ignore[call-overload]
+        out_channels=lambda kw: _int(kw["out_channels"]),
         argument_callables=_TORCH_EM_CALLABLES,
     ),
 )

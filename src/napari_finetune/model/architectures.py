@@ -27,6 +27,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Collection, Iterable
 from importlib import metadata
+from types import FunctionType
 
 ENTRY_POINT_GROUP = "napari_finetune.architectures"
 
@@ -137,7 +138,7 @@ def resolve_factory(factory: str, trust: Trust = None) -> Callable[..., object]:
     return target
 
 
-def factory_name(obj: object) -> str:
+def factory_name(obj: type | FunctionType) -> str:
     """``"module:qualname"`` of a class or function (how a checkpoint names it)."""
     return f"{obj.__module__}:{obj.__qualname__}"
 

@@ -46,7 +46,7 @@ def remove_stale_temporaries(path: Path) -> list[Path]:
         The files removed.
     """
     pattern = re.compile(rf"^\.{re.escape(path.name)}\.(?:(\d+)-)?[0-9a-f]+\.tmp$")
-    removed = []
+    removed: list[Path] = []
     try:
         candidates = list(path.parent.iterdir())
     except OSError:
@@ -92,7 +92,7 @@ def no_space_error(folder: Path, needed_bytes: int, name: str, free: int | None 
     )
 
 
-def write_atomically(path: Path, write: Callable[[BinaryIO], None], size_hint: int = 0) -> Path:
+def write_atomically(path: Path, write: Callable[[BinaryIO], object], size_hint: int = 0) -> Path:
     """Call ``write(handle)`` on a temporary next to ``path``, then rename it over ``path``.
 
     Parameters

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +35,13 @@ def checkpoint_from_factory(
     """
     architecture = {"factory": factory, "kwargs": dict(kwargs)}
     model = build_model(architecture, trust=[factory])
-    if not isinstance(state_dict, dict):
-        state_dict = torch.load(state_dict, map_location="cpu", weights_only=True)
+    weights: Mapping[str, torch.Tensor] = (
+        state_dict
+        if isinstance(state_dict, dict)
+        else torch.load(state_dict, map_location="cpu", weights_only=True)
+    )
     try:
-        model.load_state_dict(state_dict)
+        model.load_state_dict(weights)
     except RuntimeError as exc:
         raise CheckpointError(
             f"the weights do not fit {factory}({kwargs}): {mismatch_line(model, state_dict, exc)}"

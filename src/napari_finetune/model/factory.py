@@ -64,7 +64,8 @@ def call_factory(fn: Callable[..., object], factory: str, kwargs: dict[str, Any]
             f"the model factory {factory!r} returned a {type(model).__name__}, "
             "not a torch.nn.Module."
         )
+    # torch types Module.__setattr__'s value as Tensor | Module; plain values work too.
     if not hasattr(model, "init_kwargs"):
-        model.init_kwargs = dict(kwargs)
-    model.factory = factory
+        model.init_kwargs = dict(kwargs)  # type: ignore[assignment]
+    model.factory = factory  # type: ignore[assignment]
     return model

@@ -152,7 +152,10 @@ def _check_instance_norms(model: nn.Module, patch: tuple[int, ...]) -> None:
     when training") at the first step; one eval, no-grad pass at the patch with
     hooks on those layers finds it before (MONAI BasicUNet at 16x16x16).
     """
-    names = {m: n for n, m in model.named_modules() if isinstance(m, _INSTANCE_NORMS)}
+    # Keyed by Module: the hook receives its module as one.
+    names: dict[nn.Module, str] = {
+        m: n for n, m in model.named_modules() if isinstance(m, _INSTANCE_NORMS)
+    }
     if not names:
         return
     single: list[str] = []

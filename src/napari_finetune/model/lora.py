@@ -27,9 +27,13 @@ from __future__ import annotations
 import copy
 import re
 from collections import Counter
+from typing import TYPE_CHECKING, TypeGuard
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:  # for the type only: importing peft takes seconds
+    from peft import PeftModel
 
 _ADAPTABLE = (nn.Conv2d, nn.Conv3d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 _NORMS = (
@@ -110,12 +114,12 @@ def advice_for_share(share: float, rank: int) -> str:
     )
 
 
-def is_lora(model: nn.Module) -> bool:
+def is_lora(model: nn.Module) -> TypeGuard[PeftModel]:
     """Whether ``model`` is a PEFT model (checked without importing peft)."""
     return type(model).__module__.startswith("peft") and hasattr(model, "merge_and_unload")
 
 
-def wrap_lora(model: nn.Module, rank: int, alpha: float, seed: int = 0) -> nn.Module:
+def wrap_lora(model: nn.Module, rank: int, alpha: float, seed: int = 0) -> PeftModel:
     """Wrap ``model`` in LoRA adapters; only they and the normalisation layers train.
 
     Parameters
@@ -151,7 +155,8 @@ def wrap_lora(model: nn.Module, rank: int, alpha: float, seed: int = 0) -> nn.Mo
     pattern = "|".join(re.escape(name) for name in by_peft)
     config = LoraConfig(
         r=int(rank),
-        lora_alpha=float(alpha),
+        # PEFT annotates lora_alpha as int but divides it by r: a float alpha works.
+        lora_alpha=float(alpha),  # type: ignore[arg-type]
         lora_dropout=0.0,
         target_modules=f"^(?:{pattern})$",
         # PEFT merges a LoRA bias only into a layer that has a bias.

@@ -27,10 +27,12 @@ imported only when a model is wrapped.
 from __future__ import annotations
 
 import math
+from typing import Any, cast
 
 import torch
 from peft.tuners.tuners_utils import BaseTunerLayer
 from torch import nn
+from torch.nn.modules.conv import _ConvNd
 
 ADAPTER = "default"  # PEFT's name of the one adapter a run trains
 _CONV = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
@@ -72,9 +74,13 @@ class ConvLora(nn.Module, BaseTunerLayer):
         self, base_layer: nn.Module, rank: int, alpha: float, bias: bool = False
     ) -> None:
         super().__init__()
-        if not needs_own_lora(base_layer) and not isinstance(base_layer, (nn.Conv2d, nn.Conv3d)):
+        # _ConvNd: every convolution and transposed convolution (their weight, bias,
+        # kernel and padding are typed there).
+        if not isinstance(base_layer, _ConvNd) or not (
+            needs_own_lora(base_layer) or isinstance(base_layer, (nn.Conv2d, nn.Conv3d))
+        ):
             raise TypeError(f"ConvLora does not adapt {type(base_layer).__name__}")
-        self.base_layer = base_layer
+        self.base_layer: _ConvNd = base_layer
         self.rank = int(rank)
         self.scaling = {ADAPTER: float(alpha) / self.rank}
         self._active_adapter = ADAPTER
@@ -82,7 +88,9 @@ class ConvLora(nn.Module, BaseTunerLayer):
         self.merged_adapters: list[str] = []
         self.transposed = isinstance(base_layer, TRANSPOSED)
         dims = base_layer.weight.ndim - 2
-        geometry = {
+        # Keyword arguments of whichever convolution class the base layer is (Any: their
+        # types differ per key and per class; the constructor checks them).
+        geometry: dict[str, Any] = {
             "kernel_size": base_layer.kernel_size,
             "stride": base_layer.stride,
             "padding": base_layer.padding,
@@ -106,12 +114,19 @@ class ConvLora(nn.Module, BaseTunerLayer):
         for param in base_layer.parameters():
             param.requires_grad_(False)
 
+    def _convs(self, adapter: str) -> tuple[_ConvNd, _ConvNd]:
+        """``A`` and ``B`` of ``adapter``."""
+        # PEFT looks the adapters up in ModuleDicts, which type their items as Module;
+        # these hold the two convolutions __init__ built.
+        return cast(_ConvNd, self.lora_A[adapter]), cast(_ConvNd, self.lora_B[adapter])
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Base output plus the scaled low-rank update (unless disabled or merged)."""
-        out = self.base_layer(x)
+        out: torch.Tensor = self.base_layer(x)
         if self.disable_adapters or self.merged:
             return out
-        update = self.lora_B[ADAPTER](self.lora_A[ADAPTER](x.to(self.lora_A[ADAPTER].weight.dtype)))
+        down, up = self._convs(ADAPTER)
+        update = up(down(x.to(down.weight.dtype)))
         return out + (update * self.scaling[ADAPTER]).to(out.dtype)
 
     def enable_adapters(self, enabled: bool) -> None:
@@ -122,8 +137,9 @@ class ConvLora(nn.Module, BaseTunerLayer):
 
     def get_delta_weight(self, adapter: str = ADAPTER) -> torch.Tensor:
         """The change of the base weight that equals the adapter's contribution."""
-        a = self.lora_A[adapter].weight.float()  # conv (r, in, *k); transposed (in, r, *k)
-        b = self.lora_B[adapter].weight.float().flatten(1)  # (out, r)
+        down, up = self._convs(adapter)
+        a = down.weight.float()  # conv (r, in, *k); transposed (in, r, *k)
+        b = up.weight.float().flatten(1)  # (out, r)
         if self.transposed:
             delta = torch.einsum("ir...,or->io...", a, b)
         else:
@@ -132,7 +148,7 @@ class ConvLora(nn.Module, BaseTunerLayer):
 
     def get_delta_bias(self, adapter: str = ADAPTER) -> torch.Tensor | None:
         """The change of the base bias (None when ``B`` has no bias)."""
-        bias = self.lora_B[adapter].bias
+        bias = self._convs(adapter)[1].bias
         return None if bias is None else bias.float() * self.scaling[adapter]
 
     def _shift(self, sign: float) -> None:
@@ -140,8 +156,8 @@ class ConvLora(nn.Module, BaseTunerLayer):
         weight = self.base_layer.weight
         weight.data = weight.data + sign * self.get_delta_weight().to(weight.device, weight.dtype)
         delta_bias = self.get_delta_bias()
-        if delta_bias is not None:
-            bias = self.base_layer.bias
+        bias = self.base_layer.bias
+        if delta_bias is not None and bias is not None:
             bias.data = bias.data + sign * delta_bias.to(bias.device, bias.dtype)
 
     def merge(self, safe_merge: bool = False, adapter_names: list[str] | None = None) -> None:

@@ -36,6 +36,7 @@ until then nothing new is listed in ``labels``.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import logging
@@ -278,18 +279,19 @@ def predict_on_cluster(
     for o in objects:  # each block once the regions it reads are written
         labelling += submit_labelling(
             client, o, blocks, token,
-            lambda core, o=o: _regions_read(core, o.halo, shape, region_shape, futures),
+            functools.partial(_regions_read, halo=o.halo, shape=shape,
+                              region_shape=region_shape, futures=futures),
         )
     try:
         for future in as_completed([*futures.values(), *labelling]):
             result = future.result()  # re-raises the task's error
-            if future.key.startswith("nf-region-"):
+            if str(future.key).startswith("nf-region-"):
                 run.computed.append(result)
             tick(future)
         for o in objects:
             run.objects[o.name], relabelled = relabel_blocks(client, o, blocks, shape, token,
                                                              tick)
-            run.blocks[o.name] = (sum(f.key.startswith(f"nf-label-{token}-{o.name}-")
+            run.blocks[o.name] = (sum(str(f.key).startswith(f"nf-label-{token}-{o.name}-")
                                       for f in labelling), relabelled)
     except BaseException:
         client.cancel([*futures.values(), *labelling])  # the markers stay

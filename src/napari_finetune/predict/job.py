@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -135,7 +136,10 @@ def open_job(
         return folder, True
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir()
-    metadata = [prediction_metadata(*c) for c in classes] or [(None, None)] * len(spec.names)
+    # Without classes the arrays get no colours or properties.
+    metadata: list[tuple[list[dict[str, Any]] | None, list[dict[str, Any]] | None]] = [
+        prediction_metadata(*c) for c in classes
+    ] or [(None, None)] * len(spec.names)
     for name, (colors, properties) in zip(spec.names, metadata, strict=True):
         create_labels_array(store, name, spec.shape, np.uint8, chunks, colors, properties,
                             staging=folder)

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from napari_finetune.arrays import VolumeArray
 from napari_finetune.data.normalization import (
     background_where_missing,
     missing_mask,
@@ -30,6 +31,9 @@ from napari_finetune.predict.tiling import smaller_block as smaller_block
 from napari_finetune.predict.volume import predict_batch, spatial_multiple
 
 Log = Callable[[str], None]
+
+if TYPE_CHECKING:  # torch is imported when a model runs
+    import torch
 
 
 class PredictOutOfMemoryError(MemoryError):
@@ -61,8 +65,8 @@ class RegionPredictor:
 
     def __init__(
         self,
-        model: Any,
-        image: Any,
+        model: torch.nn.Module,
+        image: VolumeArray,
         low: float,
         high: float,
         halo: Sequence[int],

@@ -30,19 +30,25 @@ import os
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from napari_finetune.arrays import ArrayTarget, VolumeArray
 from napari_finetune.config import PredictConfig
 from napari_finetune.devices import check_model_fits_image, on_device, resolve_device
 from napari_finetune.objects import ChannelRole, blockwise_instances
 from napari_finetune.predict.regions import Log, RegionPredictor, region_grid
 from napari_finetune.predict.volume import MaskAndProbability, Progress, spatial_config, write_probs
 
+if TYPE_CHECKING:
+    import torch
+
+    from napari_finetune.model.checkpoint import Checkpoint
+
 
 def predict_to_omezarr(
-    checkpoint: Any,
+    checkpoint: Checkpoint | str | os.PathLike,
     store_path: str | os.PathLike,
     name_prefix: str = "prediction",
     config: PredictConfig | None = None,
@@ -110,7 +116,8 @@ def predict_to_omezarr(
 
     with ExitStack() as stack:
         # Entered in order, left in reverse: all are swapped in only after the body.
-        targets, pyramids = [], []
+        targets: list[ArrayTarget] = []
+        pyramids: list[Path] = []
         classes = zip(names, ckpt.channel_names, ckpt.channel_colors, strict=True)
         for name, channel, color in classes:
             staging = stack.enter_context(staged_replace(volume.path, name))
@@ -172,13 +179,13 @@ def instance_roles(
 
 
 def _predict_regions(
-    model: Any,
-    image: Any,
+    model: torch.nn.Module,
+    image: VolumeArray,
     low_high: tuple[float, float],
     halo: tuple[int, ...],
     device: str,
     regions: list[tuple[slice, ...]],
-    targets: list[Any],
+    targets: list[ArrayTarget],
     progress: Callable[[int, int], None] | None,
     log: Log | None,
 ) -> None:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from napari_finetune.arrays import ArrayTarget
 from napari_finetune.objects.blockwise import LabelledBlock, label_block
 from napari_finetune.objects.roles import ChannelRole
 from napari_finetune.predict.job import (
@@ -130,7 +131,7 @@ def predict_region(task: RegionTask, index: int, core: tuple[slice, ...]) -> tup
     with dask.config.set(scheduler="synchronous"):
         probs = predictor(core)
     folder = Path(task.folder)
-    targets = [
+    targets: list[ArrayTarget] = [
         zarr.open_array(str(labels_array_path(folder, name)), mode="r+")
         for name in task.spec.names
     ]
@@ -197,8 +198,12 @@ def _write_record(path: Path, labelled: LabelledBlock) -> None:
     # A reader sees the whole record or none; a killed task's temporary is
     # removed by the next write of the same record.
     write_atomically(
-        path, lambda handle: np.savez(handle, n=np.int64(labelled.n), sizes=labelled.sizes,
-                                      **slabs)
+        path,
+        # numpy's stub cannot tell that the ** keys (lower0, upper2, ...) never fill
+        # savez's allow_pickle keyword.
+        lambda handle: np.savez(
+            handle, n=np.int64(labelled.n), sizes=labelled.sizes, **slabs  # type: ignore[arg-type]
+        ),
     )
 
 

@@ -68,9 +68,13 @@ def block_grid(
             read, inner = read_span(start, stop, size, h, m)
             spans.append((slice(start, stop), read, inner))
         axes.append(spans)
-    grid = []
+    grid: list[tuple[tuple[slice, ...], tuple[slice, ...], tuple[slice, ...]]] = []
     for combo in itertools.product(*axes):
-        grid.append(tuple(tuple(part[i] for part in combo) for i in range(3)))
+        grid.append((
+            tuple(part[0] for part in combo),
+            tuple(part[1] for part in combo),
+            tuple(part[2] for part in combo),
+        ))
     return grid
 
 

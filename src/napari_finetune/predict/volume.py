@@ -19,13 +19,14 @@ also depends on its content: blockwise results differ slightly from one call
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Generic, TypeVar, overload
 
 import numpy as np
 
+from napari_finetune.arrays import ArrayTarget, Index, Targets, VolumeArray
 from napari_finetune.config import PredictConfig
 from napari_finetune.data.normalization import (
     background_where_missing,
@@ -38,10 +39,17 @@ from napari_finetune.devices import check_model_fits_image, on_device, resolve_d
 from napari_finetune.predict.tiling import axis_cores as axis_cores
 from napari_finetune.predict.tiling import block_grid
 
+if TYPE_CHECKING:  # torch is imported when a model runs (importing predict stays light)
+    import torch
+
 Progress = Callable[[int, int], None]
+# A probability target: MaskAndProbability keeps its type (numpy or zarr) for the caller.
+P = TypeVar("P", bound=ArrayTarget)
+# predict_volume hands back the targets it was given, typed as given.
+T = TypeVar("T", bound=Targets)
 
 
-def spatial_multiple(model: Any, ndim: int) -> tuple[int, ...]:
+def spatial_multiple(model: torch.nn.Module, ndim: int) -> tuple[int, ...]:
     """Per-axis divisor the model's input sizes need (:mod:`~napari_finetune.model.geometry`:
     ``2**depth`` for the UNet, an adapter's or a probed value for other models)."""
     from napari_finetune.model.geometry import spatial_multiple as per_axis
@@ -49,7 +57,7 @@ def spatial_multiple(model: Any, ndim: int) -> tuple[int, ...]:
     return per_axis(model, ndim)
 
 
-def predict_block(model: Any, block: np.ndarray, device: str = "cpu") -> np.ndarray:
+def predict_block(model: torch.nn.Module, block: np.ndarray, device: str = "cpu") -> np.ndarray:
     """Sigmoid probabilities of one normalised block.
 
     Parameters
@@ -68,14 +76,14 @@ def predict_block(model: Any, block: np.ndarray, device: str = "cpu") -> np.ndar
     return predict_batch(model, block[None], device)[0]
 
 
-def predict_batch(model: Any, blocks: np.ndarray, device: str) -> np.ndarray:
+def predict_batch(model: torch.nn.Module, blocks: np.ndarray, device: str) -> np.ndarray:
     """``(n, *spatial)`` normalised blocks -> ``(n, C, *spatial)`` probabilities."""
     with on_device(model, device), inference_mode(model):
         return launch_batch(model, blocks, device).result()
 
 
 @contextmanager
-def inference_mode(model: Any) -> Iterator[None]:
+def inference_mode(model: torch.nn.Module) -> Iterator[None]:
     """The model in eval mode without gradients; each module's own mode restored after."""
     import torch
 
@@ -94,7 +102,7 @@ class PendingProbs:
     there already.
     """
 
-    def __init__(self, probs: Any, ready: Any = None) -> None:
+    def __init__(self, probs: torch.Tensor, ready: torch.cuda.Event | None = None) -> None:
         self._probs = probs
         self._ready = ready
 
@@ -105,7 +113,7 @@ class PendingProbs:
         return self._probs.numpy()
 
 
-def launch_batch(model: Any, blocks: np.ndarray, device: str) -> PendingProbs:
+def launch_batch(model: torch.nn.Module, blocks: np.ndarray, device: str) -> PendingProbs:
     """Start the model on ``(n, *spatial)`` normalised blocks; the model is on ``device``,
     in :func:`inference_mode`.
 
@@ -152,7 +160,7 @@ def spatial_config(config: PredictConfig, ndim: int) -> tuple[tuple[int, ...], t
     return config.block_shape[-ndim:], config.halo[-ndim:]
 
 
-def out_channels(model: Any, ndim: int) -> int:
+def out_channels(model: torch.nn.Module, ndim: int) -> int:
     """Number of output channels (recorded, from an adapter, or found by a forward pass)."""
     from napari_finetune.model.geometry import model_geometry
 
@@ -166,7 +174,7 @@ def _as_target(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return values.astype(dtype, copy=False)
 
 
-class MaskAndProbability:
+class MaskAndProbability(Generic[P]):
     """A prediction target that stores a channel's decision and keeps its probability.
 
     Its float dtype makes :func:`write_probs` pass the probability through; the
@@ -183,32 +191,56 @@ class MaskAndProbability:
 
     dtype = np.dtype(np.float32)
 
-    def __init__(self, mask: Any, probability: Any) -> None:
+    def __init__(self, mask: ArrayTarget, probability: P) -> None:
         self.mask, self.probability = mask, probability
         self.shape = mask.shape
 
-    def __setitem__(self, index: tuple[slice, ...], values: np.ndarray) -> None:
+    def __setitem__(self, index: Index, values: np.ndarray) -> None:
         self.mask[index] = _as_target(values, self.mask.dtype)
         self.probability[index] = values
 
 
-def write_probs(out: Any, core: tuple[slice, ...], probs: np.ndarray) -> None:
+def write_probs(out: Targets, core: tuple[slice, ...], probs: np.ndarray) -> None:
     """Write ``(C, *core)`` probabilities into one array or per-channel arrays."""
-    if isinstance(out, (list, tuple)):
+    # A Sequence is a list or tuple of per-channel targets: numpy and zarr arrays are not.
+    if isinstance(out, Sequence):
         for target, channel in zip(out, probs, strict=True):
             target[core] = _as_target(channel, target.dtype)
     else:
         out[(slice(None),) + core] = _as_target(probs, out.dtype)
 
 
+@overload
 def predict_volume(
-    model: Any,
-    image: Any,
+    model: torch.nn.Module,
+    image: VolumeArray,
     normalization_range: tuple[float, float],
     config: PredictConfig | None = None,
-    out: Any = None,
+    out: None = None,
     progress: Progress | None = None,
-) -> Any:
+) -> np.ndarray: ...
+
+
+@overload
+def predict_volume(
+    model: torch.nn.Module,
+    image: VolumeArray,
+    normalization_range: tuple[float, float],
+    config: PredictConfig | None = None,
+    *,
+    out: T,
+    progress: Progress | None = None,
+) -> T: ...
+
+
+def predict_volume(
+    model: torch.nn.Module,
+    image: VolumeArray,
+    normalization_range: tuple[float, float],
+    config: PredictConfig | None = None,
+    out: Targets | None = None,
+    progress: Progress | None = None,
+) -> Targets:
     """Probabilities of a whole volume, computed block by block.
 
     Parameters
@@ -270,7 +302,7 @@ BlockPlace = tuple[tuple[slice, ...], tuple[slice, ...], np.ndarray | None]
 
 
 def read_batches(
-    image: Any,
+    image: VolumeArray,
     grid: list[tuple[tuple[slice, ...], tuple[slice, ...], tuple[slice, ...]]],
     normalization_range: tuple[float, float],
     batch_size: int,
@@ -295,7 +327,7 @@ def read_batches(
         yield places, np.stack(stack)
 
 
-def write_batch(out: Any, places: list[BlockPlace], pending: PendingProbs) -> int:
+def write_batch(out: Targets, places: list[BlockPlace], pending: PendingProbs) -> int:
     """Write each block's core probabilities (missing voxels as background); the count."""
     probs = pending.result()
     for (core, inner, missing), block_probs in zip(places, probs, strict=True):

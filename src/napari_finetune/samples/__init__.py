@@ -26,7 +26,7 @@ def sample_shape() -> tuple[int, int, int]:
         raise ValueError(f"{SHAPE_ENV}={text!r}: expected three sizes like '32,128,128'.") from None
     if len(shape) != 3:
         raise ValueError(f"{SHAPE_ENV}={text!r}: expected three sizes like '32,128,128'.")
-    return shape  # type: ignore[return-value]
+    return shape
 
 
 def synthetic_em_layers() -> list[tuple[Any, dict[str, Any], str]]:

@@ -63,7 +63,7 @@ def is_complete(path: Path, record: dict[str, Any] | None = None) -> bool:
 
 def _scale_factors(shape: tuple[int, int, int]) -> tuple[int, ...]:
     # ome-zarr downsamples y and x; stop before a level gets smaller than 16.
-    factors = []
+    factors: list[int] = []
     factor = 2
     while len(factors) < 3 and min(shape[1:]) // factor >= 16:
         factors.append(factor)

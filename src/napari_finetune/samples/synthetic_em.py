@@ -92,7 +92,7 @@ def _check(shape: tuple[int, ...], domain: str) -> tuple[int, int, int]:
     shape = tuple(int(s) for s in shape)
     if len(shape) != 3 or min(shape) < 8:
         raise ValueError(f"shape must be 3 sizes (z, y, x), each >= 8; got {shape}.")
-    return shape  # type: ignore[return-value]
+    return shape
 
 
 def _smooth_noise(rng: np.random.Generator, shape, scale: float) -> np.ndarray:

@@ -57,6 +57,13 @@ ALLOCATOR_DEVICE = "Invalid device argument {}: did you call init?"
 INVALID_ORDINAL = "CUDA error: invalid device ordinal"
 
 
+def _capability(given: object) -> tuple[int, int]:
+    """``(major, minor)`` from a pair of ints."""
+    if not isinstance(given, (tuple, list)) or len(given) != 2:
+        raise ValueError(f"a compute capability is (major, minor), not {given!r}")
+    return int(given[0]), int(given[1])
+
+
 @dataclass(frozen=True)
 class FakeDeviceProperties:
     """What ``torch.cuda.get_device_properties`` returns, for the fields the code reads."""
@@ -86,10 +93,10 @@ class FakeEvent:
 
     def __init__(self, cuda: FakeCuda) -> None:
         self.cuda = cuda
-        self.stream: FakeStream | None = None
+        self.stream: FakeStream | torch.cuda.Stream | None = None
         self.synchronized = False
 
-    def record(self, stream: FakeStream | None = None) -> None:
+    def record(self, stream: FakeStream | torch.cuda.Stream | None = None) -> None:
         """Record on ``stream``, or as torch does, on the current device's current stream."""
         if stream is None:
             stream = torch.cuda.current_stream()
@@ -212,9 +219,9 @@ class FakeCuda:
         self.base_allocated = int(allocated)
         self.cached = max(0, int(reserved) - int(allocated))
         self.used_elsewhere = int(used_elsewhere)
-        if capability and isinstance(capability[0], int):
-            capability = [capability] * device_count  # type: ignore[list-item]
-        self.capabilities: list[tuple[int, int]] = [tuple(c) for c in capability]  # type: ignore[misc]
+        one = bool(capability) and isinstance(capability[0], int)
+        given: Sequence[object] = [capability] * device_count if one else capability
+        self.capabilities: list[tuple[int, int]] = [_capability(c) for c in given]
         if len(self.capabilities) != device_count:
             raise ValueError("give one capability, or one per device")
         self.name = name

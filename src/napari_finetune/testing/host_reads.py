@@ -81,14 +81,14 @@ class HostReads(TorchFunctionMode):
     def _made_on_device(self, func: Callable[..., object], args: Sequence[object],
                         kwargs: Mapping[str, object]) -> bool:
         if func is torch.Tensor.to:
-            targets = [a for a in args[1:] if isinstance(a, (str, torch.device))]
-            targets += [kwargs["device"]] if "device" in kwargs else []
+            targets = [a for a in [*args[1:], kwargs.get("device")]
+                       if isinstance(a, (str, int, torch.device))]
             return any(torch.device(t) == self.device for t in targets)
         # A factory: on the CPU the host's own tensors are made there too
         # (AdamW's step counters, device="cpu"), so only a GPU run's count.
         device = kwargs.get("device")
         return (
-            self.device.type != "cpu" and device is not None
+            self.device.type != "cpu" and isinstance(device, (str, int, torch.device))
             and torch.device(device) == self.device
         )
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import gc
 import math
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -117,14 +117,16 @@ def autobatch(
     fraction = float(memory_fraction)
     configured = (state.batch_size, state.accumulation)
 
-    def keep(reason: str, **measured: Any) -> AutobatchDecision:
+    def keep(
+        reason: str, points: Sequence[tuple[int, int]] = (), free: int | None = None
+    ) -> AutobatchDecision:
         line = (
             f"autobatch: keeping micro-batch {configured[0]} × accumulation {configured[1]} "
             f"({samples} per step): {reason}"
         )
         return AutobatchDecision(
-            False, configured[0], configured[1], samples, tuple(measured.get("points", ())),
-            None, None, measured.get("free"), 0, fraction, line,
+            False, configured[0], configured[1], samples, tuple(points),
+            None, None, free, 0, fraction, line,
         )
 
     if memory is None:

@@ -61,7 +61,8 @@ def batchnorm_floor(
         The model cannot run on the patch at all (a pooling that leaves
         nothing, for instance); the message names the patch.
     """
-    names = {
+    # Keyed by Module: the hooks below receive their module as one.
+    names: dict[torch.nn.Module, str] = {
         module: name
         for name, module in model.named_modules()
         if isinstance(module, BATCHNORM_TYPES)

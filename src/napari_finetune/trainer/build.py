@@ -8,11 +8,13 @@ floor, PEFT's adapters, the teacher and the optimizer (the first AdamW costs
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 import torch
 
+from napari_finetune.arrays import VolumeArray
 from napari_finetune.config import FinetuneConfig
 from napari_finetune.data.sampling import PatchSampler
 from napari_finetune.trainer.batchnorm_floor import (
@@ -32,8 +34,8 @@ if TYPE_CHECKING:
 
 
 def make_sampler(
-    image: Any,
-    corrections: Any,
+    image: VolumeArray,
+    corrections: VolumeArray,
     config: FinetuneConfig,
     normalization_range: tuple[float, float],
     out_channels: int,
@@ -83,7 +85,13 @@ def measure_floor(
     return floor, describe_floor(floor, patch)
 
 
-def adamw_implementation(device: torch.device, params: list[torch.Tensor]) -> dict[str, bool]:
+class AdamWKernel(TypedDict, total=False):
+    """The keyword that picks AdamW's kernel (none: torch's default)."""
+
+    fused: bool
+
+
+def adamw_implementation(device: torch.device, params: Sequence[torch.Tensor]) -> AdamWKernel:
     """AdamW's ``fused`` kernel on CUDA, torch's default elsewhere.
 
     The fused kernel updates every weight and both moments in one launch and
@@ -94,8 +102,8 @@ def adamw_implementation(device: torch.device, params: list[torch.Tensor]) -> di
     """
     floating = all(p.is_floating_point() for p in params)
     if device.type == "cuda" and floating:
-        return {"fused": True}
-    return {}
+        return AdamWKernel(fused=True)
+    return AdamWKernel()
 
 
 def build_parts(

@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -125,7 +126,7 @@ class RankSync(LocalSync):
         self.device = torch.device("cuda", torch.cuda.current_device()) if nccl else None
         self.flagged: list[int] = []  # the ranks that raised the last flag
 
-    def _tensor(self, values: list[float], dtype: torch.dtype) -> torch.Tensor:
+    def _tensor(self, values: Sequence[float], dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype, device=self.device or "cpu")
 
     def _all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp.RedOpType) -> torch.Tensor:

@@ -37,8 +37,10 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
+from napari_finetune.arrays import VolumeArray
 from napari_finetune.config import FinetuneConfig
 from napari_finetune.errors import RecoveryError, is_oom_error
 from napari_finetune.model.lora import describe_adapters
@@ -121,8 +123,8 @@ class Finetuner:
     def __init__(
         self,
         model: torch.nn.Module,
-        image: Any,
-        corrections: Any,
+        image: VolumeArray,
+        corrections: VolumeArray,
         config: FinetuneConfig,
         metadata: dict[str, Any] | None = None,
         source_sha256: str | None = None,
@@ -276,7 +278,8 @@ class Finetuner:
 
     @classmethod
     def from_checkpoint(
-        cls, checkpoint: Checkpoint, image: Any, corrections: Any, config: FinetuneConfig,
+        cls, checkpoint: Checkpoint, image: VolumeArray, corrections: VolumeArray,
+        config: FinetuneConfig,
         sync: LocalSync | None = None, fit_patch: bool = True,
     ) -> Finetuner:
         """The run of ``checkpoint``'s model on ``image``: the one assembly of every front end.
@@ -356,7 +359,7 @@ class Finetuner:
             from napari_finetune.data.prefetch import SampleFeed, stage_for
 
             self.feed = SampleFeed(
-                self.sampler, self.config.prefetch_steps, stage_for(self.device)
+                self._get_sampler(), self.config.prefetch_steps, stage_for(self.device)
             )
             self.validator.start()  # checks are paid for by training time from here
             while self.steps_done < total:
@@ -403,7 +406,7 @@ class Finetuner:
         state, precision = self.state, self.precision
         mixed, had_teacher = precision.enabled, state.teacher is not None
         probe = iter_probe(
-            state, self.parts, self.sampler, self.memory_history, self.sync
+            state, self.parts, self._get_sampler(), self.memory_history, self.sync
         )
         for kind, message in probe:
             yield self.status(kind, message)
@@ -631,7 +634,7 @@ class Finetuner:
 
     # --- using the weights -------------------------------------------------------------
 
-    def predict(self, region: Any) -> np.ndarray:
+    def predict(self, region: tuple[slice, ...] | npt.ArrayLike) -> np.ndarray:
         """Sigmoid probabilities ``(C, *spatial)`` with the current weights.
 
         Parameters

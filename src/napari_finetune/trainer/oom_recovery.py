@@ -286,7 +286,7 @@ def compare_with_fp32(
     """
     model, dtype = parts.model, parts.precision.dtype_name
     trainable = [p for p in model.parameters() if p.grad is not None]
-    mixed_grads = [p.grad.detach().clone() for p in trainable]
+    mixed_grads = [p.grad.detach().clone() for p in trainable if p.grad is not None]
     fp32 = dataclasses.replace(parts, precision=Precision(parts.device, enabled=False))
     restore_rng(None, rng)
     model.zero_grad(set_to_none=True)

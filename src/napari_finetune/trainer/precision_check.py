@@ -122,7 +122,13 @@ def cosine(
     1.0 for two zero vectors (they agree), 0.0 when only one is zero, NaN when
     a value is not finite.
     """
-    pairs = [(a, b)] if isinstance(a, torch.Tensor) else list(zip(a, b, strict=True))
+    pairs: list[tuple[torch.Tensor, torch.Tensor]]
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        pairs = [(a, b)]
+    elif isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        raise TypeError("cosine compares two tensors or two sequences of tensors, not one of each")
+    else:
+        pairs = list(zip(a, b, strict=True))
     dot, aa, bb = _pairs_dot(pairs)
     if aa == 0.0 or bb == 0.0:
         return 1.0 if aa == bb else 0.0

@@ -162,5 +162,5 @@ def probe_precision(trainer: Finetuner) -> list[str]:
     built = _built_trainer(
         trainer, "probe_precision(trainer)", "iter_probe(state, parts, sampler)"
     )
-    probe = iter_probe(built.state, built.parts, built.sampler, built.memory_history)
+    probe = iter_probe(built.state, built.parts, built._get_sampler(), built.memory_history)
     return [message for _, message in probe]

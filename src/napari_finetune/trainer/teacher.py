@@ -13,9 +13,13 @@ its BatchNorm statistics are never updated.
 from __future__ import annotations
 
 import copy
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:  # for the type only: importing peft takes seconds
+    from peft import PeftModel
 
 
 class Teacher:
@@ -44,7 +48,7 @@ class FrozenCopyTeacher(Teacher):
 class AdapterOffTeacher(Teacher):
     """The LoRA student with its adapters disabled (PEFT ``disable_adapter``)."""
 
-    def __init__(self, peft_model: nn.Module) -> None:
+    def __init__(self, peft_model: PeftModel) -> None:
         self.module = peft_model
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -135,14 +135,31 @@ def scored_channels(holdout: HeldOut, corrected: Sequence[int]) -> list[int]:
 class Scorer(Protocol):
     """What :func:`score_holdout` needs of a trainer (the Finetuner has it)."""
 
-    sampler: PatchSampler
-    corrected: torch.Tensor | None
-    channel_names: list[str]
+    # Read-only: the Finetuner computes some of these, and its sampler is None until
+    # it is built.
+    @property
+    def sampler(self) -> PatchSampler | None: ...  # noqa: D102
+
+    @property
+    def corrected(self) -> torch.Tensor | None: ...  # noqa: D102
+
+    @property
+    def channel_names(self) -> list[str]: ...  # noqa: D102
+
+    @property
+    def lock(self) -> AbstractContextManager[object]: ...  # noqa: D102
+
     model: torch.nn.Module
     device: torch.device
     precision: Precision
     batch_size: int
-    lock: AbstractContextManager
+
+
+def _sampler(trainer: Scorer) -> PatchSampler:
+    """The trainer's sampler: only a built trainer has held-out voxels to score."""
+    if trainer.sampler is None:
+        raise RuntimeError("score the held-out voxels of a built trainer: call build() first")
+    return trainer.sampler
 
 
 def forward_probabilities(
@@ -166,7 +183,7 @@ def count_holdout(trainer: Scorer, channels: Sequence[int]) -> list[Counts]:
     shared by tiles predicted once, as many per forward pass as a training
     micro-batch; image and painting are read through the run's region cache.
     """
-    sampler = trainer.sampler
+    sampler = _sampler(trainer)
     holdout = sampler.holdout
     patch = sampler.patch_shape
     counts = [Counts() for _ in channels]
@@ -214,9 +231,11 @@ def score_holdout(trainer: Scorer) -> dict[str, float] | None:
     Current weights, eval mode, the run's precision; nothing else disturbed
     (see :func:`count_holdout`).
     """
-    holdout = trainer.sampler.holdout
-    corrected = [] if trainer.corrected is None else trainer.corrected.nonzero().flatten()
-    channels = scored_channels(holdout, [int(c) for c in corrected])
+    holdout = _sampler(trainer).holdout
+    corrected: list[int] = (
+        [] if trainer.corrected is None else trainer.corrected.nonzero().flatten().tolist()
+    )
+    channels = scored_channels(holdout, corrected)
     if not holdout or not channels:
         return None
     counts = count_holdout(trainer, channels)
