@@ -91,10 +91,6 @@ class FinetuneConfig:
     memory_snapshot : str or None
         File to dump the CUDA allocator's history to at the first out-of-memory and
         at the end of the run (open it at https://pytorch.org/memory_viz); None: off.
-    hard_anchor_every : int
-        Every so many steps, re-score the painted voxels with the current model and
-        draw patch anchors (within each class's turn) in proportion to how wrong it
-        is there; 0 (default) draws anchors uniformly.
     """
 
     steps: int = 200
@@ -135,7 +131,6 @@ class FinetuneConfig:
     autobatch: bool | None = None
     memory_fraction: float = 0.8
     memory_snapshot: str | None = None
-    hard_anchor_every: int = 0
 
     def __post_init__(self) -> None:
         self.patch_shape = tuple(int(s) for s in self.patch_shape)
@@ -152,12 +147,6 @@ class FinetuneConfig:
         _positive_int(self, "accumulation")
         _positive_int(self, "lora_rank")
         _positive_int(self, "validation_every")
-        if int(self.hard_anchor_every) != self.hard_anchor_every or self.hard_anchor_every < 0:
-            raise ValueError(
-                f"hard_anchor_every must be an integer >= 0, got {self.hard_anchor_every!r}; "
-                "0 draws anchors uniformly, 10 re-scores them every 10 steps."
-            )
-        self.hard_anchor_every = int(self.hard_anchor_every)
         if not 0 <= self.validation_fraction < 1:
             raise ValueError(
                 f"validation_fraction must be in [0, 1), got {self.validation_fraction!r}; "

@@ -122,27 +122,3 @@ def test_clear_errors():
         PatchSampler(image, corrections, (16, 16), (0, 255))
     with pytest.raises(ValueError, match="label 2 is painted but the model only has labels 1..1"):
         PatchSampler(image, corrections, (8, 16, 16), (0, 255), max_label=1)
-
-
-def test_anchor_weights_draw_the_wrongest_anchors_more_often():
-    image, corrections = _volume()
-    sampler = PatchSampler(image, corrections, (8, 16, 16), (0, 255), seed=0)
-    pool = sampler.anchors[1]
-    hot = np.zeros(len(pool), bool)
-    hot[:100] = True  # where the model is wrong: weight 1.1 beside 0.1
-    sampler.set_anchor_weights({1: np.where(hot, 1.1, 0.1), 2: np.ones(1)})
-    keys = {tuple(a) for a in pool[hot]}
-    drawn = [tuple(sampler._pick(1)) for _ in range(2000)]
-    share = sum(a in keys for a in drawn) / len(drawn)
-    # 100 * 1.1 / (100 * 1.1 + 4900 * 0.1) = 0.183, against 100 / 5000 = 0.02 uniform.
-    assert 0.15 < share < 0.22, share
-    again = PatchSampler(image, corrections, (8, 16, 16), (0, 255), seed=0)
-    again.set_anchor_weights({1: np.where(hot, 1.1, 0.1), 2: np.ones(1)})
-    assert [tuple(again._pick(1)) for _ in range(2000)] == drawn  # fixed by the seed
-    # Back to uniform: the same patches as a sampler never weighted.
-    sampler.set_anchor_weights(None)
-    fresh = PatchSampler(image, corrections, (8, 16, 16), (0, 255), seed=0)
-    sampler.set_state(fresh.get_state())
-    assert np.array_equal(sampler.sample(4)[1], fresh.sample(4)[1])
-    with pytest.raises(ValueError, match="anchor weights of label 2"):
-        sampler.set_anchor_weights({1: np.ones(len(pool)), 2: np.zeros(1)})

@@ -93,4 +93,3 @@ def test_batch_8_and_4x2_give_the_same_gradients():
         assert abs(loss - loss8) < 1e-6
         for a, b in zip(g8, grads, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-

@@ -92,20 +92,3 @@ def test_no_thread_when_the_consumer_abandons_the_run():
             break
     run.close()
     assert not _prefetch_threads()
-
-
-def test_hard_anchors_same_weights_with_and_without_prefetch():
-    """Anchor re-scores close the feed first: the sequence does not depend on prefetch."""
-    runs = []
-    for depth in (0, 2):
-        trainer = make_trainer(steps=5, batch_size=4, prefetch_steps=depth, hard_anchor_every=2)
-        list(trainer.run())
-        assert trainer._rescored_at == 4
-        assert trainer.sampler.anchor_cdf is not None
-        runs.append(_weights(trainer))
-    for name, value in runs[0].items():
-        assert torch.equal(value, runs[1][name]), name
-    uniform = make_trainer(steps=5, batch_size=4, prefetch_steps=2)
-    list(uniform.run())
-    assert any(not torch.equal(v, runs[0][k]) for k, v in _weights(uniform).items())
-    assert not _prefetch_threads()

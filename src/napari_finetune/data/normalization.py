@@ -14,6 +14,7 @@ the one line that says so.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -120,7 +121,7 @@ def describe_missing(image: Any, axes: str = "zyx") -> str | None:
     if total <= MAX_SCAN_VOXELS:
         where, stride = "", 1
         rows = max(1, SCAN_SLAB_VOXELS // max(1, total // max(1, shape[0])))
-        slabs = (
+        slabs: Iterator[tuple[int, np.ndarray]] = (
             (start, np.asarray(image[start : start + rows])) for start in range(0, shape[0], rows)
         )
     else:

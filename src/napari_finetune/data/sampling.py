@@ -101,8 +101,6 @@ class PatchSampler:
                 f"{max_label} (1 = background, 2.. = its {max_label - 1} channels); "
                 "repaint those voxels with a valid label."
             )
-        # Cumulative anchor weights per class (set_anchor_weights); None: uniform.
-        self.anchor_cdf: dict[int, np.ndarray] | None = None
         self.caches = self._region_caches(int(cache_bytes))
         self.holdout: HeldOut = split_holdout(
             self.anchors, self.shape, holdout_tile_shape(self.patch_shape), holdout_fraction,
@@ -174,54 +172,11 @@ class PatchSampler:
 
     def get_state(self) -> dict[str, Any]:
         """The generator state, to restore with :meth:`set_state`."""
-        return self.rng.bit_generator.state
+        return dict(self.rng.bit_generator.state)
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Restore a state from :meth:`get_state` (the precision probe uses this)."""
         self.rng.bit_generator.state = state
-
-    def set_anchor_weights(self, weights: dict[int, np.ndarray] | None) -> None:
-        """Draw each class's anchors in proportion to ``weights`` (None: uniformly again).
-
-        The classes still take turns; only the choice inside a class's pool
-        changes. Set it between draws only (the feed closed), so the sequence
-        depends on the step it was set at, not on the prefetch thread's timing.
-
-        Parameters
-        ----------
-        weights : dict of int to numpy.ndarray, optional
-            Per painted label, one weight >= 0 per anchor of :attr:`anchors`, in order.
-
-        Raises
-        ------
-        ValueError
-            A label without a weight per anchor, or weights that are negative,
-            not finite or all zero.
-        """
-        if weights is None:
-            self.anchor_cdf = None
-            return
-        cdf = {}
-        for value, pool in self.anchors.items():
-            w = np.asarray(weights.get(value, ()), dtype=np.float64)
-            if w.shape != (len(pool),) or not np.all(np.isfinite(w)) or np.any(w < 0) or not (
-                w.sum() > 0
-            ):
-                raise ValueError(
-                    f"anchor weights of label {value} must be {len(pool)} finite numbers >= 0, "
-                    "not all zero; give one weight per anchor of sampler.anchors."
-                )
-            cdf[value] = np.cumsum(w)
-        self.anchor_cdf = cdf
-
-    def _pick(self, value: int) -> np.ndarray:
-        """One anchor of label ``value``: uniform, or by the weights when they are set."""
-        pool = self.anchors[value]
-        if self.anchor_cdf is None:
-            return pool[int(self.rng.integers(len(pool)))]
-        cdf = self.anchor_cdf[value]
-        index = int(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"))
-        return pool[min(index, len(pool) - 1)]
 
     def sample(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Draw ``n`` patches.
@@ -240,7 +195,8 @@ class PatchSampler:
         # every batch of at least len(classes) patches.
         first = int(self.rng.integers(len(classes)))
         for i in range(n):
-            anchor = self._pick(classes[(first + i) % len(classes)])
+            pool = self.anchors[classes[(first + i) % len(classes)]]
+            anchor = pool[int(self.rng.integers(len(pool)))]
             image, label = self._read_patch(anchor)
             if self.augment:
                 image, label = self._augment(image, label)

@@ -112,7 +112,7 @@ def _coarse_interior(interior: np.ndarray) -> np.ndarray:
     pad = [(0, s % 2) for s in interior.shape]
     full = np.pad(interior, pad, constant_values=True)
     blocks = full.reshape([v for s in full.shape for v in (s // 2, 2)])
-    return blocks.all(axis=tuple(range(1, 2 * full.ndim, 2)))
+    return np.asarray(blocks.all(axis=tuple(range(1, 2 * full.ndim, 2))))
 
 
 def _floating_specks(boundary: np.ndarray, narrowest: float) -> np.ndarray:

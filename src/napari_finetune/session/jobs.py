@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 
 from napari_finetune.session.events import Preview, Progress, RunStatus, Saved, TrainerReady
 from napari_finetune.session.work import Job, core_left_for_the_ui, with_progress
@@ -204,8 +205,10 @@ def save_predictions_job(
 
     store = open_volume(store_path).path  # the image group, as the CLI stages into
     channels = [channel for channel, _ in objects]
-    items = [(f"prediction-{channel}", array, np.uint8, prediction_metadata(channel, color))
-             for channel, color, array in arrays]
+    Metadata = tuple[list[dict[str, Any]] | None, list[dict[str, Any]] | None]
+    items: list[tuple[str, np.ndarray, npt.DTypeLike, Metadata]] = [
+        (f"prediction-{channel}", array, np.uint8, prediction_metadata(channel, color))
+        for channel, color, array in arrays]
     items += [(name, array, np.uint32, (None, None))
               for name, (_, array) in zip(objects_names("prediction", channels), objects,
                                           strict=True)]

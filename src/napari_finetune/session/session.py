@@ -152,7 +152,7 @@ class Session:
         on_event: Callable[[Event], None] | None = None,
     ) -> bool:
         self._action += 1
-        number, failure = self._action, []
+        number, failure = self._action, list[str]()
         self._stop_asked = False
         self._set_busy(action)
 
@@ -241,10 +241,12 @@ class Session:
         if reason := self._free(Busy.TRAIN) or self._missing(
                 image=True, checkpoint=True, corrections=True):
             return self._refuse(reason)
+        corrections = self.corrections
+        assert corrections is not None  # _missing(corrections=True) refused None above
         image_shape = tuple(int(n) for n in np.shape(self.image))
-        if tuple(self.corrections.shape) != image_shape:
+        if tuple(corrections.shape) != image_shape:
             return self._refuse(
-                f"Cannot fine-tune: corrections {tuple(self.corrections.shape)} and image "
+                f"Cannot fine-tune: corrections {tuple(corrections.shape)} and image "
                 f"{image_shape} differ in shape; paint corrections of the image's shape.")
         from napari_finetune.session.saving import next_snapshot
 

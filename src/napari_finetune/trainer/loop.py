@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -146,7 +146,6 @@ class Finetuner:
         self._parts: TrainingParts | None = None  # made by build()
         self.sampler: PatchSampler | None = None
         self.feed: SampleFeed | None = None  # its wait_s says how long steps waited
-        self._rescored_at: int | None = None  # step of the last anchor re-score
         self.ended: str | None = None  # how the run ended, when not by finishing or stop()
         self.validator = Validator(
             config.validation_every, config.early_stop_checks, config.keep_best
@@ -324,7 +323,7 @@ class Finetuner:
         """Stop at the next step; the weights of the last completed step are kept."""
         self._stop.set()
 
-    def run(self) -> Iterator[Status]:
+    def run(self) -> Generator[Status, None, None]:
         """Train, yielding a :class:`Status` after the probe, every step and every recovery.
 
         Raises
@@ -370,7 +369,6 @@ class Finetuner:
                                                        f"of {total}")
                     )
                     return
-                self._rescore_anchors()
                 images, labels = self.feed.next(self.samples_per_step)
                 yield from self.optimizer_step(images, labels)
                 # Agreed, so no rank waits for one that stopped (GPU kernels may
@@ -545,23 +543,6 @@ class Finetuner:
             status = self.choose_micro_batch(samples)
             state.recovery_log.append(status.message)
             yield self.status("recovery", status.message)
-
-    def _rescore_anchors(self) -> None:
-        """Every ``hard_anchor_every`` steps, weight the anchors by the model's errors.
-
-        The feed is closed first: the steps it drew ahead are given back, so
-        the new weights apply from the same draw with or without prefetch.
-        """
-        every = self.config.hard_anchor_every
-        step = self.steps_done
-        if not every or step % every or step == self._rescored_at:
-            return
-        from napari_finetune.trainer.hard_anchors import rescore
-
-        if self.feed is not None:
-            self.feed.close()
-        rescore(self)
-        self._rescored_at = step
 
     def _with_snapshot(self, message: str) -> str:
         line = self.memory_history.finish()

@@ -109,7 +109,7 @@ def accumulate_gradients(
         with precision.autocast():
             logits = parts.model(x)
             teacher_probs = None
-            if use_teacher:
+            if use_teacher and teacher is not None:
                 with torch.no_grad():
                     teacher_probs = torch.sigmoid(teacher(x).float())
         loss = finetune_loss(logits, y, parts.corrected, norms, teacher_probs, distillation, hold)
