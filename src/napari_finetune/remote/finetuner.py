@@ -143,14 +143,7 @@ class RemoteFinetuner(Finetuner):
         """The run of ``checkpoint`` on ``image`` on the scheduler's worker (patch fitted as
         :meth:`Finetuner.from_checkpoint` fits it); nothing is sent before :meth:`run`."""
         if fit_patch:
-            from napari_finetune.data.patch_shape import fit_patch_shape
-            from napari_finetune.model.geometry import shape_multiple
-
-            shape = tuple(int(n) for n in np.shape(image))
-            multiple = shape_multiple(checkpoint.model, len(shape))
-            config = dataclasses.replace(
-                config, patch_shape=fit_patch_shape(config.patch_shape, shape, multiple)
-            )
+            config = cls.fitted_config(checkpoint.model, image, config)
         path = checkpoint.path
         if path is None or not Path(path).is_file():
             raise ValueError(

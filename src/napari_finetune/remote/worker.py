@@ -21,7 +21,7 @@ import os
 import socket
 import tempfile
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from napari_finetune.errors import first_line
 from napari_finetune.remote.messages import (
@@ -35,6 +35,9 @@ from napari_finetune.remote.messages import (
     status_to_plain,
     weights_to_bytes,
 )
+
+if TYPE_CHECKING:
+    from napari_finetune.trainer.loop import Finetuner
 
 
 def versions() -> dict[str, str]:
@@ -62,7 +65,7 @@ def train_on_worker(inputs: RunInputs) -> str:
     try:
         trainer = _build(inputs)
     except Exception as exc:  # a bad input: one line, nothing trained
-        messages.put({"kind": FAILED, "type": type(exc).__name__, "line": first_line(exc)})
+        messages.put(_failed(exc))
         return "failed"
     ended = "finished"
     try:
@@ -79,7 +82,7 @@ def train_on_worker(inputs: RunInputs) -> str:
         trainer.ended = f"{type(exc).__name__} at step {trainer.steps_done + 1}: {first_line(exc)}"
         if trainer.steps_done:
             messages.put(_weights(trainer, address))
-        messages.put({"kind": FAILED, "type": type(exc).__name__, "line": first_line(exc)})
+        messages.put(_failed(exc))
         trainer.release()
         return ended
     messages.put(_weights(trainer, address))
@@ -88,7 +91,12 @@ def train_on_worker(inputs: RunInputs) -> str:
     return ended
 
 
-def _build(inputs: RunInputs) -> Any:
+def _failed(exc: BaseException) -> dict[str, Any]:
+    """The message of a run that failed: its exception's type and first line."""
+    return {"kind": FAILED, "type": type(exc).__name__, "line": first_line(exc)}
+
+
+def _build(inputs: RunInputs) -> Finetuner:
     from napari_finetune.loading import load_checkpoint
     from napari_finetune.remote.tiles import TileVolume
     from napari_finetune.trainer.loop import Finetuner
@@ -108,7 +116,7 @@ def _build(inputs: RunInputs) -> Any:
     return trainer
 
 
-def _weights(trainer: Any, address: str) -> dict[str, Any]:
+def _weights(trainer: Finetuner, address: str) -> dict[str, Any]:
     """The weights (adapters merged) and the run record, as a message."""
     from napari_finetune.model.lora import is_lora, merged_copy
     from napari_finetune.trainer.record import run_record

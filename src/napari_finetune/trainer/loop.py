@@ -303,19 +303,28 @@ class Finetuner:
         fit_patch : bool
             False keeps ``config.patch_shape`` as given (a patch the user chose).
         """
-        import dataclasses
-
         if fit_patch:
-            from napari_finetune.data.patch_shape import fit_patch_shape
-            from napari_finetune.model.geometry import shape_multiple
-
-            shape = tuple(int(n) for n in np.shape(image))
-            multiple = shape_multiple(checkpoint.model, len(shape))
-            config = dataclasses.replace(
-                config, patch_shape=fit_patch_shape(config.patch_shape, shape, multiple)
-            )
+            config = cls.fitted_config(checkpoint.model, image, config)
         return cls(checkpoint.model, image, corrections, config, metadata=checkpoint.metadata,
                    source_sha256=checkpoint.sha256, sync=sync)
+
+    @staticmethod
+    def fitted_config(
+        model: torch.nn.Module, image: VolumeArray, config: FinetuneConfig
+    ) -> FinetuneConfig:
+        """A copy of ``config`` whose patch fits ``image`` and ``model``'s spatial multiple
+        (:func:`~napari_finetune.data.patch_shape.fit_patch_shape`), as every front end's
+        run trains it, here or on a remote worker."""
+        import dataclasses
+
+        from napari_finetune.data.patch_shape import fit_patch_shape
+        from napari_finetune.model.geometry import shape_multiple
+
+        shape = tuple(int(n) for n in np.shape(image))
+        multiple = shape_multiple(model, len(shape))
+        return dataclasses.replace(
+            config, patch_shape=fit_patch_shape(config.patch_shape, shape, multiple)
+        )
 
     # --- the run -------------------------------------------------------------------
 
