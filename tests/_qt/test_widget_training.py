@@ -11,7 +11,7 @@ from qtpy.QtCore import Qt, QTimer
 from qtpy.QtWidgets import QFileDialog
 from tests._qt.conftest import choose_checkpoint, wait_idle
 
-from napari_finetune.session.session import Busy
+from napari_finetune.session.session import Busy, Outcome
 
 STALL_BOUND_MS = 250  # generous: the machine is shared; the benchmark's goal is 50 ms
 CLICK_BOUND_MS = 150  # generous too (goal 50 ms)
@@ -63,6 +63,11 @@ def _setup_run(viewer, widget, qtbot, steps: int, batch: int, preview_s: float =
 def _errors() -> list[str]:
     return [str(n.message) for n in notification_manager.records
             if n.severity == NotificationSeverity.ERROR]
+
+
+def _warnings() -> list[str]:
+    return [str(n.message) for n in notification_manager.records
+            if n.severity == NotificationSeverity.WARNING]
 
 
 @pytest.mark.serial  # a bound on the main thread's stalls
@@ -131,14 +136,20 @@ def test_out_of_memory_shows_halved_batch_and_dropped_distillation(docked, qtbot
 def test_stop_keeps_weights_and_export_reloads(docked, qtbot, monkeypatch, tmp_path):
     viewer, widget, image = docked
     _setup_run(viewer, widget, qtbot, steps=500, batch=1)
+    ended = []
+    widget.actions.session.events.ended.connect(ended.append)
     qtbot.mouseClick(widget.finetune_button, Qt.LeftButton)
     qtbot.waitUntil(lambda: any(st.kind == "step" for st in widget.state.statuses),
                     timeout=60_000)
     qtbot.mouseClick(widget.stop_button, Qt.LeftButton)
     wait_idle(qtbot, widget)
     last = widget.state.statuses[-1]
-    # quit() ended the run at an event after a whole step: those weights are kept.
-    assert last.kind == "step" and 1 <= last.step < 500
+    # Stop reached the run between two steps: it said so, and that step's weights are kept.
+    assert last.kind == "stopped" and 1 <= last.step < 500, [st.kind for st in
+                                                               widget.state.statuses]
+    # The run ended stopped; the whole prediction with its weights came after.
+    assert [(e.action, e.outcome) for e in ended] == [
+        (Busy.TRAIN, Outcome.STOPPED), (Busy.PREDICT, Outcome.DONE)]
     assert widget.state.trainer.steps_done == last.step
     assert widget.status_panel.progress.format().startswith(f"stopped after step {last.step}")
     assert widget.export_button.isEnabled()
@@ -176,14 +187,17 @@ def test_stop_keeps_weights_and_export_reloads(docked, qtbot, monkeypatch, tmp_p
                                atol=1e-4)
 
 
-def test_nothing_painted_notifies_and_returns_to_idle(docked, qtbot):
+def test_nothing_painted_is_refused_in_one_line_and_returns_to_idle(docked, qtbot):
     viewer, widget, image = docked
     qtbot.mouseClick(widget.new_corrections_button, Qt.LeftButton)
     widget.settings.steps.value = 2
-    before = len(_errors())
+    before = len(_warnings())
     qtbot.mouseClick(widget.finetune_button, Qt.LeftButton)
     wait_idle(qtbot, widget)
-    assert len(_errors()) > before and "Fine-tuning failed" in _errors()[-1]
+    # The Session refuses before anything starts: no job, no run, the reason shown.
+    assert len(_warnings()) > before and _warnings()[-1].startswith("Nothing painted")
+    assert "Nothing painted" in widget.status_panel.log.toPlainText()
+    assert widget.state.statuses == [] and widget.state.trainer is None
     assert widget.finetune_button.isEnabled() and not widget.stop_button.isEnabled()
 
 
@@ -201,7 +215,7 @@ def test_closing_the_dock_stops_the_run(docked, qtbot):
     # The run ended at an event after a whole step, and the closed widget's state still
     # recorded the steps it made after the removal: the last one is the trainer's.
     last = state.statuses[-1]
-    assert last.kind == "step" and 1 <= last.step < 500, [st.kind for st in state.statuses]
+    assert last.kind == "stopped" and 1 <= last.step < 500, [st.kind for st in state.statuses]
     assert trainer.steps_done == last.step and not state.errors
 
 
@@ -238,7 +252,7 @@ def test_a_2d_image_with_a_2d_model(make_napari_viewer, qtbot, tmp_path):
     wait_idle(qtbot, widget)
     assert widget.state.statuses[-1].kind == "finished", widget.state.errors
     assert widget.state.previews >= 1 and not widget.state.errors, (
-        widget.state.region, [s.kind for s in widget.state.statuses])
+        widget.actions.session.region, [s.kind for s in widget.state.statuses])
     assert viewer.layers["membrane prediction"].data.shape == (64, 64)
 
 
@@ -308,7 +322,8 @@ def test_closing_the_viewer_saves_the_painting_and_waits_for_the_run(docked, qtb
     qtbot.waitUntil(lambda: any(st.kind == "step" for st in state.statuses), timeout=60_000)
     layer.paint((12, 56, 56), 2)  # a stroke the autosave timer has not saved yet
     painted = np.array(layer.data, copy=True)
-    workers = list(state.jobs)
+    workers = [*state.jobs, *state.runner.workers]
+    assert workers  # the run's worker among them
     viewer.close()
     # Returned from close: the run's worker let go of its thread, the stroke is on disk.
     assert state.closed and all(w.ended.is_set() or not w.began.is_set() for w in workers)

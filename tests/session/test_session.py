@@ -212,3 +212,29 @@ def test_suggest_starts_over_with_another_checkpoint(session, record, tmp_path):
     assert session.suggestion.box == first  # the same weights: the same best region
     assert session.suggested == [first]
     assert [e.outcome for e in record["ended"]] == [Outcome.DONE] * 3
+
+
+def test_without_a_viewer_the_previews_are_of_the_region_the_front_end_keeps(session, record):
+    """The widget shows previews itself: its Session has no viewer port, only the region."""
+    from napari_finetune.session.events import Preview
+
+    session.viewer, session.preview_interval_s = None, 1e-6
+    session.region = (slice(0, 8), slice(0, 16), slice(8, 24))
+    previews: list[Preview] = []
+    session.events.job_event.connect(
+        lambda event: previews.append(event) if isinstance(event, Preview) else None)
+    assert session.finetune() is True
+    assert record["ended"][-1].outcome is Outcome.DONE
+    assert previews and all(p.region == session.region for p in previews)
+    assert previews[0].probs.shape == (len(CHANNELS), 8, 16, 16)
+
+
+def test_a_copy_taken_by_the_caller_is_saved_under_its_number(session, record):
+    """An autosaver's copy keeps its snapshot number: a newer save is never undone."""
+    from napari_finetune.session.saving import next_snapshot, not_yet_written
+
+    taken = next_snapshot()
+    assert session.finetune(snapshot=taken) is True
+    assert record["ended"][-1].outcome is Outcome.DONE
+    assert not not_yet_written(session.store, taken)  # written under that number
+    assert not_yet_written(session.store, taken + 1)

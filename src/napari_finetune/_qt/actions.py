@@ -6,7 +6,7 @@ start the job, and handle what it reports. A failure comes through the
 worker's ``errored`` signal and becomes a napari notification with the
 engine's message; the buttons follow :class:`WidgetState` on their own.
 
-Predict, Objects and Export have moved onto the widget's
+Predict, Fine-tune, Stop, Objects and Export have moved onto the widget's
 :class:`~napari_finetune.session.session.Session` (run by napari's thread
 worker): the click fills the Session's inputs and calls its action; the
 Session's ``busy`` becomes the widget's, its job events feed the status
@@ -74,6 +74,7 @@ class Controller:
         # What to do when the action started last ends done, or failed (its one line shown).
         self._done: Callable[[], None] = _nothing
         self._failed: Callable[[], None] = _nothing
+        self._after: Callable[[ActionEnd], None] | None = None
 
     def fail(self, exc: BaseException, what: str) -> None:
         """Log and notify ``what: message`` (the engine's own message)."""
@@ -146,7 +147,12 @@ class Controller:
             s.busy = busy
 
     def _session_event(self, event: Event) -> None:
-        if self.state.closed:  # the widget may be deleted; the Session keeps the record
+        s = self.state
+        if s.closed:  # the widget may be deleted: keep the run's record, touch no widget
+            if isinstance(event, TrainerReady):
+                s.trainer = event.trainer
+            elif isinstance(event, RunStatus):
+                s.statuses.append(event.status)
             return
         try:
             self.handle(event)
@@ -162,19 +168,25 @@ class Controller:
     def start_action(
         self, start: Callable[[], bool], done: Callable[[], None] = _nothing,
         failed: Callable[[], None] = _nothing,
-    ) -> None:
+        ended: Callable[[ActionEnd], None] | None = None,
+    ) -> bool:
         """Start one of the Session's actions (``start``: e.g. ``session.predict``); ``done``
-        runs when it ended done, ``failed`` after its failure's one line was shown."""
+        runs when it ended done, ``failed`` after its failure's one line was shown, and
+        ``ended`` last, however it ended (not once the widget closed). False: refused."""
         if self.state.closed:
-            return  # closing: no new work (e.g. the prediction after a run)
-        self._done, self._failed = done, failed
-        if start():
-            self.state.running += 1
+            return False  # closing: no new work (e.g. the prediction after a run)
+        self._done, self._failed, self._after = done, failed, ended
+        if not start():
+            self._done, self._failed, self._after = _nothing, _nothing, None
+            return False
+        self.state.running += 1
+        return True
 
     def _ended(self, end: ActionEnd) -> None:
         s = self.state
         s.running -= 1
-        done, failed, self._done, self._failed = self._done, self._failed, _nothing, _nothing
+        done, failed, after = self._done, self._failed, self._after
+        self._done, self._failed, self._after = _nothing, _nothing, None
         if end.outcome is Outcome.FAILED:
             s.errors.append(end.reason)
             if not s.closed:
@@ -183,6 +195,8 @@ class Controller:
                 failed()
         elif end.outcome is Outcome.DONE and not s.closed:
             done()
+        if after is not None and not s.closed:
+            after(end)
 
     def handle(self, event: Event) -> None:
         """Main-thread side of every job event."""
@@ -343,41 +357,44 @@ class Controller:
 
     # -- fine-tune ---------------------------------------------------------------------------
     def finetune(self) -> None:
-        """Copy the corrections, start the training job (save, build, run, preview)."""
+        """Fill the Session's run (a copy of the corrections, the settings) and start it.
+
+        The prediction layers come first (the previews write into them), one per
+        event-loop turn; the run starts after them, unless Stop came meanwhile.
+        """
         s, image, layer = self.state, self.w.image_layer(), self.w.corrections_layer()
         if s.busy is not None or image is None or layer is None or s.info is None:
-            return
-        data = corr.image_level0(image)
-        if tuple(layer.data.shape) != tuple(data.shape):
-            self.fail(ValueError(f"corrections {layer.data.shape} and image {data.shape} "
-                                 "differ in shape; paint a layer made with 'New corrections "
-                                 "layer'."), "Cannot fine-tune")
             return
         try:
             config = self.w.settings.config()
         except ValueError as exc:
             self.fail(exc, "Invalid settings")
             return
+        session, info = self.session, s.info
         if s.autosaver is not None and s.autosaver.layer is layer:
             labels, snapshot = s.autosaver.snapshot(), s.autosaver.snapshot_id
         else:
             labels, snapshot = np.array(layer.data, copy=True), corr.next_snapshot()
-        store, info = corr.store_path_of(layer, image), s.info
+        session.image, session.corrections = corr.image_level0(image), labels
+        session.checkpoint, session.trust = info.path, info.trust
+        session.channel_names, session.channel_colors = list(info.channel_names), list(info.colors)
+        session.store, session.config = corr.store_path_of(layer, image), config
+        session.preview_interval_s = self.w.settings.preview_interval_s
         release_trainer(s)
         s.statuses, s.previews, s.timings = [], 0, {}
         self.w.status_panel.start_run(config.steps, config.batch_size)
-        s.stop_requested, s.busy = False, Busy.TRAIN  # the job starts after the layers
+        s.stop_requested, s.busy = False, Busy.TRAIN  # the run starts after the layers
 
         def start() -> None:
             if s.stop_requested:  # Stop was pressed while the layers were added
                 s.busy = None
                 self.w.status_panel.set_idle("stopped before the first step")
                 return
-            self.run_job(Busy.TRAIN, jobs.train_job, info.path, data, labels, store,
-                         info.channel_names, config, self.w.settings.preview_interval_s,
-                         lambda: s.region, trust=info.trust, snapshot=snapshot,
-                         channel_colors=info.colors,
-                         what="Fine-tuning failed")
+            if not self.start_action(  # the Session's busy follows, or its refusal's line
+                    lambda: session.finetune(snapshot), ended=lambda end: self.after_training(
+                        stopped=end.outcome is Outcome.STOPPED)):
+                s.busy = None
+                self.w.status_panel.set_idle("not started")
 
         # The previews need the layers (made when the corrections layer was chosen; again
         # here if they were deleted since), but not this handler.

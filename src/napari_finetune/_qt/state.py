@@ -74,8 +74,8 @@ class WidgetState:
     ``info``, ``busy``, ``trainer`` and ``closed``."""
 
     info: CheckpointInfo | None = None
-    # The Session the buttons moved onto run their jobs (Predict so far) in ``runner``'s
-    # workers; a closing widget stops and waits for those as for its own.
+    # The Session the buttons moved onto runs their jobs in ``runner``'s workers; a
+    # closing widget stops and waits for those as for its own.
     runner: ThreadRunner = field(default_factory=ThreadRunner)
     session: Session | None = None
     busy: Busy | None = None  # the action running (SHOW: its layers being added)
@@ -83,7 +83,6 @@ class WidgetState:
     worker: JobWorker | None = None
     autosaver: Autosaver | None = None
     retired_savers: list[Autosaver] = field(default_factory=list)  # layers followed before
-    region: tuple[slice, ...] | None = None
     clicked_at: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
     statuses: list[Status] = field(default_factory=list)

@@ -258,14 +258,15 @@ class FinetuneWidget(QWidget):
             combo.reset_choices()
 
     def _update_region(self, event: object = None) -> None:
-        """Cache the region in view for the training worker's live preview."""
+        """Keep the region in view on the Session: a run's live previews are of it."""
         context = max(1, FinetuneConfig().patch_shape[0] // 2)
         layer = self.image_layer()
+        session = self.actions.session
         try:
             ndim = len(layer.data[0].shape if layer.multiscale else layer.data.shape)
-            self.state.region = visible_region(self.viewer, layer, (context,) * ndim)
+            session.region = visible_region(self.viewer, layer, (context,) * ndim)
         except Exception:  # no layer, or a transient state while layers change
-            self.state.region = None
+            session.region = None
 
     # -- public views the controller reads ---------------------------------------------------
     def image_layer(self) -> Image | None:

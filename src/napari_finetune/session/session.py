@@ -107,6 +107,9 @@ class Session:
     roles: dict[str, ChannelRole] = field(default_factory=dict)
     config: FinetuneConfig = field(default_factory=FinetuneConfig)
     preview_interval_s: float = 0.0  # 0: no previews during a run
+    # The region on screen when no viewer port says it (the widget keeps it as the camera
+    # moves and shows the previews itself); a run's previews are of it.
+    region: tuple[slice, ...] | None = None
     # What came of the actions.
     trainer: Finetuner | None = None  # the last run's, kept for Predict and Export
     status: Status | None = None  # the last run's latest event
@@ -236,8 +239,16 @@ class Session:
             for i, mask in enumerate(prediction.masks):
                 self.viewer.show_layer(f"prediction-{self._channel(i)}", mask, LayerKind.LABELS)
 
-    def finetune(self) -> bool:
-        """Fine-tune the checkpoint on the corrections (saved into the store first)."""
+    def finetune(self, snapshot: int | None = None) -> bool:
+        """Fine-tune the checkpoint on the corrections (saved into the store first).
+
+        Parameters
+        ----------
+        snapshot : int, optional
+            The number of the copy ``corrections`` is, when the caller took it (an
+            autosaver's: a later, newer save is then never undone by this one) and no
+            longer changes it; None: a copy is taken here, with a new number.
+        """
         if reason := self._free(Busy.TRAIN) or self._missing(
                 image=True, checkpoint=True, corrections=True):
             return self._refuse(reason)
@@ -250,14 +261,18 @@ class Session:
                 f"{image_shape} differ in shape; paint corrections of the image's shape.")
         from napari_finetune.session.saving import next_snapshot
 
+        if snapshot is None:  # the job reads it in another thread: a copy it alone holds
+            corrections, snapshot = np.array(corrections, copy=True), next_snapshot()
         self.trainer, self.status, self.history = None, None, []
-        viewer = self.viewer
         job = jobs.train_job(
-            str(self.checkpoint), self.image, np.array(self.corrections, copy=True), self.store,
-            self.channel_names, self.config, self.preview_interval_s,
-            viewer.shown_region if viewer is not None else lambda: None, trust=self.trust,
-            snapshot=next_snapshot(), channel_colors=self.channel_colors)
+            str(self.checkpoint), self.image, corrections, self.store,
+            self.channel_names, self.config, self.preview_interval_s, self._shown_region,
+            trust=self.trust, snapshot=snapshot, channel_colors=self.channel_colors)
         return self._start(Busy.TRAIN, job, lambda _: None, on_event=self._run_event)
+
+    def _shown_region(self) -> tuple[slice, ...] | None:
+        """The region on screen now: the viewer port's, else the one the front end keeps."""
+        return self.viewer.shown_region() if self.viewer is not None else self.region
 
     def _run_event(self, event: Event) -> None:
         if isinstance(event, TrainerReady):
