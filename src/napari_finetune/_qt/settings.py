@@ -4,7 +4,9 @@ Each input's default comes from :class:`FinetuneConfig`, its range, step and
 label from :data:`napari_finetune.config_fields.FIELDS` and its tooltip from
 the field's docstring entry: the same sources as the CLI's options, so the
 widget and the CLI accept the same values. The advanced settings sit in a
-collapsed section (superqt's ``QCollapsible``).
+collapsed section (superqt's ``QCollapsible``). "Run on" (this machine or a
+dask scheduler, remembered across napari starts) is a :class:`RunOnChoice`:
+its choice and address in the main rows, its TLS files under Advanced.
 """
 
 from __future__ import annotations
@@ -23,9 +25,11 @@ from magicgui.widgets import (
     Widget,
 )
 from magicgui.widgets.bases import ValueWidget
+from qtpy.QtCore import QSettings
 from qtpy.QtWidgets import QAbstractSpinBox, QComboBox, QLabel, QVBoxLayout, QWidget
 from superqt import QCollapsible
 
+from napari_finetune._qt.run_on import RunOnChoice
 from napari_finetune.config import FinetuneConfig
 from napari_finetune.config_fields import DEVICES, FIELDS, field_docs
 from napari_finetune.model.lora import advice_for_share
@@ -57,13 +61,22 @@ def field_input(name: str, value: Any) -> ValueWidget:
 
 class SettingsForm(QWidget):
     """Steps, learning rate, batch, mode, distillation, hold, precision, device, preview,
-    held-out share; under "Advanced": autobatch, memory, clipping, LoRA alpha, patch, seed.
+    held-out share, where to run; under "Advanced": autobatch, memory, clipping, LoRA alpha,
+    patch, seed, the scheduler's TLS files.
 
     ``inputs`` maps each FinetuneConfig field shown to its magicgui input.
+
+    Parameters
+    ----------
+    parent
+        The Qt parent.
+    store
+        Where "Run on" is remembered (the user's napari-finetune settings when None).
     """
 
-    def __init__(self, parent: QWidget | None = None) -> None:
+    def __init__(self, parent: QWidget | None = None, store: QSettings | None = None) -> None:
         super().__init__(parent)
+        self.run_on = RunOnChoice(store)
         d = FinetuneConfig()
         self.inputs: dict[str, ValueWidget] = {
             name: field_input(name, getattr(d, name))
@@ -136,11 +149,14 @@ class SettingsForm(QWidget):
             _pair(self.lora_rank, self.distillation), _pair(self.device, self.preview_interval),
             _pair(self.validation, self.hold_other_channels),
             _pair(self.mixed_precision, self.resume_degraded),
+            _pair(self.run_on.where, self.run_on.address),
         ], labels=False)
         self.advanced = Container(widgets=[
             _pair(self.autobatch, self.memory_fraction),
             _pair(self.record_memory, self.memory_snapshot),
             _pair(self.max_grad_norm, self.lora_alpha), _pair(self.patch_shape, self.seed),
+            _pair(self.run_on.tls["tls_ca_file"]),
+            _pair(self.run_on.tls["tls_cert"], self.run_on.tls["tls_key"]),
         ], labels=False)
         for box in (self.main, self.advanced):
             box.margins = (0, 0, 0, 0)
@@ -153,7 +169,7 @@ class SettingsForm(QWidget):
         layout.addWidget(self.main.native)
         layout.addWidget(self.lora_advice)
         layout.addWidget(self.advanced_box)
-        for combo in (self.mode, self.device, self.autobatch):
+        for combo in (self.mode, self.device, self.autobatch, self.run_on.where):
             # The whole choice is read ("Full fine-tune", not "Full fine-tur").
             combo.native.setSizeAdjustPolicy(QComboBox.AdjustToContents)
 
@@ -198,6 +214,15 @@ class SettingsForm(QWidget):
     def device_name(self) -> str:
         """The chosen device ("auto", "cpu", "cuda" or "mps")."""
         return self.device.value
+
+    def scheduler(self) -> str | None:
+        """The dask scheduler's address, None for "this machine" (ValueError if invalid)."""
+        return self.run_on.scheduler()
+
+    def security_files(self) -> tuple[str, str, str] | None:
+        """(CA file, certificate, key) for ``distributed.Security``; None: no TLS files
+        or "this machine" (ValueError if incomplete, missing, or the address is tcp://)."""
+        return self.run_on.security_files()
 
     @property
     def preview_interval_s(self) -> float:
