@@ -70,7 +70,7 @@ demo: $(VENV)/.installed
 # (xdist_group + --dist loadgroup would keep them on one worker, but under pytest 9.2
 # loadgroup silently stops grouping: pytest-xdist issue 1386.) --durations names the
 # slowest tests.
-QT6_SKIP := quit-mid-run or remove-dock-mid-run or close-then-exit
+QT6_SKIP := quit-mid-run or remove-dock-mid-run or close-then-exit or dask_worker
 JOBS ?= 2
 # Extra options for every pytest call, e.g. PYTEST_ARGS=--random-order-seed=7 (a shuffled
 # order: no test may depend on another's leftovers) or PYTEST_ARGS=-x.

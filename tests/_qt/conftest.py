@@ -17,6 +17,21 @@ SHAPE = (16, 64, 64)
 CHANNELS = ["membrane", "mitochondria"]
 
 
+@pytest.fixture(autouse=True)
+def _user_settings_in_tmp(tmp_path_factory):
+    """Every widget remembers its settings in a folder of this test, never the user's own:
+    a developer whose napari runs on a scheduler must not send the tests there."""
+    from qtpy.QtCore import QSettings
+
+    from napari_finetune._qt.run_on import default_store
+
+    real = Path(default_store().fileName()).parent.parent
+    QSettings.setPath(QSettings.IniFormat, QSettings.UserScope,
+                      str(tmp_path_factory.mktemp("settings")))
+    yield
+    QSettings.setPath(QSettings.IniFormat, QSettings.UserScope, str(real))
+
+
 def make_volume(shape=SHAPE, seed: int = 0) -> np.ndarray:
     """Dark grid lines (membranes) and two bright blobs (mitochondria) on grey noise."""
     rng = np.random.default_rng(seed)

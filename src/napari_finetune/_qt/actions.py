@@ -367,10 +367,12 @@ class Controller:
             return
         try:
             config = self.w.settings.config()
+            scheduler, tls_files = self.w.settings.scheduler(), self.w.settings.security_files()
         except ValueError as exc:
             self.fail(exc, "Invalid settings")
             return
         session, info = self.session, s.info
+        session.scheduler, session.tls_files = scheduler, tls_files
         if s.autosaver is not None and s.autosaver.layer is layer:
             labels, snapshot = s.autosaver.snapshot(), s.autosaver.snapshot_id
         else:

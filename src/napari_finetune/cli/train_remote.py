@@ -42,7 +42,6 @@ def security(args: argparse.Namespace) -> Security | None:
         from napari_finetune.cli import UsageError
 
         raise UsageError("--tls-ca-file, --tls-cert and --tls-key go together; give all three.")
-    from distributed import Security
+    from napari_finetune.remote.preflight import tls_security
 
-    return Security(tls_ca_file=args.tls_ca_file, tls_client_cert=args.tls_cert,
-                    tls_client_key=args.tls_key, require_encryption=True)
+    return tls_security(args.tls_ca_file, args.tls_cert, args.tls_key)

@@ -93,3 +93,13 @@ def matching_versions(client: Client, workers: list[str], here: Mapping[str, str
             "install the same versions on both."
         )
     return same
+
+
+def tls_security(ca_file: str, cert: str, key: str) -> Security:
+    """dask's ``Security`` for a client that talks TLS only: the CA that signed the
+    scheduler's certificate, this client's certificate and its private key (PEM files)."""
+    require_distributed()
+    from distributed import Security
+
+    return Security(tls_ca_file=ca_file, tls_client_cert=cert, tls_client_key=key,
+                    require_encryption=True)

@@ -110,8 +110,14 @@ def train_job(
     channel_names: Sequence[str], config: Any, preview_interval_s: float,
     region: Callable[[], tuple[slice, ...] | None], trust: Sequence[str] = (),
     snapshot: int | None = None, channel_colors: Sequence[str] = (),
+    scheduler: str | None = None, tls_files: tuple[str, str, str] | None = None,
 ) -> Job[None]:
     """Save the corrections, build model and trainer here, run, yield previews between steps.
+
+    With ``scheduler`` (a dask scheduler's address; ``tls_files``: CA, certificate
+    and key for TLS) the run happens on its worker
+    (:class:`~napari_finetune.remote.finetuner.RemoteFinetuner`): the same
+    events come here, and the weights come back.
 
     The first preview comes after the first optimizer step (the user sees the
     model move at once), then every ``preview_interval_s`` seconds (0: never).
@@ -128,13 +134,13 @@ def train_job(
         yield Saved(store_path)
     with core_left_for_the_ui():  # from the build to the end of the run, whatever else runs
         yield from _build_and_run(checkpoint_path, image, corrections, config,
-                                  preview_interval_s, region, trust)
+                                  preview_interval_s, region, trust, scheduler, tls_files)
 
 
 def _build_and_run(
     checkpoint_path: str, image: Any, corrections: np.ndarray, config: Any,
     preview_interval_s: float, region: Callable[[], tuple[slice, ...] | None],
-    trust: Sequence[str],
+    trust: Sequence[str], scheduler: str | None, tls_files: tuple[str, str, str] | None,
 ) -> Job[None]:
     from napari_finetune.loading import load_checkpoint
     from napari_finetune.testing import build_hooks
@@ -143,7 +149,16 @@ def _build_and_run(
     ckpt = load_checkpoint(checkpoint_path, trust=tuple(trust))  # as the user answered
     for hook in build_hooks.model:
         hook(ckpt.model)  # fault injection of the tests and the benchmark
-    trainer = Finetuner.from_checkpoint(ckpt, image, corrections, config)
+    trainer: Finetuner
+    if scheduler is None:
+        trainer = Finetuner.from_checkpoint(ckpt, image, corrections, config)
+    else:
+        from napari_finetune.remote.finetuner import RemoteFinetuner
+        from napari_finetune.remote.preflight import tls_security
+
+        trainer = RemoteFinetuner.remote(
+            ckpt, image, corrections, config, scheduler, trust=tuple(trust),
+            security=tls_security(*tls_files) if tls_files is not None else None)
     del ckpt
     trainer.after_build.extend(build_hooks.trainer)  # e.g. an OOM in the teacher
     yield TrainerReady(trainer)

@@ -107,6 +107,10 @@ class Session:
     roles: dict[str, ChannelRole] = field(default_factory=dict)
     config: FinetuneConfig = field(default_factory=FinetuneConfig)
     preview_interval_s: float = 0.0  # 0: no previews during a run
+    # Where a run trains: None here, else a dask scheduler's address (its worker trains,
+    # the weights come back) and, for TLS, the CA, certificate and key files.
+    scheduler: str | None = None
+    tls_files: tuple[str, str, str] | None = None
     # The region on screen when no viewer port says it (the widget keeps it as the camera
     # moves and shows the previews itself); a run's previews are of it.
     region: tuple[slice, ...] | None = None
@@ -267,7 +271,8 @@ class Session:
         job = jobs.train_job(
             str(self.checkpoint), self.image, corrections, self.store,
             self.channel_names, self.config, self.preview_interval_s, self._shown_region,
-            trust=self.trust, snapshot=snapshot, channel_colors=self.channel_colors)
+            trust=self.trust, snapshot=snapshot, channel_colors=self.channel_colors,
+            scheduler=self.scheduler, tls_files=self.tls_files)
         return self._start(Busy.TRAIN, job, lambda _: None, on_event=self._run_event)
 
     def _shown_region(self) -> tuple[slice, ...] | None:

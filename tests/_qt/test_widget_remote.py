@@ -1,0 +1,71 @@
+"""The widget trains on a dask worker: a real scheduler and worker process, napari under Xvfb."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from qtpy.QtCore import Qt
+from tests._qt.conftest import wait_idle
+
+from napari_finetune._qt.run_on import SCHEDULER
+from napari_finetune.session.session import Busy, Outcome
+
+# One at a time (a LocalCluster of its own), and only under Qt 5: the run is the engine's,
+# which the Qt 6 suite exercises through the local runs.
+pytestmark = pytest.mark.serial
+
+
+@pytest.fixture
+def cluster_address():
+    """The address of a real scheduler with one worker process (one thread)."""
+    from distributed import LocalCluster
+
+    with LocalCluster(processes=True, n_workers=1, threads_per_worker=1,
+                      dashboard_address=":0") as cluster:
+        yield cluster.scheduler_address
+
+
+def _paint(layer) -> None:
+    layer.brush_size = 5
+    for z in (6, 8, 10):
+        layer.paint((z, 24, 24), 3)  # mitochondria
+        layer.paint((z, 8, 40), 1)  # background
+
+
+def test_the_widget_trains_on_a_dask_worker_with_status_labels_and_a_preview(
+        docked, qtbot, cluster_address):
+    viewer, widget, image = docked
+    qtbot.mouseClick(widget.new_corrections_button, Qt.LeftButton)
+    _paint(viewer.layers["corrections"])
+    s = widget.settings
+    s.steps.value, s.batch_size.value, s.preview_interval.value = 6, 1, 0.05
+    s.device.value = "cpu"
+    s.run_on.where.value = SCHEDULER
+    s.run_on.address.value = cluster_address
+    qtbot.waitUntil(lambda: "mitochondria prediction" in viewer.layers)  # with the layer
+    before = viewer.layers["mitochondria prediction"].data.copy()
+    ended = []
+    widget.actions.session.events.ended.connect(ended.append)
+
+    qtbot.mouseClick(widget.finetune_button, Qt.LeftButton)
+    assert widget.state.busy is Busy.TRAIN and widget.stop_button.isEnabled()
+    wait_idle(qtbot, widget)
+
+    assert [(e.action, e.outcome) for e in ended][:1] == [(Busy.TRAIN, Outcome.DONE)], ended
+    statuses = widget.state.statuses
+    assert statuses[-1].kind == "finished" and statuses[-1].step == 6, [
+        st.kind for st in statuses]
+    panel = widget.status_panel
+    log = panel.log.toPlainText()
+    assert f"to the dask scheduler at {cluster_address}" in log  # what went over the wire
+    assert panel.dtype_label.text() == "float32"
+    assert panel.batch_label.text() == "batch 1 × accumulation 1 (effective 1)"
+    assert len(panel.loss_plot.losses) == 6
+    assert widget.state.previews >= 1
+    # The weights came back: the worker's run record, and the prediction made with them.
+    trainer = widget.state.trainer
+    assert trainer.steps_done == 6 and trainer.run_record is not None
+    assert trainer.run_record["steps_done"] == 6
+    after = viewer.layers["mitochondria prediction"].data
+    assert np.count_nonzero(after != before) > 0
+    assert not widget.state.errors
