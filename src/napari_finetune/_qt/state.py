@@ -94,10 +94,8 @@ class WidgetState:
     jobs: list[JobWorker] = field(default_factory=list)  # the widget's workers not yet finished
     closed: bool = False  # the dock or the viewer closed: events only update this state
     stop_requested: bool = False  # Stop pressed (before the run's job started, or during)
-    # "Paint here next": the uncertainty map of the current weights (key: which weights),
-    # and the regions suggested since, skipped when asked again.
-    uncertainty: np.ndarray | None = None
-    uncertainty_key: tuple | None = None
+    # "Paint here next": the regions the Session suggested for the current weights (it keeps
+    # their uncertainty map and skips them when asked again).
     suggested: list[tuple[slice, ...]] = field(default_factory=list)
     # The Objects step: the float32 probability of each channel with a role from the last
     # prediction shown (the masks keep only prob > 0.5, and a role has its own threshold),

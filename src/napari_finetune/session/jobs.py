@@ -23,6 +23,8 @@ from napari_finetune.session.events import Preview, Progress, RunStatus, Saved, 
 from napari_finetune.session.work import Job, core_left_for_the_ui, with_progress
 
 if TYPE_CHECKING:
+    from napari_finetune.arrays import VolumeArray
+    from napari_finetune.bioimageio.export import ExportsCheckpoint
     from napari_finetune.objects import ChannelRole
 
 
@@ -193,6 +195,28 @@ def export_job(trainer: Any, path: str, roles: dict[str, ChannelRole] | None = N
 
         metadata = roles_to_metadata(roles, {})
     return str(trainer.export(path, metadata=metadata))
+
+
+def bioimageio_job(
+    source: ExportsCheckpoint | str, out_path: str, volume: VolumeArray,
+    trust: Sequence[str] = (), roles: dict[str, ChannelRole] | None = None,
+) -> Job[str]:
+    """Write (and test, with bioimage.io's own checks) a model package off the main thread.
+
+    ``source`` is the trainer after a run (its current weights) or the
+    checkpoint's path; test tensors are cut from ``volume``. ``roles`` (every
+    channel's, as the widget's editor holds them) replace the source's instance
+    roles in the package; None keeps the source's. Returns where it was written.
+    """
+    from napari_finetune.bioimageio.export import export_bioimageio
+    from napari_finetune.objects import roles_to_metadata
+
+    yield Progress(0, 1, "bioimage.io package")
+    metadata = None if roles is None else roles_to_metadata(roles, {})
+    with core_left_for_the_ui():
+        path = export_bioimageio(source, out_path, volume, trust=tuple(trust) or None,
+                                 metadata=metadata)
+    return str(path)
 
 
 def save_predictions_job(

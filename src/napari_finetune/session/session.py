@@ -5,7 +5,8 @@ the run's settings) and what came of it (the trainer of the last run, its
 status and history, the last prediction, objects, suggestion, export). Each
 action (:meth:`Session.predict`, :meth:`~Session.finetune`, :meth:`~Session.stop`,
 :meth:`~Session.export`, :meth:`~Session.save_predictions`,
-:meth:`~Session.objects`, :meth:`~Session.suggest`) checks its inputs, marks
+:meth:`~Session.objects`, :meth:`~Session.suggest`,
+:meth:`~Session.export_bioimageio`) checks its inputs, marks
 the session :class:`Busy` and starts a job (:mod:`napari_finetune.session.jobs`)
 through the :class:`~napari_finetune.session.runner.JobRunner` it was given.
 An action asked while another runs is refused: ``events.refused`` says why,
@@ -19,7 +20,7 @@ Session is only ever changed from one thread.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any
@@ -51,6 +52,7 @@ class Busy(Enum):
     SAVE = "save predictions"
     OBJECTS = "objects"
     SUGGEST = "suggest where to paint"
+    BIOIMAGEIO = "bioimage.io export"
     # A job's result going into the viewer: the widget adds its layers one per event-loop
     # turn (two at once stall napari), and no other action starts until they are there.
     SHOW = "show the results"
@@ -105,6 +107,9 @@ class Session:
     channel_names: list[str] = field(default_factory=list)
     channel_colors: list[str] = field(default_factory=list)
     roles: dict[str, ChannelRole] = field(default_factory=dict)
+    # Why the roles cannot be used ('' when they can): the editor holds a value no role may
+    # have, and ``roles`` the last valid ones, which a package must not carry as if chosen.
+    roles_error: str = ""
     config: FinetuneConfig = field(default_factory=FinetuneConfig)
     preview_interval_s: float = 0.0  # 0: no previews during a run
     # Where a run trains: None here, else a dask scheduler's address (its worker trains,
@@ -123,6 +128,8 @@ class Session:
     suggestion: Suggestion | None = None
     suggested: list[tuple[slice, ...]] = field(default_factory=list)
     exported: str | None = None
+    saved: list[str] = field(default_factory=list)  # the labels the last save wrote
+    package: str | None = None  # the last bioimage.io package written
     last_end: ActionEnd | None = None
     events: SessionEvents = field(default_factory=SessionEvents, init=False, repr=False)
     _busy: Busy | None = field(default=None, init=False, repr=False)
@@ -306,22 +313,50 @@ class Session:
     def _exported(self, path: str) -> None:
         self.exported = path
 
-    def save_predictions(self) -> bool:
-        """Write the last prediction (and its objects) into the store's ``labels/``."""
-        if reason := self._free(Busy.SAVE) or self._missing(prediction=True):
+    def save_predictions(
+        self, masks: Mapping[str, np.ndarray] | None = None,
+        objects: Mapping[str, np.ndarray] | None = None,
+    ) -> bool:
+        """Write masks (and objects) into the store's ``labels/``: ``prediction-<channel>``
+        and ``objects-<channel>``.
+
+        Parameters
+        ----------
+        masks : Mapping[str, numpy.ndarray], optional
+            Each channel's mask to write (the widget's: its layers as the user sees
+            them, deleted ones left out); by default the last prediction's.
+        objects : Mapping[str, numpy.ndarray], optional
+            Each channel's object ids; by default those found of the last prediction.
+            Objects of another shape than the masks are left out: they belong to an
+            earlier prediction and would not match these masks.
+        """
+        if reason := self._free(Busy.SAVE) or (
+                self._missing(prediction=True) if masks is None else ""):
             return self._refuse(reason)
         if self.store is None:
             return self._refuse("Cannot save predictions: the image has no OME-Zarr store; "
                                 "open the image from a .zarr folder.")
+        if masks is None:
+            assert self.prediction is not None  # _missing checked it
+            masks = {self._channel(i): m for i, m in enumerate(self.prediction.masks)}
+        if not masks:
+            return self._refuse("Cannot save predictions: no mask to write; press Predict "
+                                "first.")
+        if objects is None:
+            objects = {channel: found.labels for channel, found in self.found_objects.items()}
         from napari_finetune import palette
 
-        assert self.prediction is not None  # _missing checked it
-        names = [self._channel(i) for i in range(len(self.prediction.masks))]
-        colors = self.channel_colors or palette.default_colors(len(names))
-        arrays = list(zip(names, colors, self.prediction.masks, strict=True))
-        objects = [(channel, found.labels) for channel, found in self.found_objects.items()]
-        job = jobs.save_predictions_job(self.store, arrays, objects)
-        return self._start(Busy.SAVE, job, lambda _: None)
+        defaults = palette.default_colors(max(len(self.channel_names), len(masks)))
+        colors = [*self.channel_colors, *defaults[len(self.channel_colors):]]
+        arrays = [(channel, colors[self._index(channel, i)], mask)
+                  for i, (channel, mask) in enumerate(masks.items())]
+        shape = tuple(arrays[0][2].shape)
+        kept = [(channel, ids) for channel, ids in objects.items() if tuple(ids.shape) == shape]
+        job = jobs.save_predictions_job(self.store, arrays, kept)
+        return self._start(Busy.SAVE, job, self._saved)
+
+    def _saved(self, names: list[str]) -> None:
+        self.saved = names
 
     def objects(self) -> bool:
         """Instance labels of each channel with a role, from the last prediction."""
@@ -343,7 +378,8 @@ class Session:
                 self.viewer.show_layer(f"objects-{channel}", objects.labels, LayerKind.LABELS)
 
     def suggest(self, region_shape: Sequence[int] | None = None) -> bool:
-        """The next region to paint: the most uncertain one with nothing painted yet.
+        """The next region to paint: the most uncertain one with nothing painted yet, of
+        ``region_shape`` (by default half a training patch of :attr:`config`).
 
         The uncertainty of the current weights is computed once; asked again,
         the next region is suggested (the earlier ones are skipped). Other weights
@@ -352,13 +388,15 @@ class Session:
         """
         if reason := self._free(Busy.SUGGEST) or self._missing(image=True, checkpoint=True):
             return self._refuse(reason)
-        from napari_finetune.data.patch_shape import fit_patch_shape
-
-        shape = tuple(int(n) for n in np.shape(self.image))
-        region = tuple(region_shape or fit_patch_shape(self.config.patch_shape, shape))
-        trainer = self.trainer
-        key = (str(self.checkpoint), id(trainer),
-               trainer.steps_done if trainer is not None else -1)
+        # The inputs as they are now: the job reads them in the runner's thread, and the
+        # caller may change them for its next action meanwhile.
+        image, checkpoint, trainer = self.image, str(self.checkpoint), self.trainer
+        trust, count, device = self.trust, len(self.channel_names) or None, self.config.device
+        shape = tuple(int(n) for n in np.shape(image))
+        # Half a training patch: a region a few strokes cover, and a patch's context around it.
+        region = tuple(region_shape or (max(1, p // 2)
+                                        for p in self.config.patch_shape[-len(shape):]))
+        key = (checkpoint, id(trainer), trainer.steps_done if trainer is not None else -1)
         fresh = self._uncertainty is None or self._uncertainty[0] != key
         cached = None if fresh or self._uncertainty is None else self._uncertainty[1]
         corrections, exclude = self.corrections, [] if fresh else list(self.suggested)
@@ -367,10 +405,10 @@ class Session:
             unsure = cached
             if unsure is None:
                 unsure = yield from derived.uncertainty_job(
-                    str(self.checkpoint), self.image, len(self.channel_names) or None,
-                    self.config.device, model=trainer.model if trainer else None,
+                    checkpoint, image, count, device,
+                    model=trainer.model if trainer else None,
                     normalization=trainer.metadata.get("normalization") if trainer else None,
-                    trust=self.trust)
+                    trust=trust)
             found = yield from derived.suggest_job(unsure, corrections, region, exclude)
             return unsure, found
 
@@ -387,10 +425,40 @@ class Session:
 
         return self._start(Busy.SUGGEST, job(), suggested)
 
+    @property
+    def uncertainty(self) -> np.ndarray | None:
+        """The uncertainty map :meth:`suggest` computed last (None before), of the weights
+        it had then: a new array each time it is computed anew."""
+        return None if self._uncertainty is None else self._uncertainty[1]
+
+    def export_bioimageio(self, path: str) -> bool:
+        """Write a bioimage.io package (tested by bioimage.io's own checks) to ``path``.
+
+        Its weights are the last run's (its trainer), else the checkpoint's; its
+        instance roles are :attr:`roles` (the source's when empty); its test
+        tensors are cut from :attr:`image`. Refused while :attr:`roles_error` says
+        the roles cannot be used.
+        """
+        if reason := self._free(Busy.BIOIMAGEIO) or self._missing(image=True, checkpoint=True):
+            return self._refuse(reason)
+        if self.roles_error:
+            return self._refuse(f"Cannot export: {self.roles_error}")
+        source = self.trainer if self.trainer is not None else str(self.checkpoint)
+        job = jobs.bioimageio_job(source, path, self.image, trust=self.trust,
+                                  roles=dict(self.roles) or None)
+        return self._start(Busy.BIOIMAGEIO, job, self._packaged)
+
+    def _packaged(self, path: str) -> None:
+        self.package = path
+
     # -- helpers -------------------------------------------------------------------------
     def _channel(self, index: int) -> str:
         names = self.channel_names
         return names[index] if index < len(names) else f"channel-{index}"
+
+    def _index(self, channel: str, default: int) -> int:
+        """``channel``'s place among :attr:`channel_names` (``default`` if not there)."""
+        return self.channel_names.index(channel) if channel in self.channel_names else default
 
     def _missing(self, image: bool = False, checkpoint: bool = False,
                  corrections: bool = False, prediction: bool = False) -> str:
