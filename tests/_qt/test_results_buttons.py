@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 from qtpy.QtCore import Qt
 from qtpy.QtWidgets import QFileDialog
+from tests._qt.conftest import wait_idle
 from tests._qt.test_roles_editor import choose_role, type_value
 
-from conftest import wait_idle
 from napari_finetune._qt.layers import camera_of
 from napari_finetune.model.checkpoint import load_checkpoint
 from napari_finetune.objects import ChannelRole, roles_from_metadata
