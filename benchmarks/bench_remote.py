@@ -87,7 +87,8 @@ def kill_at(client, image, corrections, step: int) -> None:
         again = RemoteFinetuner.remote(load_checkpoint(kept), image, corrections, config(5),
                                        client)
         first = next(s.loss for s in again.run() if s.kind == "step")
-        previous = again.run_record["previous_run"]["steps_done"]
+        again_file = again.export(Path(folder) / "again.pt")
+        previous = load_checkpoint(again_file).metadata["run"]["previous_run"]["steps_done"]
     print(measured_under())
     print_table(
         ["killed at step", "client knew after s", "last weights received (step)",
