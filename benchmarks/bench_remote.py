@@ -2,21 +2,29 @@
 
 On the sample store (target domain) with strokes spread over it, the sample
 model, CPU, fp32: the in-process run and the same run on a LocalCluster of one
-worker process (one task thread; torch on one thread in both, so the two do
-the same arithmetic), after a one-step warm-up of each. Reports wall time of
+worker process (one task thread; torch on the CPUs of the process in both, as
+the training task sets it on the worker), after a one-step warm-up of each. Reports wall time of
 the run (remote: connect, checks, reading and shipping the tiles, the run, the
 weights back), the overhead, the status latency worker -> client (p50, p95;
 one machine, one clock), and the bytes shipped against the volume's size.
 Budgets are optimizer steps, so results do not depend on load.
 
-    python benchmarks/bench_remote.py [--steps 20] [--rounds 2]
+``--kill-at N`` instead SIGKILLs the worker process at step N of a long run and
+reports how long until the client knew, the step of the last weights it
+received (sent every 5 steps), and a second run that continues from them.
+
+    python benchmarks/bench_remote.py [--steps 20] [--rounds 2] [--kill-at N]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -26,7 +34,8 @@ from markdown_table import measured_under, print_table
 from napari_finetune.config import FinetuneConfig
 from napari_finetune.io.volume import open_volume
 from napari_finetune.loading import load_checkpoint
-from napari_finetune.remote.finetuner import RemoteFinetuner
+from napari_finetune.remote.finetuner import RemoteFinetuner, RemoteWorkerLost
+from napari_finetune.remote.process import usable_cpus
 from napari_finetune.samples.store import ensure_sample
 from napari_finetune.samples.synthetic_em import sample_checkpoint_path
 from napari_finetune.trainer.loop import Finetuner
@@ -53,18 +62,60 @@ def remote(client, image, corrections, steps: int) -> tuple[float, list[float], 
     return time.perf_counter() - began, losses, trainer
 
 
+def kill_at(client, image, corrections, step: int) -> None:
+    """SIGKILL the worker at ``step``; what the client knew when, and a run from the rest."""
+    [pid] = client.run(os.getpid).values()
+    ckpt = load_checkpoint(sample_checkpoint_path())
+    trainer = RemoteFinetuner.remote(ckpt, image, corrections, config(step + 100), client)
+    losses: dict[int, float] = {}
+    killed, known = 0.0, float("nan")
+    try:
+        for status in trainer.run():
+            if status.kind == "step":
+                losses[status.step] = status.loss
+                if status.step == step:
+                    os.kill(pid, signal.SIGKILL)
+                    killed = time.perf_counter()
+    except RemoteWorkerLost:
+        known = time.perf_counter() - killed
+    kept_step = trainer.steps_done
+    with tempfile.TemporaryDirectory() as folder:
+        kept = trainer.export(Path(folder) / "kept.pt")
+        began = time.perf_counter()
+        client.wait_for_workers(1, timeout=120)  # the nanny's new worker
+        back = time.perf_counter() - began
+        again = RemoteFinetuner.remote(load_checkpoint(kept), image, corrections, config(5),
+                                       client)
+        first = next(s.loss for s in again.run() if s.kind == "step")
+        again_file = again.export(Path(folder) / "again.pt")
+        previous = load_checkpoint(again_file).metadata["run"]["previous_run"]["steps_done"]
+    print(measured_under())
+    print_table(
+        ["killed at step", "client knew after s", "last weights received (step)",
+         "steps lost", "new worker after s", "second run continues from step",
+         "loss at the kept step / first loss of the second run"],
+        [[str(step), f"{known:.2f}", str(kept_step), str(step - kept_step), f"{back:.1f}",
+          str(previous), f"{losses.get(kept_step, float('nan')):.3f} / {first:.3f}"]],
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--kill-at", type=int, default=0)
     args = parser.parse_args()
     from distributed import Client, LocalCluster
 
-    torch.set_num_threads(1)
+    # What the training task gives torch on a worker of one task thread.
+    torch.set_num_threads(usable_cpus())
     image = open_volume(ensure_sample()).data
     corrections = corrections_for(tuple(int(s) for s in image.shape))
     with LocalCluster(processes=True, n_workers=1, threads_per_worker=1,
                       dashboard_address=":0") as cluster, Client(cluster) as client:
+        if args.kill_at:
+            kill_at(client, image, corrections, args.kill_at)
+            return
         in_process(image, corrections, 1)  # warm-up: imports, the first AdamW
         remote(client, image, corrections, 1)
         local_s, remote_s, latency = [], [], []
@@ -76,6 +127,7 @@ def main() -> None:
             latency += trainer.status_latency_s
             worst = float(np.max(np.abs(np.subtract(losses, local_losses))))
     print(measured_under())
+    print(f"worker process: {trainer.worker_tuning}")
     lo, re = statistics.median(local_s), statistics.median(remote_s)
     p50, p95 = (1000 * float(np.percentile(latency, q)) for q in (50, 95))
     print_table(

@@ -65,3 +65,29 @@ def test_a_killed_worker_leaves_the_last_weights_and_a_new_run_continues(own_cli
     again.export(tmp_path / "continued.pt")
     previous = load_checkpoint(tmp_path / "continued.pt").metadata["run"]["previous_run"]
     assert previous["steps_done"] == remote.steps_done
+
+
+def test_a_killed_worker_leaves_the_best_weights_besides_the_last(own_client, tmp_path):
+    torch.manual_seed(0)
+    start = save_checkpoint(tmp_path / "start.pt", UNet(dims=3, depth=2, features=4,
+                                                         out_channels=2), {})
+    image, corrections = volume()
+    remote = RemoteFinetuner.remote(load_checkpoint(start), image, corrections,
+                                    config(steps=100_000, validation_every=2), own_client,
+                                    weights_every=1)
+    [pid] = own_client.run(os.getpid).values()
+    held: dict[int, dict[str, torch.Tensor]] = {}  # the last weights held, by their step
+    with pytest.raises(RemoteWorkerLost):
+        for status in remote.run():
+            held[remote.steps_done] = {k: v.clone() for k, v in remote.model.state_dict().items()}
+            if status.kind == "step" and status.step == 8:
+                os.kill(pid, signal.SIGKILL)
+    best = remote.validator.best
+    assert best.step is not None and 2 <= best.step <= remote.steps_done
+    assert best.score >= 0.0
+    # The best received are the weights the worker had at that step (sent then as the last).
+    for name, value in best.state.items():
+        torch.testing.assert_close(value, held[best.step][name], rtol=0, atol=0)
+    # As a local run that stopped: the export is the last weights; the best stay held.
+    kept = load_checkpoint(remote.export(tmp_path / "kept.pt"))
+    assert kept.metadata["run"]["steps_done"] == remote.steps_done

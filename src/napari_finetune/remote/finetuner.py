@@ -19,10 +19,11 @@ status says how many MB that was against the volume's size.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,13 +33,17 @@ import torch
 from napari_finetune.config import FinetuneConfig
 from napari_finetune.errors import RecoveryError
 from napari_finetune.remote.messages import (
+    BEST,
     DONE,
     FAILED,
     LOST,
+    PREVIEW,
     STARTED,
     STATUS,
     WEIGHTS,
     RunInputs,
+    region_from_plain,
+    region_to_plain,
     status_from_plain,
     weights_from_bytes,
 )
@@ -60,6 +65,7 @@ if TYPE_CHECKING:
     from distributed import Client, Future, Queue, Security
 
     from napari_finetune.model.checkpoint_format import Checkpoint
+    from napari_finetune.remote.tiles import StoredImage
 
 # The queue is read without waiting (a get that times out is logged as an error with
 # its traceback by the scheduler, several times a second): this often while it is empty.
@@ -96,13 +102,26 @@ class RemoteFinetuner(Finetuner):
         worker's last weights after asking it to stop.
     connect_timeout_s : float
         How long the scheduler may take to answer before the run is refused.
+    store_path : str or path-like, optional
+        The store ``image`` was opened from; the workers that open it as the
+        same image read it themselves (see :meth:`remote`).
 
     Attributes
     ----------
     run_record : dict or None
         The worker's record of the weights held (None before the first ones).
+    validator.best : BestWeights
+        The best validation weights the worker sent (adapters merged), their
+        step and score, as a local run keeps its own; the model holds the last.
     worker, bytes_sent, volume_bytes
         The worker that trains; what the inputs weighed against the image.
+    store_used : bool
+        Whether the worker read the image from ``store_path`` (no tiles sent).
+    worker_tuning : dict or None
+        How the worker's process trained (``threads``, ``cpus``, ``task_threads``,
+        ``allocator``: see :mod:`~napari_finetune.remote.process`).
+    preview_step : int or None
+        The step whose weights made the preview :meth:`take_preview` returned last.
     status_latency_s : list of float
         Per status, from the worker's put to its arrival here (wall clocks: only
         meaningful when both run on one machine, as in the benchmark).
@@ -115,6 +134,7 @@ class RemoteFinetuner(Finetuner):
         trust: tuple[str, ...] = (), security: Security | None = None,
         weights_every: int = 5, stop_wait_s: float = 60.0,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        store_path: str | os.PathLike | None = None,
     ) -> None:
         # This process only predicts with the weights that come back, on its own device.
         super().__init__(model, image, corrections, dataclasses.replace(config, device="auto"),
@@ -128,20 +148,37 @@ class RemoteFinetuner(Finetuner):
         self.weights_every = weights_every
         self.stop_wait_s = stop_wait_s
         self.connect_timeout_s = connect_timeout_s
+        self.store_path = None if store_path is None else str(store_path)
+        self.store_used = False
         self.run_record: dict[str, Any] | None = None
         self.worker: str | None = None
         self.bytes_sent = 0
         self.volume_bytes = 0
         self.status_latency_s: list[float] = []
+        self.worker_tuning: dict[str, Any] | None = None
+        # Preview requests (any thread) wait here for the run's thread to send them;
+        # the answers wait for take_preview.
+        self._previews_lock = threading.Lock()
+        self._preview_asked: tuple[slice, ...] | None = None
+        self._preview: tuple[tuple[slice, ...], np.ndarray] | None = None
+        self.preview_step: int | None = None
+        self._preview_answer_step = 0
 
     @classmethod
     def remote(
         cls, checkpoint: Checkpoint, image: Any, corrections: Any, config: FinetuneConfig,
         scheduler: str | Client, *, trust: tuple[str, ...] = (),
         security: Security | None = None, fit_patch: bool = True, weights_every: int = 5,
+        store_path: str | os.PathLike | None = None,
     ) -> RemoteFinetuner:
         """The run of ``checkpoint`` on ``image`` on the scheduler's worker (patch fitted as
-        :meth:`Finetuner.from_checkpoint` fits it); nothing is sent before :meth:`run`."""
+        :meth:`Finetuner.from_checkpoint` fits it); nothing is sent before :meth:`run`.
+
+        ``store_path`` is the OME-Zarr store ``image`` was opened from (what
+        ``open_volume`` was given): when the workers open that path as an image of
+        the same shape and dtype (a shared filesystem), they read it themselves
+        and no tiles are sent; otherwise the tiles are sent as without it.
+        """
         if fit_patch:
             config = cls.fitted_config(checkpoint.model, image, config)
         path = checkpoint.path
@@ -153,11 +190,12 @@ class RemoteFinetuner(Finetuner):
         return cls(checkpoint.model, image, corrections, config, metadata=checkpoint.metadata,
                    source_sha256=checkpoint.sha256, scheduler=scheduler,
                    checkpoint=Path(path).read_bytes(), suffix=Path(path).suffix or ".pt",
-                   trust=trust, security=security, weights_every=weights_every)
+                   trust=trust, security=security, weights_every=weights_every,
+                   store_path=store_path)
 
     # --- the run -----------------------------------------------------------------------
 
-    def run(self) -> Iterator[Status]:
+    def run(self) -> Generator[Status, None, None]:
         """Check, send, then yield the worker's statuses until its run ends.
 
         Raises
@@ -183,24 +221,46 @@ class RemoteFinetuner(Finetuner):
             from napari_finetune.remote.worker import versions
 
             workers = matching_versions(client, workers, versions())
-            inputs = self.inputs()
+            stored, workers, image_line = self._image_on(client, workers)
+            inputs = self.inputs(stored)
+            self.store_used = stored is not None
             self.bytes_sent = inputs.nbytes
             self.volume_bytes = int(np.prod(self.image.shape)) * np.dtype(self.image.dtype).itemsize
             yield self.status("probe", (
                 f"sending {self.bytes_sent / 1e6:.1f} MB to the dask scheduler at {address} "
-                f"(the volume is {self.volume_bytes / 1e6:.1f} MB); "
+                f"(the volume is {self.volume_bytes / 1e6:.1f} MB; {image_line}); "
                 f"{len(workers)} worker(s) can train it"))
             yield from self._relay(client, inputs, workers, resources)
         finally:
             if client is not self.scheduler:
                 client.close()
 
-    def inputs(self) -> RunInputs:
-        """What this run sends (the image tiles are read now): a new run id each call."""
+    def _image_on(self, client: Client, workers: list[str]
+                  ) -> tuple[StoredImage | None, list[str], str]:
+        """The stored image when some of ``workers`` open ``store_path`` as this image (then
+        only they train), else None; the workers, and how the image gets there in words."""
+        from napari_finetune.remote.tiles import StoredImage
+
+        if self.store_path is None:
+            return None, workers, "its tiles around the painting are sent"
+        stored = StoredImage(self.store_path, tuple(int(s) for s in self.image.shape),
+                             str(np.dtype(self.image.dtype)))
+        answers = client.run(stored.mismatch, workers=workers)
+        readers = [w for w in workers if w in answers and answers[w] is None]
+        if readers:
+            return stored, readers, f"the worker reads it from {self.store_path}"
+        why = next((str(a) for a in answers.values() if a), "no worker answered")
+        return None, workers, (f"{self.store_path} is not readable on the workers ({why}): "
+                               "its tiles around the painting are sent")
+
+    def inputs(self, stored: StoredImage | None = None) -> RunInputs:
+        """What this run sends (the image tiles are read now, unless the worker reads
+        ``stored`` itself): a new run id each call."""
         from napari_finetune.remote.tiles import ImageTiles, Painting
 
         painting = Painting.of(self.corrections)
-        tiles = ImageTiles.read(self.image, painting, tuple(self.remote_config.patch_shape))
+        tiles = stored if stored is not None else ImageTiles.read(
+            self.image, painting, tuple(self.remote_config.patch_shape))
         return RunInputs(
             run_id=uuid.uuid4().hex, checkpoint=self.checkpoint, suffix=self.suffix,
             trust=self.trust, config=self.remote_config,
@@ -215,6 +275,7 @@ class RemoteFinetuner(Finetuner):
         from napari_finetune.remote.worker import train_on_worker
 
         messages = Queue(inputs.queue_name(), client=client)
+        previews = Queue(inputs.preview_name(), client=client)
         stop = Event(inputs.stop_name(), client=client)
         [shipped] = client.scatter([inputs], workers=workers)
         future = client.submit(
@@ -230,6 +291,7 @@ class RemoteFinetuner(Finetuner):
                 if self._stop.is_set() and not stop_sent:
                     stop.set()  # read by the worker after the step in progress
                     stop_sent = True
+                self._send_preview_request(previews)
                 if not pending:
                     pending.extend(messages.get(batch=True))  # what is there now, maybe nothing
                 if not pending:
@@ -271,8 +333,16 @@ class RemoteFinetuner(Finetuner):
         kind = message["kind"]
         if kind == STARTED:
             self.worker = message["worker"]
+            self.worker_tuning = dict(message["tuning"])
         elif kind == WEIGHTS:
             self._receive(message)
+        elif kind == BEST:
+            self._receive_best(message)
+        elif kind == PREVIEW:
+            with self._previews_lock:
+                self._preview = (region_from_plain(message["region"]),
+                                 np.asarray(message["probabilities"], dtype=np.float32))
+                self._preview_answer_step = int(message["step"])
         elif kind == FAILED:
             kinds: dict[str, type[Exception]] = {
                 "RecoveryError": RecoveryError, "FloatingPointError": FloatingPointError,
@@ -308,6 +378,62 @@ class RemoteFinetuner(Finetuner):
             self.state.last_loss = message["loss"]
             self.run_record = message["record"]
             self.ended = message["ended"]
+
+    # --- previews on the worker --------------------------------------------------------
+
+    def request_preview(self, region: tuple[slice, ...]) -> None:
+        """Ask the worker for ``region``'s probabilities after its next optimizer step.
+
+        Returns at once (safe on napari's main thread): the run's own thread
+        sends the request, with the region's raw pixels when the worker has not
+        the store to read them from. A newer request replaces one not sent yet;
+        :meth:`take_preview` gives the answer.
+
+        Parameters
+        ----------
+        region : tuple of slice
+            A box of the image (unit steps), as for :meth:`predict`.
+        """
+        if not (isinstance(region, tuple) and len(region) == len(self.image.shape)
+                and all(isinstance(r, slice) and r.step in (None, 1) for r in region)):
+            raise ValueError(
+                f"a preview region is {len(self.image.shape)} unit-step slices of the image "
+                f"{tuple(self.image.shape)}, not {region!r}; pass e.g. (slice(0, 8),) * ndim.")
+        box = tuple(slice(*r.indices(n)[:2]) for r, n in zip(region, self.image.shape,
+                                                              strict=True))
+        if any(b.stop <= b.start for b in box):
+            raise ValueError(f"the preview region {region!r} is empty in the image "
+                             f"{tuple(self.image.shape)}; ask for a box inside it.")
+        with self._previews_lock:
+            self._preview_asked = box
+
+    def take_preview(self) -> tuple[tuple[slice, ...], np.ndarray] | None:
+        """The latest preview that came back, once: its region and the ``(C, *region)``
+        float32 probabilities :meth:`predict` would give with the weights of step
+        :attr:`preview_step`; None when none came since the last call."""
+        with self._previews_lock:
+            preview, self._preview = self._preview, None
+            if preview is not None:
+                self.preview_step = self._preview_answer_step
+            return preview
+
+    def _send_preview_request(self, previews: Queue) -> None:
+        """Send the request waiting, if any (in the run's thread: it reads and sends)."""
+        with self._previews_lock:
+            region, self._preview_asked = self._preview_asked, None
+        if region is None:
+            return
+        request: dict[str, Any] = {"region": region_to_plain(region)}
+        if not self.store_used:  # the worker has only the tiles around the painting
+            request["crop"] = np.asarray(self.image[region])
+        previews.put(request)
+
+    def _receive_best(self, message: dict[str, Any]) -> None:
+        """Hold the worker's best validation weights where a local run holds its own."""
+        best = self.validator.best
+        with self.lock:
+            best.state = weights_from_bytes(message["weights"])
+            best.step, best.score = int(message["step"]), float(message["score"])
 
     def _lost_line(self) -> str:
         return (

@@ -14,13 +14,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from napari_finetune.config import FinetuneConfig
-from napari_finetune.remote.tiles import ImageTiles, Painting
+from napari_finetune.remote.tiles import ImageTiles, Painting, StoredImage
 from napari_finetune.trainer.status import Status
 
 # Message kinds on the run's queue, worker -> client.
 STARTED, STATUS, WEIGHTS, FAILED, DONE, LOST = (
     "started", "status", "weights", "failed", "done", "lost"
 )
+BEST = "best"  # the best validation weights so far, their step and score
+PREVIEW = "preview"  # probabilities of a region the client asked for, after a step
 
 
 def status_to_plain(status: Status) -> dict[str, Any]:
@@ -49,6 +51,16 @@ def weights_from_bytes(data: bytes) -> dict[str, Any]:
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
 
 
+def region_to_plain(region: tuple[slice, ...]) -> list[list[int]]:
+    """A box of unit-step slices as ``[[start, stop], ...]``."""
+    return [[int(r.start), int(r.stop)] for r in region]
+
+
+def region_from_plain(plain: list[list[int]]) -> tuple[slice, ...]:
+    """The box :func:`region_to_plain` wrote."""
+    return tuple(slice(start, stop) for start, stop in plain)
+
+
 @dataclass(frozen=True)
 class RunInputs:
     """Everything one remote run needs, sent with its task.
@@ -65,8 +77,11 @@ class RunInputs:
         The run's settings, the patch already fitted on the client.
     normalization_range : (float, float)
         The image's intensity range, measured on the whole volume on the client.
-    painting, image : Painting, ImageTiles
-        The painted voxels and the image tiles the patches can reach.
+    painting : Painting
+        The painted voxels.
+    image : ImageTiles or StoredImage
+        The image tiles the patches can reach, or the store path the worker
+        reads the image from itself (checked there before the run is sent).
     weights_every : int
         Send the weights back every this many steps (and at the end, always).
     """
@@ -78,12 +93,12 @@ class RunInputs:
     config: FinetuneConfig
     normalization_range: tuple[float, float]
     painting: Painting
-    image: ImageTiles
+    image: ImageTiles | StoredImage
     weights_every: int = 5
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the payload (checkpoint, painting, image tiles)."""
+        """Bytes of the payload (checkpoint, painting, image tiles or none)."""
         return len(self.checkpoint) + self.painting.nbytes + self.image.nbytes
 
     def queue_name(self) -> str:
@@ -93,6 +108,10 @@ class RunInputs:
     def stop_name(self) -> str:
         """The run's Stop event, client -> worker."""
         return f"napari-finetune-{self.run_id}-stop"
+
+    def preview_name(self) -> str:
+        """The run's preview requests, client -> worker."""
+        return f"napari-finetune-{self.run_id}-previews"
 
     def started_name(self) -> str:
         """Set by the task when it starts: a second start is a retry after a lost worker."""

@@ -6,22 +6,29 @@ the tiles :func:`~napari_finetune.data.region_cache.reachable_tiles` names
 them with the painted voxels (flat indices and values); the worker rebuilds
 the painting as a dense array and serves the image from the tiles through a
 :class:`TileVolume`, which reads exactly the bytes the whole volume would give.
+
+When the image comes from a store on a filesystem the worker sees as well (a
+lab's shared disk), a :class:`StoredImage` names the path instead and the
+worker reads the image itself through a :class:`StoreVolume`: no tiles travel.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from napari_finetune.arrays import Index
 from napari_finetune.data.region_cache import (
-    Box,
     overlap,
     reachable_tiles,
     tile_box,
     tiles_touching,
 )
+
+if TYPE_CHECKING:
+    import dask.array as da
 
 
 @dataclass(frozen=True)
@@ -98,9 +105,13 @@ class TileVolume:
         self.ndim = len(self.shape)
         self._tiles = tiles
 
-    def __getitem__(self, key: Box) -> np.ndarray:
+    def __getitem__(self, key: Index) -> np.ndarray:
         """``image[key]`` for a box of unit-step slices inside the shipped tiles."""
-        box = tuple(slice(*k.indices(s)[:2]) for k, s in zip(key, self.shape, strict=True))
+        # The trainer reads boxes only; a plane or a voxel is never asked for.
+        slices = tuple(k for k in key if isinstance(k, slice)) if isinstance(key, tuple) else ()
+        if not isinstance(key, tuple) or len(slices) != len(key):
+            raise IndexError(f"the shipped image tiles are read by boxes of slices, not {key!r}")
+        box = tuple(slice(*k.indices(s)[:2]) for k, s in zip(slices, self.shape, strict=True))
         out = np.empty(tuple(b.stop - b.start for b in box), dtype=self.dtype)
         tile_shape = self._tiles.tile_shape
         for index in tiles_touching(box, tile_shape):
@@ -113,3 +124,69 @@ class TileVolume:
             dst, src = overlap(box, tile_box(index, tile_shape, self.shape))
             out[dst] = tile[src]
         return out
+
+
+@dataclass(frozen=True)
+class StoredImage:
+    """The image as a store path the worker opens itself (a filesystem both machines see).
+
+    Nothing of the image travels; the worker checks that the path opens there as
+    an image of the client's shape and dtype before the run is sent this way.
+    """
+
+    path: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the image that travel: none."""
+        return 0
+
+    def mismatch(self) -> str | None:
+        """Why this process cannot read the image at ``path`` (None: it can)."""
+        from napari_finetune.io.volume import open_volume
+
+        try:
+            data = open_volume(self.path).data
+        except Exception as exc:  # missing, not zarr, not readable here: the reason
+            return f"{type(exc).__name__}: {exc}".splitlines()[0]
+        shape = tuple(int(s) for s in data.shape)
+        if shape != self.shape or str(np.dtype(data.dtype)) != self.dtype:
+            return (f"{self.path} is {shape} {np.dtype(data.dtype)} here, the client's image "
+                    f"{self.shape} {self.dtype}")
+        return None
+
+    def open(self) -> StoreVolume:
+        """The image at ``path``, read in this process (ValueError: it is not the client's)."""
+        from napari_finetune.io.volume import open_volume
+
+        why = self.mismatch()
+        if why is not None:
+            raise ValueError(f"the image's store cannot be read on this worker ({why}); "
+                             "run without store_path to send the image's tiles instead.")
+        return StoreVolume(open_volume(self.path).data)
+
+
+class StoreVolume:
+    """A lazy (dask) image read in the calling thread.
+
+    Inside a dask worker, computing a dask array would go through the cluster's
+    scheduler (the worker's default) and wait on tasks the training task's
+    thread may be the only one to run; each read here is computed synchronously.
+
+    Parameters
+    ----------
+    array : dask.array.Array
+        The image, full resolution.
+    """
+
+    def __init__(self, array: da.Array) -> None:
+        self.shape = tuple(int(s) for s in array.shape)
+        self.dtype = np.dtype(array.dtype)
+        self.ndim = len(self.shape)
+        self._array = array
+
+    def __getitem__(self, key: Index) -> np.ndarray:
+        """``image[key]`` as a numpy array."""
+        return np.asarray(self._array[key].compute(scheduler="synchronous"))

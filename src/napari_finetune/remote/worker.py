@@ -17,26 +17,34 @@ received, and a new run can continue from them).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import tempfile
 import time
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from napari_finetune.errors import first_line
 from napari_finetune.remote.messages import (
+    BEST,
     DONE,
     FAILED,
     LOST,
+    PREVIEW,
     STARTED,
     STATUS,
     WEIGHTS,
     RunInputs,
+    region_from_plain,
     status_to_plain,
     weights_to_bytes,
 )
 
 if TYPE_CHECKING:
+    from distributed import Event, Queue
+
     from napari_finetune.trainer.loop import Finetuner
 
 
@@ -60,14 +68,26 @@ def train_on_worker(inputs: RunInputs) -> str:
         messages.put({"kind": LOST, "worker": address})
         return "lost"
     started.set()
-    stop = Event(inputs.stop_name())
-    messages.put({"kind": STARTED, "worker": address, "host": socket.gethostname()})
+    from napari_finetune.remote.process import training_process
+
+    with training_process(get_worker().state.nthreads) as tuning:
+        messages.put({"kind": STARTED, "worker": address, "host": socket.gethostname(),
+                      "tuning": dataclasses.asdict(tuning)})
+        return _train(inputs, messages, Event(inputs.stop_name()), address,
+                      Queue(inputs.preview_name()))
+
+
+def _train(inputs: RunInputs, messages: Queue, stop: Event, address: str,
+           previews: Queue) -> str:
+    """Build and run the fine-tune, sending its statuses and weights; how it ended."""
     try:
         trainer = _build(inputs)
     except Exception as exc:  # a bad input: one line, nothing trained
         messages.put(_failed(exc))
         return "failed"
     ended = "finished"
+    every = max(1, inputs.weights_every)
+    best_sent: int | None = None  # the step of the best weights sent last
     try:
         for status in trainer.run():
             # When it left (wall clock): on one machine the client measures the latency.
@@ -75,16 +95,26 @@ def train_on_worker(inputs: RunInputs) -> str:
             if stop.is_set():
                 trainer.stop()  # after this step: the run's next check ends it
             step = status.step
-            if status.kind == "step" and step % max(1, inputs.weights_every) == 0:
+            if status.kind == "step" and step % every == 0:
                 messages.put(_weights(trainer, address))
+            if status.kind == "step":
+                _answer_preview(trainer, previews, messages)
+            best = trainer.validator.best.step
+            # A better check's weights, at most one set per `every` steps (each is the
+            # model's size): a killed worker leaves the best received besides the last.
+            if best is not None and (best_sent is None or best - best_sent >= every):
+                messages.put(_best(trainer))
+                best_sent = best
     except Exception as exc:
         ended = "failed"
         trainer.ended = f"{type(exc).__name__} at step {trainer.steps_done + 1}: {first_line(exc)}"
         if trainer.steps_done:
+            _send_best_unsent(trainer, messages, best_sent)
             messages.put(_weights(trainer, address))
         messages.put(_failed(exc))
         trainer.release()
         return ended
+    _send_best_unsent(trainer, messages, best_sent)
     messages.put(_weights(trainer, address))
     trainer.release()
     messages.put({"kind": DONE})
@@ -98,7 +128,7 @@ def _failed(exc: BaseException) -> dict[str, Any]:
 
 def _build(inputs: RunInputs) -> Finetuner:
     from napari_finetune.loading import load_checkpoint
-    from napari_finetune.remote.tiles import TileVolume
+    from napari_finetune.remote.tiles import StoredImage, TileVolume
     from napari_finetune.trainer.loop import Finetuner
 
     # The checkpoint's own reader, from a file as it was on the client.
@@ -109,11 +139,53 @@ def _build(inputs: RunInputs) -> Finetuner:
         ckpt = load_checkpoint(path, trust=inputs.trust)
     finally:
         os.unlink(path)
+    shipped = inputs.image
+    image = shipped.open() if isinstance(shipped, StoredImage) else TileVolume(shipped)
     trainer = Finetuner.from_checkpoint(
-        ckpt, TileVolume(inputs.image), inputs.painting.dense(), inputs.config, fit_patch=False
+        ckpt, image, inputs.painting.dense(), inputs.config, fit_patch=False
     )
     trainer.normalization_range = inputs.normalization_range
     return trainer
+
+
+def _answer_preview(trainer: Finetuner, previews: Queue, messages: Queue) -> None:
+    """Predict the latest region the client asked for (older requests are stale), if any."""
+    requests = previews.get(batch=True)  # what is there now, maybe nothing
+    if not requests:
+        return
+    request = requests[-1]
+    region = region_from_plain(request["region"])
+    # Without the store here, the client sent the region's raw pixels along.
+    crop = request.get("crop")
+    probabilities = trainer.predict(region if crop is None else np.asarray(crop))
+    messages.put({"kind": PREVIEW, "region": request["region"], "step": int(trainer.steps_done),
+                  "probabilities": probabilities.astype(np.float32, copy=False)})
+
+
+def _send_best_unsent(trainer: Finetuner, messages: Queue, sent: int | None) -> None:
+    """At the run's end: the best weights, when the last ones sent are not they."""
+    best = trainer.validator.best.step
+    if best is not None and best != sent:
+        messages.put(_best(trainer))
+
+
+def _best(trainer: Finetuner) -> dict[str, Any]:
+    """The best validation weights so far (adapters merged), their step and score."""
+    import copy
+
+    from napari_finetune.model.lora import is_lora, merged_copy
+
+    best = trainer.validator.best
+    with trainer.lock:
+        if is_lora(trainer.model):  # the kept state has the adapters: merge a copy of it
+            clone = copy.deepcopy(trainer.model)
+            clone.load_state_dict(best.state)
+            state = merged_copy(clone).state_dict()
+        else:
+            state = best.state
+        weights = weights_to_bytes(state)
+    return {"kind": BEST, "weights": weights, "step": int(best.step or 0),
+            "score": float(best.score)}
 
 
 def _weights(trainer: Finetuner, address: str) -> dict[str, Any]:
