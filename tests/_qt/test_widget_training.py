@@ -133,6 +133,24 @@ def test_out_of_memory_shows_halved_batch_and_dropped_distillation(docked, qtbot
     assert "prediction updated" in panel.progress.format()
 
 
+def test_a_failing_preview_is_a_log_line_and_the_run_finishes(docked, qtbot, request):
+    from napari_finetune.testing import build_hooks
+
+    def failing_predict(region: object) -> None:
+        raise MemoryError("no room for the preview")
+
+    viewer, widget, image = docked
+    _setup_run(viewer, widget, qtbot, steps=2, batch=1, preview_s=0.05)
+    build_hooks.trainer.append(lambda trainer: setattr(trainer, "predict", failing_predict))
+    request.addfinalizer(build_hooks.clear)
+    qtbot.mouseClick(widget.finetune_button, Qt.LeftButton)
+    wait_idle(qtbot, widget)
+    assert widget.state.statuses[-1].kind == "finished", widget.state.errors
+    assert not widget.state.errors and widget.state.previews == 0
+    log = widget.status_panel.log.toPlainText()
+    assert "Preview failed, the run goes on: MemoryError: no room for the preview" in log
+
+
 def test_stop_keeps_weights_and_export_reloads(docked, qtbot, monkeypatch, tmp_path):
     viewer, widget, image = docked
     _setup_run(viewer, widget, qtbot, steps=500, batch=1)

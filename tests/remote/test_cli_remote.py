@@ -23,6 +23,7 @@ def test_train_on_a_scheduler_exports_the_local_runs_weights(
     assert code == 0, err
     assert f"fine-tuning on a worker of the dask scheduler {address}" in stdout
     assert "finished after 3/3 steps" in stdout and "MB to the dask scheduler" in stdout
+    assert f"the worker reads it from {painted_store}" in stdout  # a shared filesystem
     local, remote = load_checkpoint(tmp_path / "local.pt"), load_checkpoint(tmp_path / "remote.pt")
     for name, value in local.model.state_dict().items():
         torch.testing.assert_close(remote.model.state_dict()[name], value, rtol=0, atol=1e-6)

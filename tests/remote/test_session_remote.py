@@ -44,3 +44,7 @@ def test_a_session_run_on_a_scheduler_trains_there_and_its_weights_come_back(rem
     previews = [e for e in events if isinstance(e, Preview)]
     assert previews and all(p.region == session.region for p in previews)
     assert previews[-1].probs.shape == (len(CHANNELS), 8, 16, 16)
+    # Computed on the worker (with the weights of a step it had done), which opened the
+    # session's store itself: no tiles went over the wire.
+    assert trainer.preview_step is not None and 1 <= trainer.preview_step <= 6
+    assert trainer.store_used is True

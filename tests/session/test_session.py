@@ -238,3 +238,25 @@ def test_a_copy_taken_by_the_caller_is_saved_under_its_number(session, record):
     assert record["ended"][-1].outcome is Outcome.DONE
     assert not not_yet_written(session.store, taken)  # written under that number
     assert not_yet_written(session.store, taken + 1)
+
+
+def test_a_preview_that_fails_is_one_line_and_the_run_goes_on(session, record, request):
+    """A preview is a view of the run, not part of it: its failure (say, out of memory on
+    the shown region) is reported and the training continues to its end."""
+    from napari_finetune.session.events import Preview, PreviewFailed
+    from napari_finetune.testing import build_hooks
+
+    def failing_predict(region: object) -> None:
+        raise MemoryError("no room for the preview\nsecond line")
+
+    build_hooks.trainer.append(lambda trainer: setattr(trainer, "predict", failing_predict))
+    request.addfinalizer(build_hooks.clear)
+    events: list[object] = []
+    session.events.job_event.connect(events.append)
+    session.preview_interval_s = 1e-6
+    assert session.finetune() is True
+    assert record["ended"][-1].outcome is Outcome.DONE, record["ended"]
+    assert session.trainer.steps_done == 2 and session.history[-1].kind == "finished"
+    failed = [e for e in events if isinstance(e, PreviewFailed)]
+    assert [f.line for f in failed] == ["MemoryError: no room for the preview"] * 2
+    assert not [e for e in events if isinstance(e, Preview)]

@@ -38,7 +38,15 @@ from napari_finetune._qt.state import CheckpointInfo, Untrusted, release_trainer
 from napari_finetune._qt.trust import ask_to_trust, info_job, refusal
 from napari_finetune._qt.worker import start_call, start_job
 from napari_finetune.session import jobs
-from napari_finetune.session.events import Event, Preview, Progress, RunStatus, Saved, TrainerReady
+from napari_finetune.session.events import (
+    Event,
+    Preview,
+    PreviewFailed,
+    Progress,
+    RunStatus,
+    Saved,
+    TrainerReady,
+)
 from napari_finetune.session.session import ActionEnd, Busy, Outcome, Session
 from napari_finetune.session.work import Job
 
@@ -212,6 +220,8 @@ class Controller:
             s.statuses.append(event.status)
             s.mark("first_status_s")
             panel.show_status(event.status)
+        elif isinstance(event, PreviewFailed):
+            panel.append_log(f"Preview failed, the run goes on: {event.line}")
         elif isinstance(event, Preview) and s.info is not None:
             if apply_preview(self.w.viewer, s.info.channel_names, event.region, event.probs):
                 s.previews += 1

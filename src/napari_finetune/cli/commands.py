@@ -201,6 +201,7 @@ def _train_remotely(ckpt: Any, image: Any, corrections: Any, config: FinetuneCon
     trainer = RemoteFinetuner.remote(
         ckpt, image, corrections, config, args.scheduler, trust=tuple(args.trust_factory),
         security=train_remote.security(args), fit_patch=args.patch_shape is None,
+        store_path=args.volume,  # a worker that opens the same store reads it there
     )
     try:
         return run_finetune(ckpt, image, corrections, trainer.remote_config, args.out,

@@ -163,6 +163,7 @@ class RemoteFinetuner(Finetuner):
         self._preview: tuple[tuple[slice, ...], np.ndarray] | None = None
         self.preview_step: int | None = None
         self._preview_answer_step = 0
+        self._preview_failure: str | None = None
 
     @classmethod
     def remote(
@@ -340,9 +341,12 @@ class RemoteFinetuner(Finetuner):
             self._receive_best(message)
         elif kind == PREVIEW:
             with self._previews_lock:
-                self._preview = (region_from_plain(message["region"]),
-                                 np.asarray(message["probabilities"], dtype=np.float32))
-                self._preview_answer_step = int(message["step"])
+                if "error" in message:
+                    self._preview_failure = str(message["error"])
+                else:
+                    self._preview = (region_from_plain(message["region"]),
+                                     np.asarray(message["probabilities"], dtype=np.float32))
+                    self._preview_answer_step = int(message["step"])
         elif kind == FAILED:
             kinds: dict[str, type[Exception]] = {
                 "RecoveryError": RecoveryError, "FloatingPointError": FloatingPointError,
@@ -416,6 +420,13 @@ class RemoteFinetuner(Finetuner):
             if preview is not None:
                 self.preview_step = self._preview_answer_step
             return preview
+
+    def take_preview_failure(self) -> str | None:
+        """Why the worker could not compute the preview asked last (its error's type and
+        first line), once; None when none failed since the last call. The run goes on."""
+        with self._previews_lock:
+            failure, self._preview_failure = self._preview_failure, None
+            return failure
 
     def _send_preview_request(self, previews: Queue) -> None:
         """Send the request waiting, if any (in the run's thread: it reads and sends)."""

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from napari_finetune.errors import first_line
+from napari_finetune.errors import first_line, one_line
 from napari_finetune.remote.messages import (
     BEST,
     DONE,
@@ -157,9 +157,15 @@ def _answer_preview(trainer: Finetuner, previews: Queue, messages: Queue) -> Non
     region = region_from_plain(request["region"])
     # Without the store here, the client sent the region's raw pixels along.
     crop = request.get("crop")
-    probabilities = trainer.predict(region if crop is None else np.asarray(crop))
-    messages.put({"kind": PREVIEW, "region": request["region"], "step": int(trainer.steps_done),
-                  "probabilities": probabilities.astype(np.float32, copy=False)})
+    answer: dict[str, Any] = {"kind": PREVIEW, "region": request["region"],
+                              "step": int(trainer.steps_done)}
+    try:
+        probabilities = trainer.predict(region if crop is None else np.asarray(crop))
+    except Exception as exc:  # a view of the run, not part of it: the run goes on
+        answer["error"] = one_line(exc)
+    else:
+        answer["probabilities"] = probabilities.astype(np.float32, copy=False)
+    messages.put(answer)
 
 
 def _send_best_unsent(trainer: Finetuner, messages: Queue, sent: int | None) -> None:

@@ -55,7 +55,15 @@ class Preview:
     probs: np.ndarray
 
 
-Event = Progress | Saved | TrainerReady | RunStatus | Preview
+@dataclass(frozen=True)
+class PreviewFailed:
+    """A preview could not be computed (``line``: the error's type and first line); the
+    run goes on without it."""
+
+    line: str
+
+
+Event = Progress | Saved | TrainerReady | RunStatus | Preview | PreviewFailed
 
 
 class JobError(Exception):

@@ -13,19 +13,30 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
-from napari_finetune.session.events import Preview, Progress, RunStatus, Saved, TrainerReady
+from napari_finetune.errors import one_line
+from napari_finetune.session.events import (
+    Preview,
+    PreviewFailed,
+    Progress,
+    RunStatus,
+    Saved,
+    TrainerReady,
+)
 from napari_finetune.session.work import Job, core_left_for_the_ui, with_progress
 
 if TYPE_CHECKING:
     from napari_finetune.arrays import VolumeArray
     from napari_finetune.bioimageio.export import ExportsCheckpoint
     from napari_finetune.objects import ChannelRole
+    from napari_finetune.remote.finetuner import RemoteFinetuner
+    from napari_finetune.trainer.loop import Finetuner
+    from napari_finetune.trainer.status import Status
 
 
 def warm_up_job() -> Job[None]:
@@ -136,13 +147,15 @@ def train_job(
         yield Saved(store_path)
     with core_left_for_the_ui():  # from the build to the end of the run, whatever else runs
         yield from _build_and_run(checkpoint_path, image, corrections, config,
-                                  preview_interval_s, region, trust, scheduler, tls_files)
+                                  preview_interval_s, region, trust, scheduler, tls_files,
+                                  store_path)
 
 
 def _build_and_run(
     checkpoint_path: str, image: Any, corrections: np.ndarray, config: Any,
     preview_interval_s: float, region: Callable[[], tuple[slice, ...] | None],
     trust: Sequence[str], scheduler: str | None, tls_files: tuple[str, str, str] | None,
+    store_path: str | None,
 ) -> Job[None]:
     from napari_finetune.loading import load_checkpoint
     from napari_finetune.testing import build_hooks
@@ -152,36 +165,76 @@ def _build_and_run(
     for hook in build_hooks.model:
         hook(ckpt.model)  # fault injection of the tests and the benchmark
     trainer: Finetuner
+    remote: RemoteFinetuner | None = None
     if scheduler is None:
         trainer = Finetuner.from_checkpoint(ckpt, image, corrections, config)
     else:
         from napari_finetune.remote.finetuner import RemoteFinetuner
         from napari_finetune.remote.preflight import tls_security
 
-        trainer = RemoteFinetuner.remote(
+        trainer = remote = RemoteFinetuner.remote(
             ckpt, image, corrections, config, scheduler, trust=tuple(trust),
-            security=tls_security(*tls_files) if tls_files is not None else None)
+            security=tls_security(*tls_files) if tls_files is not None else None,
+            store_path=store_path)
     del ckpt
     trainer.after_build.extend(build_hooks.trainer)  # e.g. an OOM in the teacher
     yield TrainerReady(trainer)
-    last_preview: float | None = None
     run = trainer.run()
     try:
-        for status in run:
-            yield RunStatus(status)
-            now = time.monotonic()
-            due = last_preview is None or now - last_preview >= preview_interval_s
-            if preview_interval_s > 0 and status.kind == "step" and due:
-                where = region()
-                if where is not None:
-                    yield Preview(where, np.asarray(trainer.predict(where)))
-                last_preview = time.monotonic()
+        if remote is None:
+            yield from _local_previews(trainer, run, preview_interval_s, region)
+        else:
+            yield from _worker_previews(remote, run, preview_interval_s, region)
     finally:
         # However the run ended (a quit() included), close the run here, in this thread
         # (its sample feed), and give back the optimizer state and the teacher; the
         # weights stay for Export and Predict.
         run.close()
         trainer.release()
+
+
+def _local_previews(
+    trainer: Finetuner, run: Iterator[Status], interval_s: float,
+    region: Callable[[], tuple[slice, ...] | None],
+) -> Job[None]:
+    """The run's statuses, and after a step when one is due the shown region's
+    probabilities, predicted here between two steps."""
+    last: float | None = None
+    for status in run:
+        yield RunStatus(status)
+        if interval_s > 0 and status.kind == "step" and _due(last, interval_s):
+            where = region()
+            if where is not None:
+                try:
+                    yield Preview(where, np.asarray(trainer.predict(where)))
+                except Exception as exc:  # a view of the run, not part of it: it goes on
+                    yield PreviewFailed(one_line(exc))
+            last = time.monotonic()
+
+
+def _worker_previews(
+    trainer: RemoteFinetuner, run: Iterator[Status], interval_s: float,
+    region: Callable[[], tuple[slice, ...] | None],
+) -> Job[None]:
+    """The run's statuses, and the previews the worker computes: asked for when due
+    (after a step), each shown as it comes back with a later status."""
+    last: float | None = None
+    for status in run:
+        yield RunStatus(status)
+        if interval_s > 0 and status.kind == "step" and _due(last, interval_s):
+            where = region()
+            if where is not None:
+                trainer.request_preview(where)
+            last = time.monotonic()
+        if (failed := trainer.take_preview_failure()) is not None:
+            yield PreviewFailed(failed)
+        if (preview := trainer.take_preview()) is not None:
+            yield Preview(*preview)
+
+
+def _due(last: float | None, interval_s: float) -> bool:
+    """Whether a preview is due: the first after the first step, then every ``interval_s``."""
+    return last is None or time.monotonic() - last >= interval_s
 
 
 def export_job(trainer: Any, path: str, roles: dict[str, ChannelRole] | None = None) -> Job[str]:
