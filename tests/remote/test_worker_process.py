@@ -66,9 +66,12 @@ def test_the_task_trains_on_the_workers_cpus_and_restores_torchs_threads(
     assert after == 1
 
 
-def test_buffers_are_reused_not_mapped_anew_during_the_task(client):
+def test_buffers_are_reused_not_mapped_anew_during_the_task(one_thread_client):
     # The nanny's MALLOC_TRIM_THRESHOLD_ pins glibc's mmap threshold at 128 KiB: each
     # 1-MiB buffer is mapped and faulted in again (256 faults each); tuned, it is reused.
+    # A worker of its own: the thresholds are the process's, so a training task of
+    # another test still ending on a shared worker would hold them raised meanwhile.
+    client = one_thread_client
     untuned = client.submit(page_faults_of_buffers, False, pure=False).result()
     tuned = client.submit(page_faults_of_buffers, True, pure=False).result()
     assert untuned > 100 * 200

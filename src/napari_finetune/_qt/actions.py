@@ -34,7 +34,7 @@ from napari_finetune._qt.layers import (
     show_predictions,
 )
 from napari_finetune._qt.objects_step import show_checkpoint_roles
-from napari_finetune._qt.state import CheckpointInfo, Untrusted, release_trainer, shut_down
+from napari_finetune._qt.state import CheckpointInfo, Untrusted, release_trainer
 from napari_finetune._qt.trust import ask_to_trust, info_job, refusal
 from napari_finetune._qt.worker import start_call, start_job
 from napari_finetune.session import jobs
@@ -92,30 +92,16 @@ class Controller:
         show_error(message)
 
     def run_job(
-        self, busy: Busy | None, job: Callable[..., Job], *args: Any, what: str,
+        self, job: Callable[..., Job], *args: Any, what: str,
         on_result: Callable[[Any], None] | None = None,
         on_failed: Callable[[], None] | None = None, **kwargs: Any,
     ) -> None:
-        """Start ``job``; ``busy`` marks the widget while it runs. ``on_result`` gets what
-        the job returned, ``on_failed`` runs after a failure was shown."""
+        """Start one of the widget's own jobs (the engine's warm-up, reading a checkpoint),
+        which never mark it busy: ``on_result`` gets what the job returned, ``on_failed``
+        runs after a failure was shown. The actions go through the Session."""
         s = self.state
         if s.closed:
-            return  # closing: no new work (e.g. the prediction after a run)
-        aborted = []
-
-        def on_event(event: Event) -> None:
-            if s.closed:  # the widget may be deleted: keep the record, touch no widget
-                if isinstance(event, TrainerReady):
-                    s.trainer = event.trainer
-                elif isinstance(event, RunStatus):
-                    s.statuses.append(event.status)
-                return
-            try:
-                self.handle(event)
-            except RuntimeError as exc:  # "wrapped C/C++ object ... has been deleted"
-                if "deleted" not in str(exc):
-                    raise
-                shut_down(s, 0.0)  # end the run at the next step
+            return  # closing: no new work
 
         def on_error(exc: Exception) -> None:
             if s.closed:
@@ -133,19 +119,10 @@ class Controller:
             s.running -= 1
             if worker in s.jobs:
                 s.jobs.remove(worker)
-            if busy is not None and s.busy is busy:
-                s.worker = None
-                s.busy = None
-            if busy is Busy.TRAIN and not s.closed:
-                self.after_training(stopped=bool(aborted))
 
         s.running += 1
-        worker = start_job(job, *args, on_event=on_event, on_result=on_returned,
-                                on_error=on_error, on_aborted=lambda: aborted.append(True),
-                                on_finished=on_finished, **kwargs)
-        if busy is not None:
-            s.worker = worker
-            s.busy = busy
+        worker = start_job(job, *args, on_event=self._session_event, on_result=on_returned,
+                           on_error=on_error, on_finished=on_finished, **kwargs)
         s.jobs.append(worker)
 
     # -- the Session's events ----------------------------------------------------------------
@@ -230,7 +207,7 @@ class Controller:
     # -- the checkpoint ----------------------------------------------------------------------
     def warm_up(self) -> None:
         """Import the engine and PEFT in the background (see ``warm_up_job``)."""
-        self.run_job(None, jobs.warm_up_job, what="Loading the fine-tuning engine failed")
+        self.run_job(jobs.warm_up_job, what="Loading the fine-tuning engine failed")
 
     def load_info(self, path: str, trust: tuple[str, ...] = ()) -> None:
         """Read the checkpoint's channels in a worker (a bad file -> notification)."""
@@ -244,7 +221,7 @@ class Controller:
         s.info = None
         self.w.settings.set_lora_share(0.0)
         self.w.checkpoint_label.setText("reading checkpoint…")
-        self.run_job(None, info_job, path, trust, what="Cannot use this checkpoint",
+        self.run_job(info_job, path, trust, what="Cannot use this checkpoint",
                      on_result=self._info_read, on_failed=lambda: self.w.checkpoint_label.setText(
                          "no usable checkpoint: choose another file"))
 

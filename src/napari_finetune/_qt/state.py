@@ -80,7 +80,6 @@ class WidgetState:
     session: Session | None = None
     busy: Busy | None = None  # the action running (SHOW: its layers being added)
     trainer: Finetuner | None = None  # kept after a run, for Export and Predict
-    worker: JobWorker | None = None
     autosaver: Autosaver | None = None
     retired_savers: list[Autosaver] = field(default_factory=list)  # layers followed before
     clicked_at: float = 0.0
@@ -124,8 +123,6 @@ def stop(s: WidgetState) -> None:
     weights of the last completed step are kept.
     """
     s.stop_requested = True
-    if s.worker is not None:
-        s.worker.quit()
     if s.session is not None and s.session.busy is not None:
         s.session.stop()
 

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from napari_finetune._qt.settings import SettingsForm
     from napari_finetune._qt.state import WidgetState
     from napari_finetune._qt.status_panel import StatusPanel
-    from napari_finetune.session.session import Busy, Session
+    from napari_finetune.session.session import Session
     from napari_finetune.session.work import Job
 
 
@@ -59,11 +59,11 @@ class JobHost(Protocol):
     session: Session
 
     def run_job(
-        self, busy: Busy | None, job: Callable[..., Job], *args: Any, what: str,
+        self, job: Callable[..., Job], *args: Any, what: str,
         on_result: Callable[[Any], None] | None = None,
         on_failed: Callable[[], None] | None = None, **kwargs: Any,
     ) -> None:
-        """Start ``job``; ``busy`` marks the widget while it runs."""
+        """Start one of the widget's own jobs (never marks it busy)."""
 
     def start_action(
         self, start: Callable[[], bool], done: Callable[[], None] = ...,

@@ -26,6 +26,7 @@ from napari_finetune.data.region_cache import (
     tile_box,
     tiles_touching,
 )
+from napari_finetune.errors import one_line
 
 if TYPE_CHECKING:
     import dask.array as da
@@ -150,7 +151,7 @@ class StoredImage:
         try:
             data = open_volume(self.path).data
         except Exception as exc:  # missing, not zarr, not readable here: the reason
-            return f"{type(exc).__name__}: {exc}".splitlines()[0]
+            return one_line(exc)
         shape = tuple(int(s) for s in data.shape)
         if shape != self.shape or str(np.dtype(data.dtype)) != self.dtype:
             return (f"{self.path} is {shape} {np.dtype(data.dtype)} here, the client's image "

@@ -181,10 +181,7 @@ def _build_and_run(
     yield TrainerReady(trainer)
     run = trainer.run()
     try:
-        if remote is None:
-            yield from _local_previews(trainer, run, preview_interval_s, region)
-        else:
-            yield from _worker_previews(remote, run, preview_interval_s, region)
+        yield from _with_previews(trainer, run, preview_interval_s, region, remote)
     finally:
         # However the run ended (a quit() included), close the run here, in this thread
         # (its sample feed), and give back the optimizer state and the teacher; the
@@ -193,42 +190,29 @@ def _build_and_run(
         trainer.release()
 
 
-def _local_previews(
+def _with_previews(
     trainer: Finetuner, run: Iterator[Status], interval_s: float,
-    region: Callable[[], tuple[slice, ...] | None],
+    region: Callable[[], tuple[slice, ...] | None], remote: RemoteFinetuner | None,
 ) -> Job[None]:
-    """The run's statuses, and after a step when one is due the shown region's
-    probabilities, predicted here between two steps."""
+    """The run's statuses and, after a step when one is due, the region on screen's
+    probabilities: predicted here between two steps, or (``remote``) asked of the worker,
+    which answers after its next step, and shown as the answer comes back."""
     last: float | None = None
     for status in run:
         yield RunStatus(status)
         if interval_s > 0 and status.kind == "step" and _due(last, interval_s):
             where = region()
-            if where is not None:
+            if where is not None and remote is not None:
+                remote.request_preview(where)
+            elif where is not None:
                 try:
                     yield Preview(where, np.asarray(trainer.predict(where)))
                 except Exception as exc:  # a view of the run, not part of it: it goes on
                     yield PreviewFailed(one_line(exc))
             last = time.monotonic()
-
-
-def _worker_previews(
-    trainer: RemoteFinetuner, run: Iterator[Status], interval_s: float,
-    region: Callable[[], tuple[slice, ...] | None],
-) -> Job[None]:
-    """The run's statuses, and the previews the worker computes: asked for when due
-    (after a step), each shown as it comes back with a later status."""
-    last: float | None = None
-    for status in run:
-        yield RunStatus(status)
-        if interval_s > 0 and status.kind == "step" and _due(last, interval_s):
-            where = region()
-            if where is not None:
-                trainer.request_preview(where)
-            last = time.monotonic()
-        if (failed := trainer.take_preview_failure()) is not None:
+        if remote is not None and (failed := remote.take_preview_failure()) is not None:
             yield PreviewFailed(failed)
-        if (preview := trainer.take_preview()) is not None:
+        if remote is not None and (preview := remote.take_preview()) is not None:
             yield Preview(*preview)
 
 
