@@ -112,6 +112,36 @@ def test_architecture_file_runs_only_when_trusted(folder, package, tmp_path):
     _same_predictions(ckpt.model, load_checkpoint(package).model)
 
 
+@pytest.mark.parametrize("from_file", [False, True], ids=["library", "package file"])
+def test_a_package_is_read_whole_before_its_model_is_built(folder, tmp_path, monkeypatch,
+                                                           from_file):
+    """The model floor comes last: the description, the trust check, the architecture file,
+    the provenance and the weights' bytes are all read, then the model is built once."""
+    import napari_finetune.bioimageio.architecture as architecture
+    import napari_finetune.bioimageio.load as load
+
+    if from_file:
+        _file_architecture(folder, tmp_path / "imported")
+    calls: list[str] = []
+
+    def spy(module, name: str) -> None:
+        real = getattr(module, name)
+
+        def recorded(*args, **kwargs):
+            calls.append(name)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, recorded)
+
+    for name in ("read_package_file", "build_package_model", "source_record"):
+        spy(architecture, name)
+    spy(load, "_provenance")
+    ckpt = load_checkpoint(folder, trust=["tiny_net.py:build"])
+    read = ["source_record", "read_package_file"] if from_file else []
+    assert calls == [*read, "_provenance", "read_package_file", "build_package_model"]
+    assert ("architecture_file" in ckpt.metadata["bioimageio"]) is from_file
+
+
 def _edited(folder: Path, change) -> str:
     edit_rdf(folder, change)
     with pytest.raises(CheckpointError) as info:

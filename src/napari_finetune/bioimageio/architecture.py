@@ -21,7 +21,7 @@ from typing import Any
 from bioimageio.spec.model import v0_5
 from torch import nn
 
-from napari_finetune.bioimageio.source_file import build_from_source, trust_name
+from napari_finetune.bioimageio.source_file import build_from_source, trust_name, untrusted_source
 from napari_finetune.errors import first_line
 from napari_finetune.model.architectures import Trust, trusted_names
 from napari_finetune.model.factory import CheckpointError, build_model
@@ -45,26 +45,43 @@ def architecture_dict(arch: PackageArchitecture) -> dict[str, Any]:
     return {"factory": factory, "kwargs": dict(arch.kwargs)}
 
 
+def trusted_source(
+    arch: PackageArchitecture, architecture: dict[str, Any], trust: Trust = None
+) -> dict[str, str] | None:
+    """The package's own architecture file, ``{"name", "callable", "code"}``, once the user
+    trusts it; None for a library callable (the allow-list decides when it is built).
+
+    Raises
+    ------
+    CheckpointError
+        A file the user has not trusted (refused before the file is even read; the
+        message says how to trust it), or one that cannot be read.
+    """
+    if not isinstance(arch, v0_5.ArchitectureFromFileDescr):
+        return None
+    if architecture["factory"] not in trusted_names(trust):
+        raise untrusted_source(_source_name(arch.source), str(arch.callable))
+    return source_record(arch)
+
+
 def build_package_model(
-    arch: PackageArchitecture, trust: Trust = None
-) -> tuple[nn.Module, dict[str, Any]]:
-    """The model a package's architecture describes, and its architecture dict.
+    architecture: dict[str, Any], source: dict[str, str] | None, trust: Trust = None
+) -> nn.Module:
+    """The model of ``architecture``: built from the package's own file ``source`` (see
+    :func:`trusted_source`), or from a library callable under the allow-list.
+
+    The last step of reading a package, and the only one on the model floor, so a
+    package's path walks down once.
 
     Raises
     ------
     CheckpointError
         A library callable that is not allowed or not installed, or a source
-        file the user has not trusted (the message says how to trust it).
+        file that fails to run or builds no module.
     """
-    architecture = architecture_dict(arch)
-    if isinstance(arch, v0_5.ArchitectureFromLibraryDescr):
-        return build_model(architecture, trust=trust), architecture
-    assert isinstance(arch, v0_5.ArchitectureFromFileDescr)
-    if architecture["factory"] not in trusted_names(trust):
-        # Refused before the file is even read.
-        build_from_source(source_record(arch, code=""), architecture["kwargs"], trust)
-    model = build_from_source(source_record(arch), architecture["kwargs"], trust)
-    return model, architecture
+    if source is not None:
+        return build_from_source(source, architecture["kwargs"], trust)
+    return build_model(architecture, trust=trust)
 
 
 def source_record(arch: v0_5.ArchitectureFromFileDescr, code: str | None = None) -> dict[str, str]:

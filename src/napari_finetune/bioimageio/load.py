@@ -41,7 +41,6 @@ from napari_finetune.objects.roles import METADATA_KEY as ROLES_KEY
 if TYPE_CHECKING:  # bioimageio.spec is imported at run time only once it is known to exist
     from bioimageio.spec.model.v0_5 import ModelDescr
 
-    from napari_finetune.bioimageio.architecture import PackageArchitecture
 
 
 def read_description(path: Path) -> ModelDescr:
@@ -97,7 +96,12 @@ def load_bioimageio(
     path = Path(path)
     require("bioimageio.spec", CheckpointError, f"opening the bioimage.io package {path}")
     # Imported here, after the check: they import bioimageio.spec.
-    from napari_finetune.bioimageio.architecture import build_package_model, read_package_file
+    from napari_finetune.bioimageio.architecture import (
+        architecture_dict,
+        build_package_model,
+        read_package_file,
+        trusted_source,
+    )
     from napari_finetune.bioimageio.normalization import normalization_from_preprocessing
 
     descr = read_description(path)
@@ -115,8 +119,25 @@ def load_bioimageio(
         normalization = normalization_from_preprocessing(descr.inputs[0].preprocessing)
     except ValueError as exc:
         raise CheckpointError(f"{path}: {exc}.") from None
-    model, architecture = build_package_model(weights.architecture, trust=trust)
+    # Everything of the package is read before the model is built, the last step and the
+    # only one on the model floor: a package's path walks down once.
+    architecture = architecture_dict(weights.architecture)
+    source = trusted_source(weights.architecture, architecture, trust)
+    metadata = {
+        "channel_names": channel_names,
+        "normalization": normalization,
+        "bioimageio": _provenance(descr, path, axes, source),
+    }
+    ours = _napari_finetune_config(descr)
+    run = ours.get("run")
+    if isinstance(run, dict):
+        metadata["run"] = run
+    roles = ours.get(ROLES_KEY)
+    if isinstance(roles, dict):  # validated where they are used (objects.roles)
+        metadata[ROLES_KEY] = roles
     data = read_package_file(weights, "weights file")
+    digest = hashlib.sha256(path.read_bytes() if path.is_file() and path.suffix == ".zip" else data)
+    model = build_package_model(architecture, source, trust)
     try:
         state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
         model.load_state_dict(state, strict=weights.strict)
@@ -126,19 +147,6 @@ def load_bioimageio(
             f"({one_line(exc)})"
         ) from None
     model.to(device).eval()
-    metadata = {
-        "channel_names": channel_names,
-        "normalization": normalization,
-        "bioimageio": _provenance(descr, path, axes, weights.architecture),
-    }
-    ours = _napari_finetune_config(descr)
-    run = ours.get("run")
-    if isinstance(run, dict):
-        metadata["run"] = run
-    roles = ours.get(ROLES_KEY)
-    if isinstance(roles, dict):  # validated where they are used (objects.roles)
-        metadata[ROLES_KEY] = roles
-    digest = hashlib.sha256(path.read_bytes() if path.is_file() and path.suffix == ".zip" else data)
     return Checkpoint(
         model=model,
         metadata=metadata,
@@ -195,13 +203,10 @@ def _output_channel_names(descr: ModelDescr) -> list[str]:
 
 
 def _provenance(
-    descr: ModelDescr, path: Path, axes: list[str], arch: PackageArchitecture
+    descr: ModelDescr, path: Path, axes: list[str], source: dict[str, str] | None
 ) -> dict[str, Any]:
-    """What an export of the fine-tuned model carries on (plain types only)."""
-    from bioimageio.spec.model import v0_5
-
-    from napari_finetune.bioimageio.architecture import source_record
-
+    """What an export of the fine-tuned model carries on (plain types only); ``source``:
+    the package's own architecture file, when it has one."""
     record: dict[str, Any] = {
         "source": str(path),
         "name": descr.name,
@@ -220,9 +225,9 @@ def _provenance(
         ],
         "axes": axes,
     }
-    if isinstance(arch, v0_5.ArchitectureFromFileDescr):
+    if source is not None:
         # Kept so that an export can put the file back into the new package.
-        record["architecture_file"] = source_record(arch)
+        record["architecture_file"] = source
     return record
 
 

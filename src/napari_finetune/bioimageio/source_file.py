@@ -33,6 +33,17 @@ def trust_name(file_name: str, callable_name: str) -> str:
     return f"{file_name}:{callable_name}"
 
 
+def untrusted_source(file_name: str, callable_name: str) -> CheckpointError:
+    """The refusal of a package file the user has not trusted: how to trust it."""
+    name = trust_name(file_name, callable_name)
+    return CheckpointError(
+        f"the model is built by {callable_name} from the bioimage.io package's "
+        f"own file {file_name}, and importing that file runs its code; if you "
+        f"trust the package, load it with --trust-factory {name} (Python: "
+        f"load_checkpoint(path, trust=[{name!r}]))."
+    )
+
+
 def build_from_source(
     source: dict[str, Any], kwargs: dict[str, Any], trust: Trust = None
 ) -> nn.Module:
@@ -55,12 +66,7 @@ def build_from_source(
     """
     name = trust_name(str(source["name"]), str(source["callable"]))
     if name not in trusted_names(trust):
-        raise CheckpointError(
-            f"the model is built by {source['callable']} from the bioimage.io package's "
-            f"own file {source['name']}, and importing that file runs its code; if you "
-            f"trust the package, load it with --trust-factory {name} (Python: "
-            f"load_checkpoint(path, trust=[{name!r}]))."
-        )
+        raise untrusted_source(str(source["name"]), str(source["callable"]))
     fn = getattr(_module_of(str(source["name"]), str(source["code"])), source["callable"], None)
     if not callable(fn):
         raise CheckpointError(
