@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -18,6 +18,9 @@ from napari_finetune.session.work import Job, core_left_for_the_ui, with_progres
 from napari_finetune.uncertainty import Suggestion, entropy, suggest_region
 
 if TYPE_CHECKING:
+    from torch import nn
+
+    from napari_finetune.arrays import VolumeArray
     from napari_finetune.objects import ChannelRole
 
 
@@ -48,10 +51,10 @@ def objects_job(
 
 def uncertainty_job(
     checkpoint_path: str,
-    image: Any,
+    image: VolumeArray,
     channel_count: int | None,
     device: str,
-    model: Any = None,
+    model: nn.Module | None = None,
     normalization: dict | None = None,
     trust: Sequence[str] = (),
 ) -> Job[np.ndarray]:
@@ -80,7 +83,7 @@ def uncertainty_job(
 
 def suggest_job(
     unsure: np.ndarray,
-    corrections: Any,
+    corrections: VolumeArray | None,
     region_shape: Sequence[int],
     exclude: Sequence[tuple[slice, ...]],
 ) -> Job[Suggestion | None]:

@@ -31,8 +31,11 @@ from napari_finetune.session.events import (
 from napari_finetune.session.work import Job, core_left_for_the_ui, with_progress
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from napari_finetune.arrays import VolumeArray
     from napari_finetune.bioimageio.export import ExportsCheckpoint
+    from napari_finetune.config import FinetuneConfig
     from napari_finetune.objects import ChannelRole
     from napari_finetune.remote.finetuner import RemoteFinetuner
     from napari_finetune.trainer.loop import Finetuner
@@ -56,9 +59,10 @@ def warm_up_job() -> Job[None]:
 
 
 def model_to_predict(
-    checkpoint_path: str, image: Any, channel_count: int | None, model: Any = None,
-    normalization: dict | None = None, trust: Sequence[str] = (),
-) -> tuple[Any, tuple[float, float], int]:
+    checkpoint_path: str, image: VolumeArray, channel_count: int | None,
+    model: nn.Module | None = None, normalization: dict | None = None,
+    trust: Sequence[str] = (),
+) -> tuple[nn.Module, tuple[float, float], int]:
     """(model, intensity range of ``image``, channels): the given model (a fine-tuned one,
     with the checkpoint's normalisation) or the checkpoint's, loaded here in the worker."""
     from napari_finetune.data.normalization import intensity_range
@@ -88,8 +92,9 @@ class Prediction:
 
 
 def predict_job(
-    checkpoint_path: str, image: Any, channel_count: int | None, device: str,
-    model: Any = None, normalization: dict | None = None, trust: Sequence[str] = (),
+    checkpoint_path: str, image: VolumeArray, channel_count: int | None, device: str,
+    model: nn.Module | None = None, normalization: dict | None = None,
+    trust: Sequence[str] = (),
     keep: Sequence[int] = (),
 ) -> Job[Prediction]:
     """Whole-volume prediction, blockwise: one uint8 mask per channel, and the probability
@@ -119,8 +124,8 @@ def predict_job(
 
 
 def train_job(
-    checkpoint_path: str, image: Any, corrections: np.ndarray, store_path: str | None,
-    channel_names: Sequence[str], config: Any, preview_interval_s: float,
+    checkpoint_path: str, image: VolumeArray, corrections: np.ndarray, store_path: str | None,
+    channel_names: Sequence[str], config: FinetuneConfig, preview_interval_s: float,
     region: Callable[[], tuple[slice, ...] | None], trust: Sequence[str] = (),
     snapshot: int | None = None, channel_colors: Sequence[str] = (),
     scheduler: str | None = None, tls_files: tuple[str, str, str] | None = None,
@@ -152,7 +157,7 @@ def train_job(
 
 
 def _build_and_run(
-    checkpoint_path: str, image: Any, corrections: np.ndarray, config: Any,
+    checkpoint_path: str, image: VolumeArray, corrections: np.ndarray, config: FinetuneConfig,
     preview_interval_s: float, region: Callable[[], tuple[slice, ...] | None],
     trust: Sequence[str], scheduler: str | None, tls_files: tuple[str, str, str] | None,
     store_path: str | None,
@@ -221,7 +226,9 @@ def _due(last: float | None, interval_s: float) -> bool:
     return last is None or time.monotonic() - last >= interval_s
 
 
-def export_job(trainer: Any, path: str, roles: dict[str, ChannelRole] | None = None) -> Job[str]:
+def export_job(
+    trainer: Finetuner, path: str, roles: dict[str, ChannelRole] | None = None,
+) -> Job[str]:
     """``trainer.export(path)`` off the main thread, with ``roles`` (every channel's, as
     the widget's editor holds them) as the file's instance roles; returns where it was
     written."""
