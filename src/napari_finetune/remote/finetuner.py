@@ -64,6 +64,7 @@ if TYPE_CHECKING:
 
     from distributed import Client, Future, Queue, Security
 
+    from napari_finetune.arrays import VolumeArray
     from napari_finetune.model.checkpoint_format import Checkpoint
     from napari_finetune.remote.tiles import StoredImage
 
@@ -128,7 +129,8 @@ class RemoteFinetuner(Finetuner):
     """
 
     def __init__(
-        self, model: torch.nn.Module, image: Any, corrections: Any, config: FinetuneConfig,
+        self, model: torch.nn.Module, image: VolumeArray, corrections: VolumeArray,
+        config: FinetuneConfig,
         metadata: dict[str, Any] | None = None, source_sha256: str | None = None, *,
         scheduler: str | Client, checkpoint: bytes, suffix: str = ".pt",
         trust: tuple[str, ...] = (), security: Security | None = None,
@@ -167,7 +169,8 @@ class RemoteFinetuner(Finetuner):
 
     @classmethod
     def remote(
-        cls, checkpoint: Checkpoint, image: Any, corrections: Any, config: FinetuneConfig,
+        cls, checkpoint: Checkpoint, image: VolumeArray, corrections: VolumeArray,
+        config: FinetuneConfig,
         scheduler: str | Client, *, trust: tuple[str, ...] = (),
         security: Security | None = None, fit_patch: bool = True, weights_every: int = 5,
         store_path: str | os.PathLike | None = None,

@@ -15,11 +15,11 @@ worker reads the image itself through a :class:`StoreVolume`: no tiles travel.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from napari_finetune.arrays import Index
+from napari_finetune.arrays import Index, VolumeArray
 from napari_finetune.data.region_cache import (
     overlap,
     reachable_tiles,
@@ -42,7 +42,7 @@ class Painting:
     dtype: str
 
     @classmethod
-    def of(cls, corrections: Any) -> Painting:
+    def of(cls, corrections: VolumeArray) -> Painting:
         """The painting of ``corrections`` (numpy, zarr or dask)."""
         dense = np.asarray(corrections)
         flat = np.flatnonzero(dense)
@@ -75,7 +75,9 @@ class ImageTiles:
     tiles: dict[tuple[int, ...], np.ndarray]
 
     @classmethod
-    def read(cls, image: Any, painting: Painting, tile_shape: tuple[int, ...]) -> ImageTiles:
+    def read(
+        cls, image: VolumeArray, painting: Painting, tile_shape: tuple[int, ...],
+    ) -> ImageTiles:
         """Read from ``image`` every tile a patch anchored on ``painting`` can touch."""
         shape = tuple(int(s) for s in image.shape)
         indices = reachable_tiles([painting.coordinates()], tile_shape, shape)
