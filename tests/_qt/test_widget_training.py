@@ -151,6 +151,28 @@ def test_a_failing_preview_is_a_log_line_and_the_run_finishes(docked, qtbot, req
     assert "Preview failed, the run goes on: MemoryError: no room for the preview" in log
 
 
+def test_a_panel_deleted_under_a_run_ends_the_run_and_keeps_the_painting(
+        docked, qtbot, monkeypatch):
+    """Qt deleted the panel's C++ side without the close hooks having run: the next status
+    cannot be shown, so the widget shuts down as when it closes (the run ends at its next
+    step, the painting is saved), rather than training on for nobody."""
+    viewer, widget, image = docked
+    _setup_run(viewer, widget, qtbot, steps=500, batch=1)
+    qtbot.mouseClick(widget.finetune_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: any(st.kind == "step" for st in widget.state.statuses),
+                    timeout=60_000)
+
+    def deleted(status: object) -> None:
+        raise RuntimeError("wrapped C/C++ object of type QLabel has been deleted")
+
+    monkeypatch.setattr(widget.status_panel, "show_status", deleted)
+    qtbot.waitUntil(lambda: widget.actions.session.busy is None, timeout=120_000)
+    statuses = widget.state.statuses
+    assert widget.state.closed
+    assert statuses[-1].kind == "stopped" and statuses[-1].step < 500, [
+        st.kind for st in statuses[-3:]]
+
+
 def test_stop_keeps_weights_and_export_reloads(docked, qtbot, monkeypatch, tmp_path):
     viewer, widget, image = docked
     _setup_run(viewer, widget, qtbot, steps=500, batch=1)

@@ -34,7 +34,7 @@ from napari_finetune._qt.layers import (
     show_predictions,
 )
 from napari_finetune._qt.objects_step import show_checkpoint_roles
-from napari_finetune._qt.state import CheckpointInfo, Untrusted, release_trainer
+from napari_finetune._qt.state import CheckpointInfo, Untrusted, release_trainer, shut_down
 from napari_finetune._qt.trust import ask_to_trust, info_job, refusal
 from napari_finetune._qt.worker import start_call, start_job
 from napari_finetune.session import jobs
@@ -144,6 +144,7 @@ class Controller:
         except RuntimeError as exc:  # "wrapped C/C++ object ... has been deleted"
             if "deleted" not in str(exc):
                 raise
+            shut_down(s, 0.0)  # as if closed: the painting saved, the run ended at its step
 
     def _refused(self, reason: str) -> None:
         if not self.state.closed:
