@@ -65,6 +65,17 @@ def test_loss_plot_follows_the_theme_and_marks_recoveries(docked, qtbot):
     assert plot.marks == [(3, "batch halved")] and len(plot.losses) == 4
 
 
+def test_choosing_lora_warms_up_peft(docked, monkeypatch):
+    """The dock's warm-up leaves PEFT out (a full fine-tune is the default): choosing LoRA
+    warms it up; choosing a full fine-tune again starts nothing."""
+    viewer, widget, image = docked
+    asked: list[bool] = []
+    monkeypatch.setattr(widget.actions, "warm_up", lambda lora: asked.append(lora))
+    widget.settings.mode.value = "lora"
+    widget.settings.mode.value = "full"
+    assert asked == [True]
+
+
 def test_long_texts_read_in_full_or_elide_from_the_left(docked, qtbot):
     viewer, widget, image = docked
     qtbot.waitExposed(widget)

@@ -206,9 +206,9 @@ class Controller:
                 s.mark("first_preview_s")
 
     # -- the checkpoint ----------------------------------------------------------------------
-    def warm_up(self) -> None:
-        """Import the engine and PEFT in the background (see ``warm_up_job``)."""
-        self.run_job(jobs.warm_up_job, what="Loading the fine-tuning engine failed")
+    def warm_up(self, lora: bool) -> None:
+        """Import the engine, and PEFT for a LoRA run, in the background (``warm_up_job``)."""
+        self.run_job(jobs.warm_up_job, lora, what="Loading the fine-tuning engine failed")
 
     def load_info(self, path: str, trust: tuple[str, ...] = ()) -> None:
         """Read the checkpoint's channels in a worker (a bad file -> notification)."""

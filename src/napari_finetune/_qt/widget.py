@@ -158,6 +158,8 @@ class FinetuneWidget(QWidget):
         self.save_predictions_button.clicked.connect(lambda: results.save_predictions(a))
         self.paint_next_button.clicked.connect(lambda: results.paint_here_next(a))
         self.bioimageio_button.clicked.connect(self._export_bioimageio)
+        # PEFT is warmed up when LoRA is chosen, not at every dock (see warm_up_job).
+        self.settings.mode.changed.connect(lambda mode: mode == "lora" and a.warm_up(lora=True))
         self.state.events.all.connect(self._sync_buttons)  # the one place buttons follow
         layers = self.viewer.layers.events
         self._viewer_hooks = [(self.viewer.events.theme, self._theme_changed),
@@ -188,7 +190,7 @@ class FinetuneWidget(QWidget):
         self._theme_changed()
         if self.checkpoint_edit.text():
             self._checkpoint_changed()
-        a.warm_up()
+        a.warm_up(lora=self.settings.mode.value == "lora")
 
     def sizeHint(self) -> QSize:  # noqa: N802 (Qt override)
         """Wide enough for the inputs: napari sizes the dock from this."""
