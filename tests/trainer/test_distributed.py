@@ -239,7 +239,6 @@ def _shown_lines(text: str) -> list[str]:
     return [line for line in shown if line.strip() and not re.search(r"\d+/500 \[", line)]
 
 
-@pytest.mark.serial  # a bound on how fast the lost rank is noticed
 def test_a_killed_rank_ends_the_other_with_one_line_not_a_hang(tmp_path, painted_store, checkpoint):
     out = tmp_path / "tuned.pt"
     port = _free_port()
@@ -283,7 +282,7 @@ def test_a_killed_rank_ends_the_other_with_one_line_not_a_hang(tmp_path, painted
     lines = _shown_lines(err)
     assert len(lines) == 1 and "Traceback" not in err, err
     assert "lost a process" in lines[0] and "rank 0 of 2 lost the other ranks" in lines[0]
-    assert took < 30
+    assert took < 30  # within the 20 s collective timeout and a margin: never a hang
     from napari_finetune.model.checkpoint import load_checkpoint
 
     # The last good step is kept: rank 0 had applied at least the two its bar showed.
