@@ -10,10 +10,9 @@ from tests._qt.conftest import wait_idle
 from napari_finetune._qt.run_on import SCHEDULER
 from napari_finetune.session.session import Busy, Outcome
 
-# Only under Qt 5 (the Makefile's Qt 6 run skips `dask_worker`): the run is the engine's,
-# which the Qt 6 suite exercises through the local runs. It bounds no time, so it runs
-# beside the other tests rather than in the serial phase, where it took 12 s of one core
-# with the other idle.
+# One at a time (a LocalCluster of its own), and only under Qt 5: the run is the engine's,
+# which the Qt 6 suite exercises through the local runs.
+pytestmark = pytest.mark.serial
 
 
 @pytest.fixture
