@@ -83,8 +83,9 @@ CHECK_LOG := .pytest_cache/type-check.log
 # $(call beside,MARKS,PARALLEL MARKS[,CHECK]): the `resource` tests of MARKS in the
 # background, and CHECK (a command) beside them, the parallel run in front; fails when
 # any does. The type check goes here rather than before: on a clean clone mypy has no
-# cache and takes ~28 s of one core (57 s before pyproject's skipped modules), which the resource tests' waits (cluster start-up,
-# children signalled) leave free; alone in front it made .ci/run 508 s.
+# cache and takes ~28 s of one core (57 s before pyproject's skipped modules), which
+# the resource tests' waits (cluster start-up, children signalled) leave free; alone in
+# front it made .ci/run 508 s.
 beside = mkdir -p .pytest_cache; check=; \
 	$(if $(3),$(3) > $(CHECK_LOG) 2>&1 & check=$$!;) \
 	QT_QPA_PLATFORM=offscreen $(PYTEST) --durations=15 -m "resource and $(1)" \

@@ -56,7 +56,7 @@ def warm_up_job(lora: bool) -> Job[None]:
     if lora:
         try:
             import peft  # noqa: F401
-        except ImportError:  # Fine-tune says what to install when LoRA is chosen
+        except ImportError:  # a broken PEFT install is the run's error to show, not the warm-up's
             pass
     yield from ()
 
