@@ -75,3 +75,38 @@ def test_recovery_marks_read_what_changed_from_the_fields():
     dropped = _status(dtype="bfloat16", distillation="dropped", dropped_at_step=3)
     assert recovery_marks(before, dropped) == ["distillation dropped"]
     assert recovery_marks(dropped, dropped) == []  # only the change is marked
+
+
+def test_panel_shows_an_out_of_memory_run_as_its_statuses_tell_it(qtbot):
+    """The statuses of a run that ran out of memory in its probe (as the Session test of that
+    run records them): the labels say what is in use, each recovery is a log line and a mark
+    on the loss curve, and the routine steps are not logged."""
+    from napari_finetune._qt.status_panel import StatusPanel
+
+    oom = dict(batch_size=1, accumulation=2, step=0, total_steps=2, loss=None,
+               samples_per_step=2)
+    dropped = dict(oom, distillation="dropped", hold_other_channels="dropped",
+                   distillation_weight=0.0, dropped_at_step=1)
+    run = [
+        _status(kind="recovery", **oom, message="out of memory in the precision probe: "
+                "batch 2 → 1, accumulation 1 → 2 (effective 2)"),
+        _status(kind="recovery", **dropped, message="out of memory in the precision probe at "
+                "batch 1: dropped distillation and the hold on the other channels"),
+        _status(kind="probe", **dropped, message="precision probe passed at batch 1 × 2"),
+        _status(kind="step", **{**dropped, "step": 1, "loss": 0.74}, message="step 1/2"),
+        _status(kind="step", **{**dropped, "step": 2, "loss": 0.73}, message="step 2/2"),
+        _status(kind="finished", **{**dropped, "step": 2, "loss": 0.73},
+                message="finished 2 steps"),
+    ]
+    panel = StatusPanel()
+    qtbot.addWidget(panel)
+    panel.start_run(2, batch_size=2)
+    for status in run:
+        panel.show_status(status)
+    assert panel.batch_label.text() == "batch 1 × accumulation 2 (effective 2)"
+    assert panel.distillation_label.text() == "dropped after out-of-memory at step 1"
+    assert panel.hold_label.text() == "dropped after out-of-memory at step 1"
+    assert panel.loss_plot.losses == [0.74, 0.73]
+    assert panel.loss_plot.marks == [(1, "batch halved"), (1, "distillation dropped")]
+    assert panel.log.toPlainText().splitlines() == [
+        s.message for s in run if s.kind != "step"]

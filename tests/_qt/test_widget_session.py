@@ -7,6 +7,7 @@ from pathlib import Path
 from qtpy.QtCore import Qt
 from tests._qt.conftest import wait_idle
 
+from napari_finetune.session.events import PreviewFailed, RunStatus
 from napari_finetune.session.session import Busy, Outcome
 
 
@@ -38,3 +39,21 @@ def test_predict_is_the_sessions_and_its_refusals_and_failures_show_in_one_line(
     assert line.startswith("predict failed: ") and "\n" not in line
     assert log.toPlainText().splitlines()[-1] == line
     assert widget.predict_button.isEnabled() and widget.state.running == 0
+
+
+def test_the_runs_statuses_and_failed_previews_reach_the_panel(make_napari_viewer, qtbot):
+    """The Session passes a run's events on (its tests: what an out-of-memory run and a
+    failing preview yield); the dock shows each status and logs a failed preview in one line."""
+    from tests._qt.test_status_text import _status
+
+    viewer = make_napari_viewer()
+    _, widget = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
+    events = widget.actions.session.events
+    recovery = _status(kind="recovery", batch_size=1, accumulation=2, message="batch 2 → 1")
+    events.job_event.emit(RunStatus(recovery))
+    assert widget.state.statuses == [recovery]
+    assert widget.status_panel.batch_label.text() == "batch 1 × accumulation 2 (effective 2)"
+    events.job_event.emit(PreviewFailed("MemoryError: no room for the preview"))
+    assert widget.status_panel.log.toPlainText().splitlines() == [
+        "batch 2 → 1", "Preview failed, the run goes on: MemoryError: no room for the preview"]
+    wait_idle(qtbot, widget)

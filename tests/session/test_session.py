@@ -260,3 +260,29 @@ def test_a_preview_that_fails_is_one_line_and_the_run_goes_on(session, record, r
     failed = [e for e in events if isinstance(e, PreviewFailed)]
     assert [f.line for f in failed] == ["MemoryError: no room for the preview"] * 2
     assert not [e for e in events if isinstance(e, Preview)]
+
+
+def test_out_of_memory_halves_the_batch_drops_distillation_and_the_run_ends_done(
+        session, record, request):
+    """The widget's fine-tune on a GPU that runs out of memory, headless: the run steps down
+    (batch halved with accumulation doubled, then distillation and the hold dropped), says
+    so in its statuses, ends done, and its weights predict."""
+    from dataclasses import replace
+
+    from napari_finetune.testing import build_hooks, oom_above_batch, oom_in_teacher
+
+    session.config = replace(tiny_config(), batch_size=2)
+    build_hooks.model.append(lambda model: oom_above_batch(model, 1))
+    build_hooks.trainer.append(oom_in_teacher)  # out of memory at any batch
+    request.addfinalizer(build_hooks.clear)
+    assert session.finetune() is True
+    assert record["ended"] == [ActionEnd(Busy.TRAIN, Outcome.DONE, "finished 2 steps")]
+    last = session.history[-1]
+    assert last.kind == "finished" and last.step == 2
+    assert (last.batch_size, last.accumulation, last.effective_batch) == (1, 2, 2)
+    assert last.distillation == "dropped" and last.hold_other_channels == "dropped"
+    assert last.distillation_weight == 0.0 and last.dropped_at_step is not None
+    recoveries = [s for s in session.history if s.kind == "recovery"]
+    assert len(recoveries) >= 2 and all(s.message for s in recoveries)
+    assert session.predict() is True  # the stepped-down run's weights
+    assert record["ended"][-1].outcome is Outcome.DONE
