@@ -61,7 +61,8 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/napari-finetune demo
 
 # The whole suite on Qt 5 (qtpy's first choice), then the widget tests again on Qt 6
-# (of the napari-process shutdown cases, ~17 s each, the two that lost work before).
+# (of the napari-process shutdown cases, ~17 s each, the two that lost work before; not
+# the stores read by the napari-ome-zarr plugin: another reader, the same on both).
 # Each run: every test that may share a moment with another on $(JOBS) xdist workers;
 # beside them, in one more pytest process, the tests marked `resource` one after another
 # (DDP ports, the dask cluster, signalled or SIGKILLed children: each needs its resource
@@ -70,7 +71,8 @@ demo: $(VENV)/.installed
 # (xdist_group + --dist loadgroup would keep them on one worker, but under pytest 9.2
 # loadgroup silently stops grouping: pytest-xdist issue 1386.) --durations names the
 # slowest tests.
-QT6_SKIP := quit-mid-run or remove-dock-mid-run or close-then-exit or dask_worker
+QT6_SKIP := quit-mid-run or remove-dock-mid-run or close-then-exit or dask_worker \
+	or napari_ome_zarr
 JOBS ?= 2
 # Extra options for every pytest call, e.g. PYTEST_ARGS=--random-order-seed=7 (a shuffled
 # order: no test may depend on another's leftovers) or PYTEST_ARGS=-x.

@@ -70,6 +70,25 @@ def painted_store(store):
     return store
 
 
+@pytest.fixture
+def packages(monkeypatch) -> list[dict]:
+    """What bioimage.io's export was called with, instead of writing a package: for the
+    tests of what asks for one (the Session, the widget); tests/model/test_bioimageio_out.py
+    writes real ones and has bioimage.io test them."""
+    from pathlib import Path
+
+    from napari_finetune.bioimageio import export
+
+    calls: list[dict] = []
+
+    def record_call(source, out_path, volume, trust=None, metadata=None):
+        calls.append({"source": source, "volume": volume, "trust": trust, "metadata": metadata})
+        return Path(out_path)
+
+    monkeypatch.setattr(export, "export_bioimageio", record_call)
+    return calls
+
+
 def pytest_collection_finish(session):
     """Hide what collection imported (napari, torch, pydantic models...) from the cycle collector.
 

@@ -39,9 +39,11 @@ def test_paint_here_next_shows_uncertainty_and_goes_to_an_unpainted_region(docke
     assert viewer.layers["uncertainty"] is layer_before
 
 
-def test_export_as_bioimageio_writes_a_tested_package(docked, qtbot, monkeypatch, tmp_path):
-    """The package is tested by bioimage.io and carries the roles edited in the widget,
-    not the checkpoint's."""
+def test_export_as_bioimageio_asks_where_and_packages_the_roles_of_the_editor(
+        docked, qtbot, monkeypatch, tmp_path, packages):
+    """The button asks where, then the Session packages the checkpoint with the roles edited
+    in the widget, not the checkpoint's (the package and bioimage.io's test of it: the
+    export's own tests)."""
     viewer, widget, image = docked
     choose_role(qtbot, widget, "membrane", "none")
     type_value(qtbot, widget, "mitochondria", "min_size", "9")
@@ -52,11 +54,12 @@ def test_export_as_bioimageio_writes_a_tested_package(docked, qtbot, monkeypatch
     out = tmp_path / "model.zip"
     monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, **k: (str(out), ""))
     qtbot.mouseClick(widget.bioimageio_button, Qt.LeftButton)
-    wait_idle(qtbot, widget, timeout=300_000)
+    wait_idle(qtbot, widget)
     assert not widget.state.errors, widget.state.errors
-    assert out.is_file() and "bioimage.io package written" in widget.output_label.text()
-    package = load_checkpoint(out)
-    assert package.channel_names == widget.state.info.channel_names
+    [package] = packages
+    assert package["source"] == widget.state.info.path  # no run yet: the checkpoint's weights
+    np.testing.assert_array_equal(package["volume"], np.asarray(image.data))
+    assert widget.output_label.text() == f"bioimage.io package written to {out}"
     # A channel without a role is stored as none (its other values mean nothing).
-    assert roles_from_metadata(package.metadata, package.channel_names) == {
+    assert roles_from_metadata(package["metadata"], widget.state.info.channel_names) == {
         "membrane": ChannelRole(), "mitochondria": edited["mitochondria"]}

@@ -167,23 +167,6 @@ def test_corrections_combo_ignores_ground_truth_and_predictions(docked, qtbot):
     assert widget.corrections_combo.value.name == "my corrections"
 
 
-def test_save_predictions_writes_labels_into_the_store(docked, qtbot):
-    viewer, widget, image = docked
-    qtbot.mouseClick(widget.predict_button, Qt.LeftButton)
-    wait_idle(qtbot, widget)
-    qtbot.mouseClick(widget.save_predictions_button, Qt.LeftButton)
-    wait_idle(qtbot, widget)
-
-    from napari_finetune.io.omezarr import list_labels, open_volume
-
-    store = image.metadata["ome_zarr_path"]
-    for channel in CHANNELS:
-        assert f"prediction-{channel}" in list_labels(store)
-        saved = np.asarray(open_volume(f"{store}/labels/prediction-{channel}").data)
-        np.testing.assert_array_equal(saved, viewer.layers[f"{channel} prediction"].data)
-    assert "prediction-membrane" in widget.output_label.text()
-
-
 def test_open_sample_and_dock(make_napari_viewer, qtbot, tmp_path, monkeypatch):
     """File > Open Sample > synthetic-em (a small one) gives a layer the widget can save into."""
     monkeypatch.setenv("NAPARI_FINETUNE_CACHE", str(tmp_path / "cache"))
@@ -208,9 +191,10 @@ def _store_colors(store: Path, name: str) -> dict[int, list[int]]:
 
 @pytest.mark.parametrize("corrections_first", [False, True], ids=["model-first", "layer-first"])
 def test_the_store_gets_the_checkpoints_own_colours(docked, qtbot, tmp_path, corrections_first):
-    """A checkpoint that saved its channel colours: the corrections autosave and the saved
-    predictions carry them into the store (other NGFF tools show what napari showed), also
-    when the corrections layer was followed before the checkpoint was read."""
+    """A checkpoint that saved its channel colours: the corrections autosave and Save
+    predictions (the layers' masks, into the store's labels) carry them into the store
+    (other NGFF tools show what napari showed), also when the corrections layer was
+    followed before the checkpoint was read."""
     import torch
 
     from napari_finetune import palette
@@ -242,5 +226,10 @@ def test_the_store_gets_the_checkpoints_own_colours(docked, qtbot, tmp_path, cor
     wait_idle(qtbot, widget)
     qtbot.mouseClick(widget.save_predictions_button, Qt.LeftButton)
     wait_idle(qtbot, widget)
+    from napari_finetune.io.omezarr import open_volume
+
     for channel, color in zip(CHANNELS, mine, strict=True):
         assert _store_colors(store, f"prediction-{channel}") == {1: palette.rgba(color)}
+        saved = np.asarray(open_volume(f"{store}/labels/prediction-{channel}").data)
+        np.testing.assert_array_equal(saved, viewer.layers[f"{channel} prediction"].data)
+    assert "prediction-membrane" in widget.output_label.text()

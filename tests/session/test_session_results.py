@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pytest
 from tests.session.conftest import CHANNELS
 
 from napari_finetune.session.session import ActionEnd, Busy, Outcome
@@ -102,6 +101,47 @@ def test_a_failed_save_ends_failed_with_one_line(session, record, monkeypatch):
     assert session.busy is None and session.saved == []
 
 
+def test_a_save_failing_part_way_leaves_every_image_as_the_last_save_left_it(
+        session, record, monkeypatch):
+    """Never half written and never a mixed save: the fourth image of a save fails after
+    three were written (in their staging folders); none of them is swapped in."""
+    import zarr
+
+    from napari_finetune.io import pyramid
+
+    def levels(name: str) -> list[np.ndarray]:
+        group = zarr.open_group(f"{session.store}/labels/{name}", mode="r")
+        paths = [d["path"] for d in group.attrs["ome"]["multiscales"][0]["datasets"]]
+        return [np.asarray(group[p]) for p in paths]
+
+    shape = session.image.shape
+    ids = np.zeros(shape, np.uint32)
+    ids[5, 10:20, 10:20], ids[9, 2:6, 2:6] = 1, 2
+    masks = {c: (ids > 0).astype(np.uint8) for c in CHANNELS}
+    assert session.save_predictions(masks, {c: ids for c in CHANNELS}) is True
+    before = {name: levels(name) for name in session.saved}
+    assert len(before) == 4 and record["ended"][-1].outcome is Outcome.DONE
+
+    real, filled = pyramid.fill_pyramid, []
+
+    def fill_then_fail(group) -> None:
+        real(group)
+        filled.append(group)
+        if len(filled) == 4:  # both masks, the membrane objects, then the last one fails
+            raise OSError("disk full")
+
+    monkeypatch.setattr(pyramid, "fill_pyramid", fill_then_fail)
+    edited = {c: np.zeros(shape, np.uint8) for c in CHANNELS}
+    assert session.save_predictions(edited, {c: ids + 1 for c in CHANNELS}) is True
+    assert record["ended"][-1] == ActionEnd(
+        Busy.SAVE, Outcome.FAILED, "save predictions failed: disk full")
+    assert len(filled) == 4 and _labels(session.store) == {"corrections", *before}
+    for name, old in before.items():  # every level as the first save left it
+        for level, was in zip(levels(name), old, strict=True):
+            np.testing.assert_array_equal(level, was)
+    assert not [p.name for p in Path(session.store).iterdir() if "staging" in p.name]
+
+
 # -- Paint here next ---------------------------------------------------------------------------
 def test_suggest_by_default_a_region_of_half_a_training_patch(session, record):
     """The widget's region: half the patch of the run's settings, here (8, 16, 16)."""
@@ -136,21 +176,6 @@ def test_a_failed_suggest_ends_failed_with_one_line(session, record, tmp_path):
 
 
 # -- bioimage.io -------------------------------------------------------------------------------
-@pytest.fixture
-def packages(monkeypatch) -> list[dict]:
-    """What bioimage.io's export was called with (its own tests are the widget test's)."""
-    from napari_finetune.bioimageio import export
-
-    calls: list[dict] = []
-
-    def record_call(source, out_path, volume, trust=None, metadata=None):
-        calls.append({"source": source, "volume": volume, "trust": trust, "metadata": metadata})
-        return Path(out_path)
-
-    monkeypatch.setattr(export, "export_bioimageio", record_call)
-    return calls
-
-
 def test_bioimageio_packages_the_checkpoint_then_the_run_with_the_roles_held(
         session, record, packages, tmp_path):
     from napari_finetune.objects import ChannelRole, roles_to_metadata
