@@ -24,15 +24,18 @@ def tiny_checkpoint(tmp_path: Path) -> Path:
 
 
 def choose_role(qtbot, widget, channel: str, role: str) -> None:
-    """Press the role's first letter in the channel's role list until it is chosen, as a
-    keyboard user does. (Typing the whole word failed once on a loaded machine: keys further
-    apart than Qt's keyboard-search interval start a new search, so "none" chose "object".)"""
+    """Step to the role in the channel's role list with the arrow keys, as a keyboard user
+    does. Not by letters: the list's keyboard search adds a key to the earlier ones when it
+    comes within Qt's keyboard-input interval (400 ms) of the last, so an "n" soon after
+    this list's "o" searched "on", found nothing and left "object" chosen (a fast machine
+    failed so; typing the whole word failed on a slow one, where the keys came apart)."""
     combo = widget.roles_editor.inputs[channel].role.native
+    target = combo.findText(role)
+    assert target >= 0, f"{role!r} is not among the roles"
     combo.setFocus()
-    for _ in range(combo.count()):
-        if combo.currentText() == role:
-            break
-        qtbot.keyClick(combo, role[0])
+    key = Qt.Key_Down if target > combo.currentIndex() else Qt.Key_Up
+    for _ in range(abs(target - combo.currentIndex())):
+        qtbot.keyClick(combo, key)
     assert combo.currentText() == role
 
 
