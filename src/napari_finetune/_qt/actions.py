@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 from napari.utils.notifications import show_error, show_warning
@@ -54,6 +54,8 @@ if TYPE_CHECKING:
     from napari.layers import Image, Labels
 
     from napari_finetune._qt.view import WidgetView
+
+R = TypeVar("R")
 
 
 def _nothing() -> None:
@@ -92,9 +94,9 @@ class Controller:
         show_error(message)
 
     def run_job(
-        self, job: Callable[..., Job], *args: Any, what: str,
-        on_result: Callable[[Any], None] | None = None,
-        on_failed: Callable[[], None] | None = None, **kwargs: Any,
+        self, job: Callable[..., Job[R]], *args: object, what: str,
+        on_result: Callable[[R], None] | None = None,
+        on_failed: Callable[[], None] | None = None, **kwargs: object,
     ) -> None:
         """Start one of the widget's own jobs (the engine's warm-up, reading a checkpoint),
         which never mark it busy: ``on_result`` gets what the job returned, ``on_failed``
@@ -111,7 +113,7 @@ class Controller:
             if on_failed is not None:
                 on_failed()
 
-        def on_returned(result: Any) -> None:
+        def on_returned(result: R) -> None:
             if not s.closed and on_result is not None:
                 on_result(result)
 

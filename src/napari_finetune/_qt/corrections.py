@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from qtpy.QtCore import QObject, QTimer
@@ -28,6 +28,15 @@ from napari_finetune.session.saving import (
     not_yet_written,
     save_corrections_locked,
 )
+
+if TYPE_CHECKING:  # napari's layers and workers import slowly; only their names are needed
+    from napari.components import ViewerModel
+    from napari.layers import Image, Labels, Layer
+    from napari.utils.colormaps import DirectLabelColormap
+    from napari.utils.events import Event
+
+    from napari_finetune._qt.shutdown import JobWorker
+    from napari_finetune.arrays import VolumeArray
 
 BACKGROUND_COLOR = palette.BACKGROUND
 UNPAINTED = 0
@@ -40,7 +49,7 @@ def class_names(channel_names: Sequence[str]) -> list[str]:
     return ["unpainted", "background", *channel_names]
 
 
-def corrections_colormap(colors: Sequence[str]):
+def corrections_colormap(colors: Sequence[str]) -> DirectLabelColormap:
     """Transparent 0, blue background, then the channel colours."""
     from napari.utils.colormaps import DirectLabelColormap
 
@@ -52,12 +61,12 @@ def corrections_colormap(colors: Sequence[str]):
 
 
 def add_corrections_layer(
-    viewer: Any,
-    image_layer: Any,
+    viewer: ViewerModel,
+    image_layer: Image,
     channel_names: Sequence[str],
     colors: Sequence[str],
     store_path: str | None,
-):
+) -> Labels:
     """Add an empty corrections layer over ``image_layer``, selected and in paint mode.
 
     The first channel is the selected label, so the first stroke paints it.
@@ -83,12 +92,12 @@ def add_corrections_layer(
     return layer
 
 
-def image_level0(layer: Any) -> Any:
+def image_level0(layer: Image) -> VolumeArray:
     """Full-resolution array of an image layer (multiscale or not)."""
     return layer.data[0] if getattr(layer, "multiscale", False) else layer.data
 
 
-def store_path_of(*layers: Any) -> str | None:
+def store_path_of(*layers: Layer | None) -> str | None:
     """The store of the first of ``layers`` that has one (our reader's or napari-ome-zarr's)."""
     from napari_finetune.io.layer_store import store_of_layer
 
@@ -100,7 +109,7 @@ def store_path_of(*layers: Any) -> str | None:
     return None
 
 
-def is_corrections_candidate(layer: Any) -> bool:
+def is_corrections_candidate(layer: Layer) -> bool:
     """Layers offered for training: made by this widget, or named like corrections.
 
     Other labels (a ground truth, a prediction) use other values for the
@@ -129,10 +138,10 @@ class Autosaver(QObject):
 
     def __init__(
         self,
-        layer: Any,
+        layer: Labels,
         store_path: str,
         channel_names: Sequence[str],
-        start_worker: Callable[..., Any],
+        start_worker: Callable[..., JobWorker | None],
         on_saved: Callable[[str], None],
         on_error: Callable[[Exception], None],
         delay_ms: int = 1500,
@@ -149,7 +158,7 @@ class Autosaver(QObject):
         self.saves = 0
         self.in_flight = 0
         self.snapshot_id = 0  # number of the last copy taken (see next_snapshot)
-        self.jobs: list[Any] = []  # save workers started and not finished
+        self.jobs: list[JobWorker] = []  # save workers started and not finished
         self._dirty = False  # painted since the last copy
         self.timer = QTimer(self)
         self.timer.setSingleShot(True)
@@ -158,7 +167,7 @@ class Autosaver(QObject):
         layer.events.paint.connect(self._changed)
         layer.events.data.connect(self._changed)
 
-    def _changed(self, event: Any = None) -> None:
+    def _changed(self, event: Event | None = None) -> None:
         self._dirty = True
         self.timer.start()  # restarts: one save after the strokes stop
 

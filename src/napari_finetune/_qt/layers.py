@@ -8,9 +8,14 @@ preview costs one slice copy on the main thread, not a new layer.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # napari's layers import slowly; only their names are needed
+    from napari.components import Camera, ViewerModel
+    from napari.layers import Image, Layer
+    from napari.utils.colormaps import DirectLabelColormap
 
 PREDICTION_KEY = "napari_finetune_prediction"
 # Between two layer additions: time for Qt to paint and take input. With 0 ms the next
@@ -24,16 +29,17 @@ def prediction_name(channel: str) -> str:
     return f"{channel} prediction"
 
 
-def _colormap(color: str):
+def _colormap(color: str) -> DirectLabelColormap:
     from napari.utils.colormaps import DirectLabelColormap
 
     return DirectLabelColormap(color_dict={None: "transparent", 0: "transparent", 1: color})
 
 
 def show_predictions(
-    viewer: Any, image_layer: Any, channel_names: Sequence[str], colors: Sequence[str],
-    masks: Sequence[np.ndarray], store_path: str | None, below: Any = None,
-) -> list[Any]:
+    viewer: ViewerModel, image_layer: Image, channel_names: Sequence[str],
+    colors: Sequence[str], masks: Sequence[np.ndarray], store_path: str | None,
+    below: Layer | None = None,
+) -> list[Layer]:
     """Create or update one Labels layer per channel with the whole-volume masks.
 
     A new layer gets the image's scale and translation and goes just below
@@ -69,9 +75,10 @@ def show_predictions(
 
 
 def fit_prediction_layers_later(
-    viewer: Any, image_layer: Any, channel_names: Sequence[str], colors: Sequence[str],
-    shape: tuple[int, ...], store_path: str | None, alive: Callable[[], bool],
-    then: Callable[[], None], below: Any = None, masks: Sequence[np.ndarray] | None = None,
+    viewer: ViewerModel, image_layer: Image, channel_names: Sequence[str],
+    colors: Sequence[str], shape: tuple[int, ...], store_path: str | None,
+    alive: Callable[[], bool], then: Callable[[], None], below: Layer | None = None,
+    masks: Sequence[np.ndarray] | None = None,
 ) -> None:
     """Make the prediction layers fit ``shape``, one per event-loop turn, then call ``then()``.
 
@@ -101,7 +108,8 @@ def fit_prediction_layers_later(
     ]
     if pending:
         pending.append(None)
-    active: list[Any] = []  # read in the first turn: a layer being inserted is active by then
+    # Read in the first turn: a layer being inserted is active by then.
+    active: list[Layer | None] = []
 
     def add_next() -> None:
         if not alive():
@@ -126,7 +134,7 @@ def fit_prediction_layers_later(
     QTimer.singleShot(TURN_GAP_MS, add_next)
 
 
-def prediction_layers(viewer: Any, channel_names: Sequence[str]) -> list[Any]:
+def prediction_layers(viewer: ViewerModel, channel_names: Sequence[str]) -> list[Layer]:
     """The existing prediction layers, in channel order (missing ones skipped)."""
     return [
         viewer.layers[prediction_name(n)]
@@ -136,7 +144,8 @@ def prediction_layers(viewer: Any, channel_names: Sequence[str]) -> list[Any]:
 
 
 def apply_preview(
-    viewer: Any, channel_names: Sequence[str], region: tuple[slice, ...], probs: np.ndarray,
+    viewer: ViewerModel, channel_names: Sequence[str], region: tuple[slice, ...],
+    probs: np.ndarray,
 ) -> int:
     """Write ``probs > 0.5`` of ``region`` into the prediction layers; returns layers updated."""
     updated = 0
@@ -155,7 +164,7 @@ def apply_preview(
 
 
 def visible_region(
-    viewer: Any, layer: Any, context: Sequence[int], max_extent: int = 256,
+    viewer: ViewerModel, layer: Layer | None, context: Sequence[int], max_extent: int = 256,
 ) -> tuple[slice, ...] | None:
     """Data-space slices around what the canvas shows of ``layer``.
 
@@ -193,7 +202,7 @@ def visible_region(
     return tuple(slices)
 
 
-def _camera_world_point(viewer: Any) -> np.ndarray:
+def _camera_world_point(viewer: ViewerModel) -> np.ndarray:
     # The camera centre covers the displayed axes; the others come from dims.
     point = np.asarray(viewer.dims.point, dtype=float).copy()
     center = np.asarray(camera_of(viewer).center, dtype=float)[-len(viewer.dims.displayed):]
@@ -202,7 +211,7 @@ def _camera_world_point(viewer: Any) -> np.ndarray:
     return point
 
 
-def camera_of(viewer: Any) -> Any:
+def camera_of(viewer: ViewerModel) -> Camera:
     """``viewer.scene.camera`` (napari >= 0.9), else the older ``viewer.camera``."""
     scene = getattr(viewer, "scene", None)
     return scene.camera if scene is not None else viewer.camera
@@ -221,9 +230,9 @@ def objects_layer_name(channel: str, role: str | None) -> str:
 
 
 def show_objects_later(
-    viewer: Any, image_layer: Any, objects: Sequence[tuple[str, str, np.ndarray]],
+    viewer: ViewerModel, image_layer: Image, objects: Sequence[tuple[str, str, np.ndarray]],
     store_path: str | None, prediction_id: int, alive: Callable[[], bool],
-    then: Callable[[], None], below: Any = None,
+    then: Callable[[], None], below: Layer | None = None,
 ) -> None:
     """Show each ``(layer name, channel, uint32 ids)`` as a plain Labels layer, one per
     event-loop turn, then call ``then()``.
@@ -268,7 +277,7 @@ def show_objects_later(
     QTimer.singleShot(TURN_GAP_MS, add_next)
 
 
-def remove_stale_objects_layers(viewer: Any, current: Collection[str]) -> None:
+def remove_stale_objects_layers(viewer: ViewerModel, current: Collection[str]) -> None:
     """Remove the objects layers not named in ``current``: those of a channel whose role
     became none, or whose layer name changed with its role ("cells" -> "membrane objects").
     Left in place, Save would write them as objects of today's prediction."""
@@ -277,7 +286,7 @@ def remove_stale_objects_layers(viewer: Any, current: Collection[str]) -> None:
         viewer.layers.remove(layer)
 
 
-def objects_layers(viewer: Any, prediction_id: int) -> list[Any]:
+def objects_layers(viewer: ViewerModel, prediction_id: int) -> list[Layer]:
     """The objects layers computed from prediction ``prediction_id`` (older ones skipped)."""
     return [layer for layer in viewer.layers if layer.metadata.get(OBJECTS_KEY)
             and layer.metadata.get(OBJECTS_PREDICTION_KEY) == prediction_id]

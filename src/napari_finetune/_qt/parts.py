@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from napari import Viewer
+    from qtpy.QtCore import SignalInstance
 
 from magicgui.widgets import ComboBox, create_widget
 from napari.layers import Layer
@@ -93,7 +94,7 @@ def layer_combo(viewer: Viewer, kind: type[Layer], accept: Callable[[Layer], boo
     return combo
 
 
-def disconnect(signal: Any, slot: Callable[..., Any]) -> None:
+def disconnect(signal: SignalInstance, slot: Callable[..., Any]) -> None:
     """Disconnect ``slot`` from a Qt ``signal``, if it still is connected."""
     try:
         signal.disconnect(slot)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
 
 from magicgui.widgets import (
     CheckBox,
@@ -43,8 +42,12 @@ DEFAULT_SNAPSHOT = str(Path.home() / "napari-finetune-memory-snapshot.pickle")
 AUTOBATCH_CHOICES = [("auto (on for GPUs)", None), ("on", True), ("off", False)]
 
 
-def field_input(name: str, value: Any) -> ValueWidget:
-    """The magicgui input of one FinetuneConfig field, from its :class:`FieldSpec`."""
+def field_input(name: str, value: str | float) -> ValueWidget:
+    """The magicgui input of one FinetuneConfig field, from its :class:`FieldSpec`.
+
+    ``value`` is the field's default: a choice's string, a switch or a number (``bool``
+    and ``int`` are ``float`` to a type checker).
+    """
     spec, tip = FIELDS[name], field_docs(FinetuneConfig).get(name, "")
     common = {"label": spec.label, "tooltip": tip}
     if spec.choices:
@@ -189,8 +192,12 @@ class SettingsForm(QWidget):
         self.lora_advice.setText(text if self.mode.value == "lora" else "")
         self.lora_advice.setVisible(bool(self.lora_advice.text()))
 
-    def config(self, **overrides: Any) -> FinetuneConfig:
-        """A validated :class:`FinetuneConfig` from the inputs (ValueError if invalid)."""
+    def config(self, **overrides: object) -> FinetuneConfig:
+        """A validated :class:`FinetuneConfig` from the inputs (ValueError if invalid).
+
+        ``overrides`` are field values of any of the fields' types; FinetuneConfig
+        checks them.
+        """
         values = {f.name: getattr(FinetuneConfig(), f.name) for f in fields(FinetuneConfig)}
         for name, widget in self.inputs.items():
             values[name] = widget.value

@@ -20,25 +20,34 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Generator, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import ParamSpec, TypeVar
 
 from napari.qt.threading import GeneratorWorker
 from qtpy.QtCore import QEvent, QObject, QTimer
 from qtpy.QtWidgets import QMainWindow, QWidget
+
+from napari_finetune.session.events import Event
+from napari_finetune.session.work import Job
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 # A fine-tuning step on a large model can take seconds; longer than this and the
 # process ends anyway (the weights of the last step are lost, the painting is not).
 CLOSE_WAIT_S = 10.0
 
 
-class JobWorker(GeneratorWorker):
-    """A generator worker with ``began`` and ``ended`` events any thread can wait on."""
+class JobWorker(GeneratorWorker[Event, None, R]):
+    """A generator worker with ``began`` and ``ended`` events any thread can wait on.
 
-    def __init__(self, func: Callable[..., Generator], *args: Any, **kwargs: Any) -> None:
-        jobs: list[Generator] = []
+    Generic in ``R``, what the job returns (``returned`` carries it).
+    """
 
-        def job(*job_args: Any, **job_kwargs: Any) -> Generator:
+    def __init__(self, func: Callable[P, Job[R]], *args: P.args, **kwargs: P.kwargs) -> None:
+        jobs: list[Job[R]] = []
+
+        def job(*job_args: P.args, **job_kwargs: P.kwargs) -> Job[R]:
             inner = func(*job_args, **job_kwargs)
             jobs.append(inner)
             return (yield from inner)
@@ -48,7 +57,7 @@ class JobWorker(GeneratorWorker):
         self.ended = threading.Event()
         self._jobs = jobs
 
-    def work(self) -> Any:  # noqa: D102 (runs in the worker thread)
+    def work(self) -> R | Exception | None:  # noqa: D102 (runs in the worker thread)
         self.began.set()
         try:
             return super().work()

@@ -10,17 +10,21 @@ weights change.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from napari_finetune._qt.layers import camera_of
 from napari_finetune.uncertainty import Suggestion
 
+if TYPE_CHECKING:  # napari's layers import slowly; only their names are needed
+    from napari.components import ViewerModel
+    from napari.layers import Image, Layer
+
 LAYER_NAME = "uncertainty"
 
 
-def show_uncertainty(viewer: Any, image_layer: Any, unsure: np.ndarray) -> Any:
+def show_uncertainty(viewer: ViewerModel, image_layer: Image, unsure: np.ndarray) -> Layer:
     """Add (or refresh) the uncertainty layer over the image, in the image's space."""
     if LAYER_NAME in viewer.layers:
         layer = viewer.layers[LAYER_NAME]
@@ -38,7 +42,7 @@ def show_uncertainty(viewer: Any, image_layer: Any, unsure: np.ndarray) -> Any:
     )
 
 
-def go_to(viewer: Any, image_layer: Any, suggestion: Suggestion) -> None:
+def go_to(viewer: ViewerModel, image_layer: Image, suggestion: Suggestion) -> None:
     """Move the slider and the camera to the centre of ``suggestion``."""
     world = image_layer.data_to_world(np.asarray(suggestion.center, dtype=float))
     axes = list(range(viewer.dims.ndim - len(world), viewer.dims.ndim))

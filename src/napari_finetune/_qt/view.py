@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from napari import Viewer
@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from napari_finetune._qt.status_panel import StatusPanel
     from napari_finetune.session.session import Session
     from napari_finetune.session.work import Job
+
+R = TypeVar("R")
 
 
 class WidgetView(Protocol):
@@ -58,10 +60,12 @@ class JobHost(Protocol):
     w: WidgetView
     session: Session
 
+    # The job's arguments pass through as ``object``: see ``_qt.worker.start_job`` for why
+    # they are not a ParamSpec.
     def run_job(
-        self, job: Callable[..., Job], *args: Any, what: str,
-        on_result: Callable[[Any], None] | None = None,
-        on_failed: Callable[[], None] | None = None, **kwargs: Any,
+        self, job: Callable[..., Job[R]], *args: object, what: str,
+        on_result: Callable[[R], None] | None = None,
+        on_failed: Callable[[], None] | None = None, **kwargs: object,
     ) -> None:
         """Start one of the widget's own jobs (never marks it busy)."""
 

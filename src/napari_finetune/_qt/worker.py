@@ -12,7 +12,7 @@ and how it is guarded live in :mod:`napari_finetune.session.work` (no Qt).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
 from napari_finetune.session.events import Event
 from napari_finetune.session.work import Job, call_job, guarded
@@ -20,14 +20,19 @@ from napari_finetune.session.work import Job, call_job, guarded
 if TYPE_CHECKING:
     from napari_finetune._qt.shutdown import JobWorker
 
+R = TypeVar("R")
 
+
+# ``job``'s own arguments are ``object``, passed through unchecked: a ParamSpec
+# (``Callable[P, Job[R]]`` with ``*args: P.args, **kwargs: P.kwargs``) would check them, but
+# PEP 612 allows no keyword-only parameters (the callbacks here) between those two.
 def start_job(
-    job: Callable[..., Job], *args: Any, on_error: Callable[[Exception], None],
+    job: Callable[..., Job[R]], *args: object, on_error: Callable[[Exception], None],
     on_event: Callable[[Event], None] | None = None,
-    on_result: Callable[[Any], None] | None = None,
+    on_result: Callable[[R], None] | None = None,
     on_finished: Callable[[], None] | None = None,
-    on_aborted: Callable[[], None] | None = None, **kwargs: Any,
-) -> JobWorker:
+    on_aborted: Callable[[], None] | None = None, **kwargs: object,
+) -> JobWorker[R]:
     """Run ``job(*args, **kwargs)`` in a napari generator worker and start it.
 
     Events go to ``on_event``, the job's return value to ``on_result``, a
@@ -52,8 +57,8 @@ def start_job(
 
 
 def start_call(
-    fn: Callable[..., Any], *args: Any, on_done: Callable[[Any], None],
+    fn: Callable[..., R], *args: object, on_done: Callable[[R], None],
     on_error: Callable[[Exception], None],
-) -> JobWorker:
+) -> JobWorker[R]:
     """Run a plain function in a worker: ``on_done(result)`` or ``on_error(exc)``."""
     return start_job(call_job, fn, *args, on_result=on_done, on_error=on_error)
