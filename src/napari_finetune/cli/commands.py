@@ -10,7 +10,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from napari_finetune.cli import bioimageio_export, multi, predict_cluster, train_remote
 from napari_finetune.cli.options import (
@@ -23,8 +23,20 @@ from napari_finetune.cli.run import describe_outcome, run_finetune
 from napari_finetune.config import FinetuneConfig, PredictConfig
 from napari_finetune.errors import first_line
 
+if TYPE_CHECKING:  # torch, numpy and zarr are imported when a command runs, not with --help
+    import numpy as np
 
-def register(sub: Any) -> None:
+    from napari_finetune.arrays import VolumeArray
+    from napari_finetune.cli.run import RunOutcome
+    from napari_finetune.io.volume import Volume
+    from napari_finetune.model.checkpoint import Checkpoint
+    from napari_finetune.objects import ChannelRole
+
+# A value parsed from a JSON option (--kwargs, --normalization).
+JSON: TypeAlias = dict[str, "JSON"] | list["JSON"] | str | int | float | bool | None
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the subcommands of this module to ``sub``."""
     p = sub.add_parser(
         "train",
@@ -191,8 +203,8 @@ def train(args: argparse.Namespace) -> int:
     return outcome.exit_code
 
 
-def _train_remotely(ckpt: Any, image: Any, corrections: Any, config: FinetuneConfig,
-                    args: argparse.Namespace) -> Any:
+def _train_remotely(ckpt: Checkpoint, image: VolumeArray, corrections: np.ndarray,
+                    config: FinetuneConfig, args: argparse.Namespace) -> RunOutcome:
     """The run on a worker of ``--scheduler``; what cannot start is one line."""
     from napari_finetune.cli import CLIError
     from napari_finetune.remote.finetuner import RemoteFinetuner
@@ -212,7 +224,8 @@ def _train_remotely(ckpt: Any, image: Any, corrections: Any, config: FinetuneCon
 
 def predict(args: argparse.Namespace) -> int:
     """Write per-channel predictions of a store into its labels group."""
-    from tqdm import tqdm
+    # tqdm ships no types and its stubs (types-tqdm) are not a dev dependency.
+    from tqdm import tqdm  # type: ignore[import-untyped]
 
     from napari_finetune.io.omezarr import open_volume
     from napari_finetune.loading import load_checkpoint
@@ -292,6 +305,8 @@ def export(args: argparse.Namespace) -> int:
         if out is None:
             raise ValueError("--factory needs --out: where to write the new checkpoint")
         kwargs = _json_option("--kwargs", args.kwargs)
+        if not isinstance(kwargs, dict):  # a list or a number cannot be keyword arguments
+            raise ValueError(f"--kwargs is not a JSON object: {args.kwargs}")
         checkpoint_from_factory(out, args.factory, kwargs, args.source, metadata_update)
         print(f"wrote {out}")
     elif out is not None:
@@ -311,10 +326,12 @@ def export(args: argparse.Namespace) -> int:
     return 0
 
 
-def write_torchscript(ckpt: Any) -> Path:
+def write_torchscript(ckpt: Checkpoint) -> Path:
     """Script the checkpoint's model (trace as a fallback) next to its file."""
     from napari_finetune.model.torchscript import to_torchscript
 
+    if ckpt.path is None:  # load_checkpoint records its file; one built in memory has none
+        raise ValueError("the checkpoint was not read from a file: no place for its TorchScript")
     path = ckpt.path.with_suffix(".torchscript.pt")
     to_torchscript(ckpt.model).save(str(path))
     return path
@@ -359,7 +376,9 @@ def _parse_roles(values: list[str]) -> dict[str, str | None]:
     return roles
 
 
-def _instance_roles(ckpt: Any, overrides: dict[str, str | None]) -> dict[str, Any]:
+def _instance_roles(
+    ckpt: Checkpoint, overrides: dict[str, str | None]
+) -> dict[str, ChannelRole]:
     """The checkpoint's instance roles with ``--role`` applied; a one-line UsageError when a
     channel is unknown or none has a role."""
     from dataclasses import replace
@@ -393,7 +412,7 @@ def _instance_roles(ckpt: Any, overrides: dict[str, str | None]) -> dict[str, An
     return roles
 
 
-def _say_missing(volume: Any) -> None:
+def _say_missing(volume: Volume) -> None:
     """Print the one line on the image's NaN/inf voxels, if it has any."""
     from napari_finetune.data.normalization import describe_missing
 
@@ -402,7 +421,8 @@ def _say_missing(volume: Any) -> None:
         print(line)
 
 
-def _json_option(flag: str, text: str) -> Any:
+def _json_option(flag: str, text: str) -> JSON:
+    """``text`` parsed as JSON; a ValueError naming ``flag`` when it is not JSON."""
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:

@@ -21,9 +21,18 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
-from napari_finetune.config import FinetuneConfig, PredictConfig
+from napari_finetune.config import FinetuneConfig, Mode, PredictConfig
+
+if TYPE_CHECKING:  # torch, numpy and matplotlib are imported when the demo runs
+    import numpy as np
+    import torch
+    from matplotlib.colors import Colormap
+
+    from napari_finetune.arrays import VolumeArray
+    from napari_finetune.model.checkpoint import Checkpoint
+    from napari_finetune.objects import ChannelRole
 
 DEFAULT_STEPS = 40  # about 1-2 minutes on 2 CPU cores with the defaults below (full mode)
 QUICK_SHAPE = (16, 64, 64)
@@ -33,7 +42,7 @@ DEMO_INSTALL_HINT = "pip install 'napari-finetune[demo]'"
 SECOND_VOLUME_SEED = 2
 
 
-def register(sub: Any) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``demo`` to the subcommands."""
     p = sub.add_parser(
         "demo",
@@ -85,14 +94,68 @@ def register(sub: Any) -> None:
     p.set_defaults(func=demo)
 
 
+class ObjectRow(TypedDict):
+    """One channel's objects before and after fine-tuning (a line of the objects table)."""
+
+    channel: str
+    role: str
+    measure: str  # "adapted Rand error" (cells) or "F1 (IoU > 0.5)" (objects)
+    true: int  # objects in the truth
+    before: float
+    after: float
+    before_count: int
+    after_count: int
+
+
+class ModelScores(TypedDict):
+    """One model's scores on the second volume."""
+
+    iou: list[float]  # foreground IoU per channel
+    objects: dict[str, dict[str, float]]  # per channel with a role: its scores_by_role entry
+
+
+class _SecondVolumeScores(TypedDict):
+    seed: int
+    shape: list[int]
+    channels: list[str]
+    before: ModelScores
+    after: ModelScores
+
+
+class SecondVolumeScores(_SecondVolumeScores, total=False):
+    """What :func:`score_second_volume` measured, as ``results.json`` keeps it."""
+
+    figure: str  # the figure written (absent if no model was scored)
+
+
+class DemoResults(TypedDict):
+    """The demo's ``results.json``."""
+
+    shape: list[int]
+    painted_voxels: int
+    painted_fraction: float
+    painted_slices: list[int]
+    held_out: list[int]  # start and stop of the held-out slices
+    steps: int
+    stopped: bool
+    train_seconds: float
+    channels: list[str]
+    iou_before: list[float]
+    iou_after: list[float]
+    objects: list[ObjectRow]
+    second_volume: SecondVolumeScores
+    checkpoint: str
+    figure: str
+
+
 @dataclass
 class Sample:
     """The target-domain sample as the demo and the adaptation benchmark use it."""
 
     store: Path
-    image: Any  # lazy (dask) level 0
-    truth: Any  # numpy ZYX, 0 background, 1 membrane, 2 mitochondria
-    checkpoint: Any  # the pretrained Checkpoint
+    image: VolumeArray  # lazy (dask) level 0
+    truth: np.ndarray  # ZYX, 0 background, 1 membrane, 2 mitochondria
+    checkpoint: Checkpoint  # the pretrained one
 
 
 def load_sample(shape: tuple[int, int, int] | None = None) -> Sample:
@@ -108,7 +171,9 @@ def load_sample(shape: tuple[int, int, int] | None = None) -> Sample:
     return Sample(store, volume.data, truth, load_checkpoint(sample_checkpoint_path()))
 
 
-def predict_all(model: Any, image: Any, checkpoint: Any, device: str = "auto") -> Any:
+def predict_all(
+    model: torch.nn.Module, image: VolumeArray, checkpoint: Checkpoint, device: str = "auto"
+) -> np.ndarray:
     """Probabilities ``(C, *spatial)`` of the whole volume, blockwise."""
     from napari_finetune.data.normalization import intensity_range
     from napari_finetune.predict import predict_volume
@@ -118,7 +183,7 @@ def predict_all(model: Any, image: Any, checkpoint: Any, device: str = "auto") -
 
 
 def demo_config(
-    steps: int, quick: bool, device: str, seed: int, mode: str = "full"
+    steps: int, quick: bool, device: str, seed: int, mode: Mode = "full"
 ) -> FinetuneConfig:
     """Fine-tuning settings of the demo (small patches keep a CPU run to minutes)."""
     patch = (8, 32, 32) if quick else (16, 64, 64)
@@ -138,6 +203,7 @@ def demo(args: argparse.Namespace) -> int:
     from napari_finetune.cli.run import run_finetune
     from napari_finetune.cli.simulate import foreground_iou, simulate_corrections, split_slices
     from napari_finetune.loading import load_checkpoint
+    from napari_finetune.samples.synthetic_em import sample_checkpoint_path
 
     require_matplotlib()  # before minutes of work, not at the figure
     t0 = time.perf_counter()
@@ -150,10 +216,11 @@ def demo(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     shape = tuple(args.shape) if args.shape else (QUICK_SHAPE if args.quick else None)
     sample = load_sample(shape)
+    pretrained_path = sample_checkpoint_path()  # the file load_sample read sample.checkpoint from
     names = sample.checkpoint.channel_names
     print(
         f"sample: {sample.store} shape {tuple(sample.image.shape)}; "
-        f"model: {sample.checkpoint.path.name} (channels {', '.join(names)})"
+        f"model: {pretrained_path.name} (channels {', '.join(names)})"
     )
 
     before = predict_all(sample.checkpoint.model, sample.image, sample.checkpoint, args.device)
@@ -188,13 +255,13 @@ def demo(args: argparse.Namespace) -> int:
         print(objects_table(objects, held_out))
     figure = write_figure(args.out / "before_after.png", sample, before, after, held_out, names)
     # Loaded again: the run trained the sample checkpoint's model in place.
-    pretrained = load_checkpoint(sample.checkpoint.path)
+    pretrained = load_checkpoint(pretrained_path)
+    depth, height, width = (int(n) for n in sample.image.shape)
     second = score_second_volume(
-        tuple(int(n) for n in sample.image.shape), pretrained, tuned, args.device,
-        args.out / "second_volume.png",
+        (depth, height, width), pretrained, tuned, args.device, args.out / "second_volume.png",
     )
     print(second_volume_table(second))
-    results = {
+    results: DemoResults = {
         "shape": list(sample.image.shape),
         "painted_voxels": n_painted,
         "painted_fraction": n_painted / corrections.size,
@@ -231,8 +298,8 @@ def iou_table(names: list[str], before: list[float], after: list[float], region:
 
 
 def object_rows(
-    sample: Sample, tuned: Any, before: Any, after: Any, held_out: slice
-) -> list[dict[str, Any]]:
+    sample: Sample, tuned: Checkpoint, before: np.ndarray, after: np.ndarray, held_out: slice
+) -> list[ObjectRow]:
     """Objects before and after fine-tuning, scored on the held-out slices.
 
     A boundary channel's objects (cells) are scored against the store's
@@ -257,7 +324,7 @@ def object_rows(
         for when, probs in (("before", before), ("after", after))
     }
     truth = np.asarray(sample.truth[held_out])
-    rows: list[dict[str, Any]] = []
+    rows: list[ObjectRow] = []
     for c, name in enumerate(names):
         role = roles[name].role
         if role == "boundary":
@@ -265,28 +332,41 @@ def object_rows(
                 cells = load_corrections(sample.store, "ground_truth_cells")[held_out]
             except VolumeError:
                 continue  # a store without the cell truth: nothing to score against
-            score = {w: region_scores(found[w][name], cells) for w in found}
+            score = {w: region_scores(found[w][name], cells)["adapted_rand_error"] for w in found}
             rows.append({"channel": name, "role": role, "measure": "adapted Rand error",
-                         "true": _count(cells),
-                         **{w: round(score[w]["adapted_rand_error"], 3) for w in found},
-                         **{f"{w}_count": _count(found[w][name]) for w in found}})
+                         "true": _count(cells), **_before_after(score, found, name)})
         elif role == "object":
             blobs, n = ndimage.label(truth == c + 1)
-            score = {w: object_scores(found[w][name], blobs) for w in found}
+            score = {w: object_scores(found[w][name], blobs)["f1"] for w in found}
             rows.append({"channel": name, "role": role, "measure": "F1 (IoU > 0.5)",
-                         "true": int(n), **{w: round(score[w]["f1"], 3) for w in found},
-                         **{f"{w}_count": _count(found[w][name]) for w in found}})
+                         "true": int(n), **_before_after(score, found, name)})
     return rows
 
 
-def _count(labels: Any) -> int:
+class _BeforeAfter(TypedDict):
+    before: float
+    after: float
+    before_count: int
+    after_count: int
+
+
+def _before_after(
+    score: dict[str, float], found: dict[str, dict[str, np.ndarray]], name: str
+) -> _BeforeAfter:
+    """A row's scores (to 3 places) and object counts of channel ``name``, before and after."""
+    return {"before": round(score["before"], 3), "after": round(score["after"], 3),
+            "before_count": _count(found["before"][name]),
+            "after_count": _count(found["after"][name])}
+
+
+def _count(labels: np.ndarray) -> int:
     """Objects with at least one voxel in ``labels`` (ids need not be consecutive in a cut)."""
     import numpy as np
 
     return int(np.count_nonzero(np.unique(labels)))
 
 
-def objects_table(rows: list[dict[str, Any]], region: slice) -> str:
+def objects_table(rows: list[ObjectRow], region: slice) -> str:
     """The objects part of the demo's table: one line per channel with a role."""
     lines = [
         f"objects on held-out slices z={region.start}..{region.stop - 1}",
@@ -301,8 +381,9 @@ def objects_table(rows: list[dict[str, Any]], region: slice) -> str:
 
 
 def score_second_volume(
-    shape: tuple[int, int, int], pretrained: Any, tuned: Any, device: str, figure: Path
-) -> dict[str, Any]:
+    shape: tuple[int, int, int], pretrained: Checkpoint, tuned: Checkpoint, device: str,
+    figure: Path,
+) -> SecondVolumeScores:
     """Masks and objects of both models on a volume of the sample's microscope nobody painted.
 
     The whole volume is scored (none of it was painted): foreground IoU per
@@ -324,17 +405,15 @@ def score_second_volume(
     )
     names = tuned.channel_names
     everywhere = slice(0, shape[0])
-    result: dict[str, Any] = {
-        "seed": SECOND_VOLUME_SEED, "shape": list(shape), "channels": list(names),
-    }
-    found_after: dict[str, Any] = {}
+    scored: dict[str, ModelScores] = {}
+    found_after: dict[str, np.ndarray] = {}
     probs_after = None
     for when, checkpoint in (("before", pretrained), ("after", tuned)):
         probs = np.asarray(predict_all(checkpoint.model, image, checkpoint, device))
         roles = roles_from_metadata(checkpoint.metadata, names)
         found = instances_of(probs, roles, names)
         scores = scores_by_role(found, roles, names, truth["cells"], semantic)
-        result[when] = {
+        scored[when] = {
             "iou": foreground_iou(probs, semantic, everywhere),
             "objects": {
                 name: {k: round(v, 4) if isinstance(v, float) else v for k, v in s.items()}
@@ -343,6 +422,10 @@ def score_second_volume(
         }
         if when == "after":
             found_after, probs_after = found, probs
+    result: SecondVolumeScores = {
+        "seed": SECOND_VOLUME_SEED, "shape": list(shape), "channels": list(names),
+        "before": scored["before"], "after": scored["after"],
+    }
     if probs_after is not None:
         result["figure"] = str(
             write_objects_figure(figure, image, probs_after, found_after, tuned, roles)
@@ -350,7 +433,7 @@ def score_second_volume(
     return result
 
 
-def second_volume_table(result: dict[str, Any]) -> str:
+def second_volume_table(result: SecondVolumeScores) -> str:
     """The demo's lines for the unpainted volume: masks, then objects, before and after."""
     before, after = result["before"], result["after"]
     lines = [
@@ -362,25 +445,26 @@ def second_volume_table(result: dict[str, Any]) -> str:
     for name, b, a in zip(names, before["iou"], after["iou"], strict=True):
         lines.append(f"{name:<14}{'foreground IoU':<26}{b:>8.3f}{a:>8.3f}")
     for name in names:
-        b, a = before["objects"].get(name, {}), after["objects"].get(name, {})
-        if "adapted_rand_error" in a:
+        # Per channel with a role: its scores by name (the IoU loop's b and a are floats).
+        bo, ao = before["objects"].get(name, {}), after["objects"].get(name, {})
+        if "adapted_rand_error" in ao:
             for key, text in (("adapted_rand_error", "cells, adapted Rand error"),
                               ("voi_split", "cells, VOI split"),
                               ("voi_merge", "cells, VOI merge")):
                 lines.append(
-                    f"{name:<14}{text:<26}{b.get(key, float('nan')):>8.3f}{a[key]:>8.3f}"
+                    f"{name:<14}{text:<26}{bo.get(key, float('nan')):>8.3f}{ao[key]:>8.3f}"
                 )
-            lines.append(f"{name:<14}{'cells found / true':<26}{b.get('n_pred', 0):>8}"
-                         f"{a['n_pred']:>8}   / {a['n_true']}")
-        elif "f1" in a:
-            f1 = b.get("f1", float("nan"))
-            lines.append(f"{name:<14}{'objects F1 (IoU > 0.5)':<26}{f1:>8.3f}{a['f1']:>8.3f}")
+            lines.append(f"{name:<14}{'cells found / true':<26}{bo.get('n_pred', 0):>8}"
+                         f"{ao['n_pred']:>8}   / {ao['n_true']}")
+        elif "f1" in ao:
+            f1 = bo.get("f1", float("nan"))
+            lines.append(f"{name:<14}{'objects F1 (IoU > 0.5)':<26}{f1:>8.3f}{ao['f1']:>8.3f}")
     return "\n".join(lines)
 
 
 def write_objects_figure(
-    path: Path, image: Any, probs: Any, found: dict[str, Any], checkpoint: Any,
-    roles: dict[str, Any],
+    path: Path, image: VolumeArray, probs: np.ndarray, found: dict[str, np.ndarray],
+    checkpoint: Checkpoint, roles: dict[str, ChannelRole],
 ) -> Path:
     """Image, masks, and each role's objects coloured by id, on the middle slice (PNG)."""
     import matplotlib
@@ -393,7 +477,8 @@ def write_objects_figure(
     names = checkpoint.channel_names
     z = image.shape[0] // 2
     masks = ListedColormap(["black", *checkpoint.channel_colors[: len(names)]])
-    panels: list[tuple[str, Any, Any, int | None]] = [
+    # Title, slice, colour map (a name or a map) and the largest value coloured.
+    panels: list[tuple[str, np.ndarray, str | Colormap, int | None]] = [
         ("image", np.asarray(image[z]), "gray", None),
         ("masks (after fine-tuning)", _label_map(probs[:, z]), masks, len(names)),
     ]
@@ -418,7 +503,7 @@ def write_objects_figure(
     return path
 
 
-def _label_map(probabilities: Any) -> Any:
+def _label_map(probabilities: np.ndarray) -> np.ndarray:
     import numpy as np
 
     # Most probable channel above 0.5, 0 where none is: comparable to the truth.
@@ -440,7 +525,8 @@ def require_matplotlib() -> None:
 
 
 def write_figure(
-    path: Path, sample: Sample, before: Any, after: Any, region: slice, names: list[str]
+    path: Path, sample: Sample, before: np.ndarray, after: np.ndarray, region: slice,
+    names: list[str],
 ) -> Path:
     """Image, ground truth, before and after on the middle held-out slice (PNG)."""
     import matplotlib
@@ -453,7 +539,7 @@ def write_figure(
     z = (region.start + region.stop) // 2
     # Each channel in its checkpoint's colour, as napari's layers and the store's labels.
     cmap = ListedColormap(["black", *sample.checkpoint.channel_colors[: len(names)]])
-    panels = [
+    panels: list[tuple[str, np.ndarray, str | Colormap, int | None]] = [
         ("image", np.asarray(sample.image[z]), "gray", None),
         ("ground truth", np.asarray(sample.truth[z]), cmap, len(names)),
         ("before fine-tuning", _label_map(before[:, z]), cmap, len(names)),

@@ -24,6 +24,7 @@ from napari_finetune.config import FinetuneConfig
 if TYPE_CHECKING:
     import numpy as np
 
+    from napari_finetune.arrays import VolumeArray
     from napari_finetune.model.checkpoint import Checkpoint
 
 # Seconds a collective waits for the other ranks before the run ends with an
@@ -95,7 +96,7 @@ def without_nproc(argv: Sequence[str]) -> list[str]:
 
 def run_rank(
     ckpt: Checkpoint,
-    image: np.ndarray,
+    image: VolumeArray,
     corrections: np.ndarray,
     config: FinetuneConfig,
     args: argparse.Namespace,

@@ -12,19 +12,27 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from napari_finetune.config import FinetuneConfig, PredictConfig
 from napari_finetune.config_fields import FIELDS, field_docs
+
+if TYPE_CHECKING:  # the trainer (torch) is imported when a run starts, not with --help
+    from napari_finetune.trainer.status import Status
 
 __all__ = ["add_config_options", "config_from_args", "field_docs", "given_options"]
 # Fields whose default is None: the type their option parses.
 _OPTIONAL_TYPES: dict[str, type] = {"max_grad_norm": float, "memory_snapshot": str}
 # Switches whose default None means "decided by the device": --x / --no-x.
 _OPTIONAL_SWITCHES = {"autobatch": "on for cuda/mps, off on the cpu"}
+# The config dataclasses the command line builds; config_from_args returns the one it is given.
+ConfigT = TypeVar("ConfigT", FinetuneConfig, PredictConfig)
+ConfigClass = type[FinetuneConfig] | type[PredictConfig]
 
 
-def add_config_options(parser: argparse.ArgumentParser, cls: type, skip: tuple = ()) -> None:
+def add_config_options(
+    parser: argparse.ArgumentParser, cls: ConfigClass, skip: tuple[str, ...] = ()
+) -> None:
     """Add one option per dataclass field (defaults come from the dataclass)."""
     docs = field_docs(cls)
     group = parser.add_argument_group(f"{cls.__name__} settings")
@@ -52,14 +60,19 @@ def add_config_options(parser: argparse.ArgumentParser, cls: type, skip: tuple =
             )
 
 
-def given_options(cls: type, args: argparse.Namespace) -> tuple[str, ...]:
+def given_options(cls: ConfigClass, args: argparse.Namespace) -> tuple[str, ...]:
     """Names of the ``cls`` fields whose option was given on the command line."""
     return tuple(f.name for f in dataclasses.fields(cls) if getattr(args, f.name, None) is not None)
 
 
-def config_from_args(cls: type, args: argparse.Namespace, **overrides: Any) -> Any:
-    """Build ``cls`` from the options given (unset ones keep the dataclass default)."""
-    values = {}
+def config_from_args(cls: type[ConfigT], args: argparse.Namespace, **overrides: object) -> ConfigT:
+    """Build ``cls`` from the options given (unset ones keep the dataclass default).
+
+    ``overrides`` are field values set by the command itself (a None one is left out);
+    the dataclass checks every value's type and range, as it does the options'.
+    """
+    # Values of fields of different types: the dataclass's __post_init__ checks them.
+    values: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         value = getattr(args, f.name, None)
         if value is not None:
@@ -78,7 +91,7 @@ def add_predict_options(parser: argparse.ArgumentParser) -> None:
     add_config_options(parser, PredictConfig)
 
 
-def _show(value: Any) -> str:
+def _show(value: object) -> str:
     if isinstance(value, tuple):
         return " ".join(str(v) for v in value)
     return str(value)
@@ -93,17 +106,18 @@ class StatusPrinter:
     """
 
     def __init__(self, total: int, quiet: bool = False, echo: bool = True) -> None:
-        from tqdm import tqdm
+        # tqdm ships no types and its stubs (types-tqdm) are not a dev dependency.
+        from tqdm import tqdm  # type: ignore[import-untyped]
 
         self.bar = tqdm(
             total=total, unit="step", disable=quiet, file=sys.stderr, dynamic_ncols=True
         )
         self.echo = echo  # False: only collect the lines (benchmarks)
-        self.last_key: tuple | None = None
+        self.last_key: tuple[object, ...] | None = None
         self.lines: list[str] = []
 
     @staticmethod
-    def describe(status: Any) -> str:
+    def describe(status: Status) -> str:
         """The state as one line: dtype, batch x accumulation, distillation, hold."""
         return (
             f"dtype={status.dtype}{' +GradScaler' if status.grad_scaler else ''}  "
@@ -112,7 +126,7 @@ class StatusPrinter:
             f"{status.hold_other_channels}"
         )
 
-    def __call__(self, status: Any) -> None:
+    def __call__(self, status: Status) -> None:
         key = (
             status.dtype,
             status.grad_scaler,

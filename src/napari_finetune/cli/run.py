@@ -30,6 +30,7 @@ from napari_finetune.config import FinetuneConfig
 from napari_finetune.errors import first_line
 
 if TYPE_CHECKING:
+    from napari_finetune.arrays import VolumeArray
     from napari_finetune.model.checkpoint import Checkpoint
     from napari_finetune.trainer.loop import Finetuner
     from napari_finetune.trainer.sync import LocalSync
@@ -38,7 +39,8 @@ if TYPE_CHECKING:
 STOP_SIGNALS = tuple(
     getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
 )
-SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C"}
+# Keyed by int: a handler receives the signal's number (Signals is an int).
+SIGNAL_NAMES: dict[int, str] = {signal.SIGINT: "Ctrl-C"}
 
 
 class InterruptedRun(BaseException):
@@ -129,7 +131,7 @@ class _SignalGuard:
 
 def run_finetune(
     ckpt: Checkpoint,
-    image: np.ndarray,
+    image: VolumeArray,
     corrections: np.ndarray,
     config: FinetuneConfig,
     out: Path,
@@ -168,7 +170,7 @@ def run_finetune(
 
     if lead:
         ranks = trainer.sync.world_size
-        if remote:  # the worker's own environment goes into the run record
+        if isinstance(trainer, RemoteFinetuner):  # the worker's environment goes in the record
             printer.bar.write(f"fine-tuning on a worker of the dask scheduler {trainer.scheduler}")
         else:
             printer.bar.write(describe_environment(run_environment(trainer.device)))
@@ -189,7 +191,7 @@ def run_finetune(
         except FloatingPointError as exc:
             ended, code, error = _failure(trainer, "non-finite loss", exc)
         except RemoteError as exc:
-            if not remote or trainer.run_record is None:
+            if not isinstance(trainer, RemoteFinetuner) or trainer.run_record is None:
                 raise  # nothing came back: the caller says why in one line
             ended, code, error = _failure(trainer, "lost the remote run", exc)
         except DistributedError as exc:
