@@ -12,9 +12,12 @@ import os
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from napari_finetune.io.volume import Volume
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +71,7 @@ def contrast_limits(levels: list[Any]) -> list[float]:
     return [low, high if high > low else low + 1.0]
 
 
-def _layer_name(volume: Any) -> str:
+def _layer_name(volume: Volume) -> str:
     if volume.name in GENERIC_NAMES:
         return volume.path.name.removesuffix(".zarr").removesuffix(".ome")
     return volume.name

@@ -50,5 +50,10 @@ class ArrayTarget(Protocol):
     def __setitem__(self, key: Index, value: np.ndarray, /) -> None: ...  # noqa: D105
 
 
+class WritableVolume(VolumeArray, ArrayTarget, Protocol):
+    """A volume written block by block and read back (numpy or zarr), e.g. labels that a
+    second pass renumbers in place."""
+
+
 # One target array, or one per channel.
 Targets = ArrayTarget | Sequence[ArrayTarget]

@@ -21,7 +21,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 
 import numpy as np
 import torch
@@ -155,7 +155,7 @@ def export_bioimageio(
             raise BioimageioExportError(str(exc)) from None
         from bioimageio.spec import save_bioimageio_package_to_stream
 
-        def write(handle: Any) -> None:
+        def write(handle: BinaryIO) -> None:
             save_bioimageio_package_to_stream(descr, output_stream=handle)
 
         write_atomically(out_path, write)

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from napari_finetune.arrays import VolumeArray
+
 MAX_SAMPLE_VOXELS = 2_000_000
 # What the network sees at a missing voxel: the low end of the range (dark, empty).
 MISSING_VALUE = 0.0
@@ -27,7 +29,7 @@ MAX_SCAN_VOXELS = 512 * 2**20
 SCAN_SLAB_VOXELS = 16 * 2**20
 
 
-def subsample(image: Any, max_voxels: int = MAX_SAMPLE_VOXELS) -> np.ndarray:
+def subsample(image: VolumeArray, max_voxels: int = MAX_SAMPLE_VOXELS) -> np.ndarray:
     """A strided view of ``image`` with at most about ``max_voxels`` voxels, as numpy."""
     shape = tuple(int(s) for s in image.shape)
     stride = subsample_stride(shape, max_voxels)
@@ -41,7 +43,7 @@ def subsample_stride(shape: tuple[int, ...], max_voxels: int = MAX_SAMPLE_VOXELS
     return max(1, int(np.ceil((total / max_voxels) ** (1 / len(shape)))))
 
 
-def intensity_range(image: Any, spec: dict[str, Any]) -> tuple[float, float]:
+def intensity_range(image: VolumeArray, spec: dict[str, Any]) -> tuple[float, float]:
     """The (low, high) intensities that map to 0 and 1 under ``spec``.
 
     Parameters
@@ -99,7 +101,7 @@ def background_where_missing(probs: np.ndarray, missing: np.ndarray | None) -> N
         probs[:, missing] = 0.0
 
 
-def describe_missing(image: Any, axes: str = "zyx") -> str | None:
+def describe_missing(image: VolumeArray, axes: str = "zyx") -> str | None:
     """One line on the image's non-finite voxels, or None when it has none.
 
     Volumes up to :data:`MAX_SCAN_VOXELS` are scanned whole, slab by slab (bounded

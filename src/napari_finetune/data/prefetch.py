@@ -19,9 +19,12 @@ import collections
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 Samples = tuple[np.ndarray, np.ndarray]
 Stage = Callable[[np.ndarray], np.ndarray]
@@ -47,7 +50,7 @@ def pinned_copy(array: np.ndarray) -> np.ndarray:
     return torch.from_numpy(np.ascontiguousarray(array)).pin_memory().numpy()
 
 
-def stage_for(device: Any) -> Stage | None:
+def stage_for(device: torch.device | str) -> Stage | None:
     """:func:`pinned_copy` for a CUDA device, None (no staging) elsewhere."""
     return pinned_copy if getattr(device, "type", str(device)).startswith("cuda") else None
 

@@ -21,20 +21,12 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Sequence
-from typing import Protocol
 
 import numpy as np
 
+from napari_finetune.arrays import VolumeArray
+
 Box = tuple[slice, ...]
-
-
-class ArrayLike(Protocol):
-    """What the cache needs of an image or labels array (numpy, zarr, dask)."""
-
-    shape: tuple[int, ...]
-    dtype: np.dtype
-
-    def __getitem__(self, key: Box) -> object: ...  # noqa: D105
 
 
 def reachable_tiles(
@@ -97,7 +89,7 @@ class RegionCache:
 
     Parameters
     ----------
-    array : ArrayLike
+    array : VolumeArray
         The image or the corrections.
     tiles : np.ndarray
         Tile indices from :func:`reachable_tiles`.
@@ -112,7 +104,7 @@ class RegionCache:
         Reads that were not covered by the tiles and went to ``array``.
     """
 
-    def __init__(self, array: ArrayLike, tiles: np.ndarray, tile_shape: Sequence[int]) -> None:
+    def __init__(self, array: VolumeArray, tiles: np.ndarray, tile_shape: Sequence[int]) -> None:
         self.array = array
         self.tile_shape = tuple(int(t) for t in tile_shape)
         self.shape = tuple(int(s) for s in array.shape)

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from napari_finetune.arrays import VolumeArray
 from napari_finetune.data.holdout import HeldOut, holdout_tile_shape, split_holdout
 from napari_finetune.data.normalization import missing_mask, normalize
 from napari_finetune.data.region_cache import RegionCache, reachable_tiles
@@ -62,8 +63,8 @@ class PatchSampler:
 
     def __init__(
         self,
-        image: Any,
-        corrections: Any,
+        image: VolumeArray,
+        corrections: VolumeArray,
         patch_shape: tuple[int, ...],
         normalization_range: tuple[float, float],
         seed: int = 0,
@@ -251,7 +252,7 @@ def _slabs(shape: tuple[int, ...]) -> list[slice]:
 
 
 def _find_anchors(
-    corrections: Any, rng: np.random.Generator
+    corrections: VolumeArray, rng: np.random.Generator
 ) -> tuple[dict[int, np.ndarray], dict[int, int]]:
     """Coordinates (a sample when huge) and counts of painted voxels per label, read by slabs."""
     found: dict[int, list[np.ndarray]] = {}

@@ -36,12 +36,12 @@ import itertools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 import numpy as np
 from scipy import sparse
 from scipy.sparse.csgraph import connected_components
 
+from napari_finetune.arrays import VolumeArray, WritableVolume
 from napari_finetune.objects import segment
 from napari_finetune.objects.roles import ChannelRole
 
@@ -90,7 +90,7 @@ def block_cores(shape: Sequence[int], block: Sequence[int]) -> Iterator[tuple[tu
         yield index, core
 
 
-def _check_args(prob: Any, out: Any, params: ChannelRole, block: Sequence[int],
+def _check_args(prob: VolumeArray, out: WritableVolume, params: ChannelRole, block: Sequence[int],
                 halo: Sequence[int]) -> None:
     if params.role is None:
         raise ValueError("this channel has no instance role; give it 'boundary' or 'object'.")
@@ -153,10 +153,10 @@ def _adjacent_links(low: np.ndarray, high: np.ndarray) -> np.ndarray:
 
 
 def blockwise_instances(
-    prob: Any,
+    prob: VolumeArray,
     params: ChannelRole,
     block_shape: Sequence[int],
-    out: Any,
+    out: WritableVolume,
     halo: Sequence[int] | None = None,
     progress: Progress | None = None,
 ) -> int:
@@ -260,7 +260,7 @@ class LabelledBlock:
     core_ids: np.ndarray
 
 
-def label_block(prob: Any, params: ChannelRole, core: tuple[slice, ...],
+def label_block(prob: VolumeArray, params: ChannelRole, core: tuple[slice, ...],
                 halo: Sequence[int]) -> LabelledBlock:
     """Label one core block from its halo'd view of ``prob`` (``min_size`` deferred: it
     counts whole objects), reading only that view."""

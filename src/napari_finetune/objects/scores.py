@@ -10,11 +10,11 @@ membrane, has no cell to agree with).
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 from scipy import ndimage
 from skimage.metrics import adapted_rand_error, variation_of_information
+
+from napari_finetune.objects.roles import ChannelRole
 
 
 def _check(pred: np.ndarray, true: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -96,7 +96,7 @@ def region_scores(pred: np.ndarray, true: np.ndarray) -> dict[str, float]:
 
 def scores_by_role(
     found: dict[str, np.ndarray],
-    roles: dict[str, Any],
+    roles: dict[str, ChannelRole],
     channel_names: list[str] | tuple[str, ...],
     cells: np.ndarray | None,
     semantic: np.ndarray,

@@ -8,7 +8,10 @@ plugin must carry them; the script that trains the checkpoint is in
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import zarr
 
 SHAPE_ENV = "NAPARI_FINETUNE_SAMPLE_SHAPE"
 
@@ -63,7 +66,9 @@ def synthetic_em_layers() -> list[tuple[Any, dict[str, Any], str]]:
     ]
 
 
-def _datasets(group: Any) -> list[dict[str, Any]]:
-    attrs = group.attrs.asdict()
+def _datasets(group: zarr.Group) -> list[dict[str, Any]]:
+    # Our own sample store (samples.store wrote it): its NGFF attributes have this shape,
+    # so the JSON is read as plain dicts rather than checked field by field.
+    attrs: dict[str, Any] = group.attrs.asdict()
     multiscales = attrs.get("ome", attrs).get("multiscales")
     return multiscales[0]["datasets"]

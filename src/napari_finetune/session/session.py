@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 from psygnal import Signal, SignalGroup
@@ -41,6 +41,8 @@ if TYPE_CHECKING:
     from napari_finetune.trainer.loop import Finetuner
     from napari_finetune.trainer.status import Status
     from napari_finetune.uncertainty import Suggestion
+
+R = TypeVar("R")  # what a job returns, handed to its on_result
 
 
 class Busy(Enum):
@@ -162,7 +164,7 @@ class Session:
         return ""
 
     def _start(
-        self, action: Busy, job: Job[Any], on_result: Callable[[Any], None],
+        self, action: Busy, job: Job[R], on_result: Callable[[R], None],
         on_event: Callable[[Event], None] | None = None,
     ) -> bool:
         self._action += 1
@@ -191,7 +193,7 @@ class Session:
         def started(handle: JobHandle) -> None:
             self._handle = handle
 
-        callbacks: JobCallbacks[Any] = JobCallbacks(
+        callbacks: JobCallbacks[R] = JobCallbacks(
             on_started=started, on_event=event, on_result=on_result,
             on_error=lambda exc: failure.append(f"{action.value} failed: {first_line(exc)}"),
             on_finished=finished,

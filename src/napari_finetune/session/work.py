@@ -17,26 +17,27 @@ import queue
 import threading
 from collections.abc import Callable, Generator, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from napari_finetune.session.events import Event, JobError, Progress
 
+P = ParamSpec("P")
 R = TypeVar("R")
 Job = Generator[Event, None, R]
 
 
-def call_job(fn: Callable[..., R], *args: Any) -> Job[R]:
+def call_job(fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> Job[R]:
     """``fn(*args)`` as a job that yields nothing and returns its result."""
     yield from ()  # a generator, so the worker honours quit() before it begins
-    return fn(*args)
+    return fn(*args, **kwargs)
 
 
-def guarded(job: Callable[..., Job]) -> Callable[..., Job]:
+def guarded(job: Callable[P, Job[R]]) -> Callable[P, Job[R]]:
     """``job`` that gives device memory back however it ends and never fails with a
     ``RuntimeError`` (napari's worker would take it for a deleted worker)."""
 
     @functools.wraps(job)
-    def run(*args: Any, **kwargs: Any) -> Job:
+    def run(*args: P.args, **kwargs: P.kwargs) -> Job[R]:
         try:
             return (yield from job(*args, **kwargs))
         except RuntimeError as exc:
@@ -109,7 +110,7 @@ def release_memory() -> None:
         mps.empty_cache()
 
 
-def with_progress(fn: Callable[[Callable[[int, int], None]], Any], what: str) -> Job:
+def with_progress(fn: Callable[[Callable[[int, int], None]], R], what: str) -> Job[R]:
     """Run ``fn(progress)`` in a helper thread and yield its ``progress(done, total)`` calls.
 
     ``predict_volume`` reports progress through a callback; a generator cannot
@@ -134,4 +135,4 @@ def with_progress(fn: Callable[[Callable[[int, int], None]], Any], what: str) ->
     thread.join()
     if "error" in outcome:
         raise outcome["error"]
-    return outcome.get("result")
+    return outcome["result"]

@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+
+if TYPE_CHECKING:
+    from napari_finetune.trainer.loop import Finetuner
 
 
 def _oom(message: str) -> torch.OutOfMemoryError:
@@ -85,12 +88,12 @@ def always_oom(module: torch.nn.Module) -> Fault:
     return oom_above_batch(module, 0)
 
 
-def oom_in_teacher(trainer: Any, max_batch: int = 0, times: int | None = None) -> Fault:
+def oom_in_teacher(trainer: Finetuner, max_batch: int = 0, times: int | None = None) -> Fault:
     """OOM in the teacher's forward only (above ``max_batch``); needs a built trainer."""
-    if getattr(trainer, "teacher", None) is None:
+    teacher = trainer.teacher
+    if teacher is None:
         raise ValueError("the trainer has no teacher yet: call trainer.build() first.")
     fault = Fault()
-    teacher = trainer.teacher
     original = teacher.forward
 
     def forward(x: torch.Tensor) -> torch.Tensor:
@@ -99,7 +102,8 @@ def oom_in_teacher(trainer: Any, max_batch: int = 0, times: int | None = None) -
             fault.fire(_oom(f"Teacher forward of a batch of {x.shape[0]}."))
         return original(x)
 
-    teacher.forward = forward
+    # An instance attribute shadows the method, as the other hooks here do with step.
+    teacher.forward = forward  # type: ignore[method-assign]
     fault._removers.append(lambda: setattr(teacher, "forward", original))
     return fault
 
@@ -302,7 +306,7 @@ class BuildHooks:
 
     def __init__(self) -> None:
         self.model: list[Callable[[torch.nn.Module], Any]] = []
-        self.trainer: list[Callable[[Any], Any]] = []
+        self.trainer: list[Callable[[Finetuner], None]] = []
 
     def clear(self) -> None:
         """Remove every hook."""
