@@ -224,8 +224,7 @@ def _train_remotely(ckpt: Checkpoint, image: VolumeArray, corrections: np.ndarra
 
 def predict(args: argparse.Namespace) -> int:
     """Write per-channel predictions of a store into its labels group."""
-    # tqdm ships no types and its stubs (types-tqdm) are not a dev dependency.
-    from tqdm import tqdm  # type: ignore[import-untyped]
+    from tqdm import tqdm
 
     from napari_finetune.io.omezarr import open_volume
     from napari_finetune.loading import load_checkpoint

@@ -106,8 +106,7 @@ class StatusPrinter:
     """
 
     def __init__(self, total: int, quiet: bool = False, echo: bool = True) -> None:
-        # tqdm ships no types and its stubs (types-tqdm) are not a dev dependency.
-        from tqdm import tqdm  # type: ignore[import-untyped]
+        from tqdm import tqdm
 
         self.bar = tqdm(
             total=total, unit="step", disable=quiet, file=sys.stderr, dynamic_ncols=True

@@ -21,9 +21,7 @@ from napari_finetune.errors import first_line
 
 if TYPE_CHECKING:  # imported when the command runs, not with the CLI
     from distributed import Client
-
-    # tqdm ships no types and its stubs (types-tqdm) are not a dev dependency.
-    from tqdm import tqdm  # type: ignore[import-untyped]
+    from tqdm import tqdm
 
     from napari_finetune.objects import ChannelRole
 
