@@ -67,7 +67,7 @@ class FinetuneWidget(QWidget):
         preload()
         self.viewer = napari_viewer
         self.state = WidgetState()
-        self.actions = Controller(self)
+        self.controller = Controller(self)
         self.image_combo = layer_combo(napari_viewer, Image, lambda layer: True)
         self.checkpoint_edit = PathEdit(default_checkpoint())
         self.checkpoint_edit.setPlaceholderText("model checkpoint (.pt)")
@@ -144,7 +144,7 @@ class FinetuneWidget(QWidget):
         scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self._scroll = scroll
 
-        a = self.actions
+        a = self.controller
         self.checkpoint_edit.editingFinished.connect(self._checkpoint_changed)
         self.predict_button.clicked.connect(a.predict)
         self.objects_button.clicked.connect(lambda: objects_step.compute_objects(a))
@@ -263,7 +263,7 @@ class FinetuneWidget(QWidget):
         """Keep the region in view on the Session: a run's live previews are of it."""
         context = max(1, FinetuneConfig().patch_shape[0] // 2)
         layer = self.image_layer()
-        session = self.actions.session
+        session = self.controller.session
         try:
             ndim = len(layer.data[0].shape if layer.multiscale else layer.data.shape)
             session.region = visible_region(self.viewer, layer, (context,) * ndim)
@@ -303,16 +303,16 @@ class FinetuneWidget(QWidget):
             self._checkpoint_changed()
 
     def _checkpoint_changed(self) -> None:
-        self.actions.load_info(self.checkpoint_path())
+        self.controller.load_info(self.checkpoint_path())
 
     def _new_corrections(self) -> None:
-        layer = self.actions.new_corrections_layer()
+        layer = self.controller.new_corrections_layer()
         if layer is not None:
             self.corrections_combo.reset_choices()
             self.corrections_combo.value = layer
 
     def _corrections_changed(self, layer: Labels | None) -> None:
-        self.actions.follow_corrections(layer)
+        self.controller.follow_corrections(layer)
         self._sync_buttons()
 
     def _image_changed(self, *_: object) -> None:
@@ -321,20 +321,20 @@ class FinetuneWidget(QWidget):
 
     def _finetune(self) -> None:
         self.state.clicked_at = time.perf_counter()
-        self.actions.finetune()
+        self.controller.finetune()
 
     def _export(self) -> None:
-        default = results.default_export_path(self.actions)
+        default = results.default_export_path(self.controller)
         path, _ = QFileDialog.getSaveFileName(
             self, "Export fine-tuned checkpoint", default, "Checkpoints (*.pt)"
         )
         if path:
-            results.export(self.actions, path)
+            results.export(self.controller, path)
 
     def _export_bioimageio(self) -> None:
-        default = str(Path(results.default_export_path(self.actions)).with_suffix(".zip"))
+        default = str(Path(results.default_export_path(self.controller)).with_suffix(".zip"))
         path, _ = QFileDialog.getSaveFileName(
             self, "Export as a bioimage.io model package", default, "bioimage.io (*.zip)"
         )
         if path:
-            results.export_bioimageio(self.actions, path)
+            results.export_bioimageio(self.controller, path)
