@@ -96,7 +96,7 @@ class StatusPanel(QWidget):
             self.validation_label,
         )
         for label in labels:
-            label.setTextInteractionFlags(Qt.TextSelectableByMouse)
+            label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         form = QFormLayout()
         form.addRow("Precision:", self.dtype_label)
         form.addRow("Batch:", self.batch_label)

@@ -18,7 +18,6 @@ from napari.layers import Image, Labels, Layer
 from qtpy.QtCore import QEvent, QSize, Qt
 from qtpy.QtGui import QShowEvent
 from qtpy.QtWidgets import (
-    QApplication,
     QFileDialog,
     QFrame,
     QLabel,
@@ -39,6 +38,7 @@ from napari_finetune._qt.parts import (
     group,
     layer_combo,
     preload,
+    qt_app,
     row,
 )
 from napari_finetune._qt.roles_editor import RolesEditor
@@ -141,7 +141,7 @@ class FinetuneWidget(QWidget):
         outer.setContentsMargins(0, 0, 0, 0)
         outer.addWidget(scroll)
         # As wide as the inputs need: no horizontal scrolling, no clipped numbers.
-        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self._scroll = scroll
 
         a = self.controller
@@ -171,11 +171,14 @@ class FinetuneWidget(QWidget):
         for emitter, slot in self._viewer_hooks:
             emitter.connect(slot)
         # Closing: the viewer's window, the app, the dock removed, or the widget deleted.
-        state, app = self.state, QApplication.instance()
-        self._quit_hook = lambda: shut_down(state, CLOSE_WAIT_S)  # the state, not the widget
-        app.aboutToQuit.connect(self._quit_hook)
+        state, app = self.state, qt_app()
+
+        def quit_hook() -> None:  # the state, not the widget
+            shut_down(state, CLOSE_WAIT_S)
+
+        self._quit_hook = quit_hook
+        app.aboutToQuit.connect(quit_hook)
         self._window_watcher = WindowCloseWatcher(self, lambda: self.close_work(CLOSE_WAIT_S))
-        quit_hook = self._quit_hook
 
         def destroyed(*_: object) -> None:
             # Deleted with its window (viewer.close() deletes it at once, shown or not):
@@ -197,18 +200,21 @@ class FinetuneWidget(QWidget):
         hint = super().sizeHint()
         if not hasattr(self, "_scroll"):
             return hint
-        bar = self._scroll.verticalScrollBar().sizeHint().width()
-        return QSize(max(hint.width(), self._scroll.widget().sizeHint().width() + bar + 4),
+        bar, inner = self._scroll.verticalScrollBar(), self._scroll.widget()
+        if bar is None or inner is None:  # Qt's stubs allow None; both are set in __init__
+            return hint
+        return QSize(max(hint.width(), inner.sizeHint().width() + bar.sizeHint().width() + 4),
                      hint.height())
 
-    def event(self, event: QEvent) -> bool:  # noqa: D102 (Qt override)
+    def event(self, event: QEvent | None) -> bool:  # noqa: D102 (Qt override)
         # napari's remove_dock_widget unparents the widget: end the run then, without
         # waiting (the app goes on; the run's last events only update the state).
-        if event.type() == QEvent.ParentChange and self.parent() is None:
+        if (event is not None and event.type() == QEvent.Type.ParentChange
+                and self.parent() is None):
             self.close_work(0.0)
         return super().event(event)
 
-    def showEvent(self, event: QShowEvent) -> None:  # noqa: N802, D102 (Qt override)
+    def showEvent(self, event: QShowEvent | None) -> None:  # noqa: N802, D102 (Qt override)
         self._window_watcher.follow(self)  # docked: watch that window's close
         super().showEvent(event)
 
@@ -224,7 +230,7 @@ class FinetuneWidget(QWidget):
         for emitter, slot in self._viewer_hooks:
             emitter.disconnect(slot)
         self.state.events.all.disconnect(self._sync_buttons)
-        disconnect(QApplication.instance().aboutToQuit, self._quit_hook)
+        disconnect(qt_app().aboutToQuit, self._quit_hook)
         return shut_down(self.state, wait_s)
 
     # -- what the user sees follows the state ------------------------------------------------
