@@ -277,6 +277,10 @@ class FinetuneWidget(QWidget):
             session.region = None
 
     # -- public views the controller reads ---------------------------------------------------
+    def dialog_parent(self) -> QWidget:
+        """The widget a modal dialog (the trust question) is shown over: this one."""
+        return self
+
     def image_layer(self) -> Image | None:
         """The chosen image layer."""
         return self.image_combo.value
