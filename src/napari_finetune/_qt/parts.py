@@ -115,6 +115,8 @@ def layer_combo(viewer: Viewer, kind: type[Layer], accept: Callable[[Layer], boo
         (layer.name, layer) for layer in viewer.layers
         if isinstance(layer, kind) and accept(layer)
     ]})
+    if not isinstance(combo, ComboBox):  # napari registers a ComboBox for its layer types
+        raise TypeError(f"magicgui made a {type(combo).__name__} for {kind.__name__} layers")
     combo.native.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
     return combo
 

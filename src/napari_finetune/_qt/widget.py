@@ -158,8 +158,13 @@ class FinetuneWidget(QWidget):
         self.save_predictions_button.clicked.connect(lambda: results.save_predictions(a))
         self.paint_next_button.clicked.connect(lambda: results.paint_here_next(a))
         self.bioimageio_button.clicked.connect(self._export_bioimageio)
-        # PEFT is warmed up when LoRA is chosen, not at every dock (see warm_up_job).
-        self.settings.mode.changed.connect(lambda mode: mode == "lora" and a.warm_up(lora=True))
+
+        def mode_changed(mode: str) -> None:
+            # PEFT is warmed up when LoRA is chosen, not at every dock (see warm_up_job).
+            if mode == "lora":
+                a.warm_up(lora=True)
+
+        self.settings.mode.changed.connect(mode_changed)
         self.state.events.all.connect(self._sync_buttons)  # the one place buttons follow
         layers = self.viewer.layers.events
         self._viewer_hooks = [(self.viewer.events.theme, self._theme_changed),
@@ -270,10 +275,13 @@ class FinetuneWidget(QWidget):
         context = max(1, FinetuneConfig().patch_shape[0] // 2)
         layer = self.image_layer()
         session = self.controller.session
+        if layer is None:
+            session.region = None
+            return
         try:
             ndim = len(layer.data[0].shape if layer.multiscale else layer.data.shape)
             session.region = visible_region(self.viewer, layer, (context,) * ndim)
-        except Exception:  # no layer, or a transient state while layers change
+        except Exception:  # a transient state while layers change
             session.region = None
 
     # -- public views the controller reads ---------------------------------------------------
