@@ -70,7 +70,7 @@ def test_choosing_lora_warms_up_peft(docked, monkeypatch):
     warms it up; choosing a full fine-tune again starts nothing."""
     viewer, widget, image = docked
     asked: list[bool] = []
-    monkeypatch.setattr(widget.actions, "warm_up", lambda lora: asked.append(lora))
+    monkeypatch.setattr(widget.controller, "warm_up", lambda lora: asked.append(lora))
     widget.settings.mode.value = "lora"
     widget.settings.mode.value = "full"
     assert asked == [True]

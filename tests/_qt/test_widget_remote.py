@@ -45,7 +45,7 @@ def test_the_widget_trains_on_a_dask_worker_with_status_labels_and_a_preview(
     qtbot.waitUntil(lambda: "mitochondria prediction" in viewer.layers)  # with the layer
     before = viewer.layers["mitochondria prediction"].data.copy()
     ended = []
-    widget.actions.session.events.ended.connect(ended.append)
+    widget.controller.session.events.ended.connect(ended.append)
 
     qtbot.mouseClick(widget.finetune_button, Qt.LeftButton)
     assert widget.state.busy is Busy.TRAIN and widget.stop_button.isEnabled()

@@ -13,7 +13,7 @@ from napari_finetune.session.session import Busy, Outcome
 
 def test_predict_is_the_sessions_and_its_refusals_and_failures_show_in_one_line(docked, qtbot):
     viewer, widget, image = docked
-    session, log = widget.actions.session, widget.status_panel.log
+    session, log = widget.controller.session, widget.status_panel.log
     ended = []
     session.events.ended.connect(ended.append)
 
@@ -48,7 +48,7 @@ def test_the_runs_statuses_and_failed_previews_reach_the_panel(make_napari_viewe
 
     viewer = make_napari_viewer()
     _, widget = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
-    events = widget.actions.session.events
+    events = widget.controller.session.events
     recovery = _status(kind="recovery", batch_size=1, accumulation=2, message="batch 2 → 1")
     events.job_event.emit(RunStatus(recovery))
     assert widget.state.statuses == [recovery]

@@ -122,7 +122,7 @@ def test_a_panel_deleted_under_a_run_ends_the_run_and_keeps_the_painting(
         raise RuntimeError("wrapped C/C++ object of type QLabel has been deleted")
 
     monkeypatch.setattr(widget.status_panel, "show_status", deleted)
-    qtbot.waitUntil(lambda: widget.actions.session.busy is None, timeout=120_000)
+    qtbot.waitUntil(lambda: widget.controller.session.busy is None, timeout=120_000)
     statuses = widget.state.statuses
     assert widget.state.closed
     assert statuses[-1].kind == "stopped" and statuses[-1].step < 500, [
@@ -140,7 +140,7 @@ def test_deleted_layers_come_back_stop_keeps_the_weights_and_export_reloads(
     viewer.layers.remove(names[0])
     viewer.layers.selection.active = layer
     ended = []
-    widget.actions.session.events.ended.connect(ended.append)
+    widget.controller.session.events.ended.connect(ended.append)
     qtbot.mouseClick(widget.finetune_button, Qt.LeftButton)
     qtbot.waitUntil(lambda: widget.state.previews >= 1, timeout=60_000)
     assert all(n in viewer.layers for n in names)
@@ -256,7 +256,7 @@ def test_a_2d_image_with_a_2d_model(make_napari_viewer, qtbot, tmp_path):
     wait_idle(qtbot, widget)
     assert widget.state.statuses[-1].kind == "finished", widget.state.errors
     assert widget.state.previews >= 1 and not widget.state.errors, (
-        widget.actions.session.region, [s.kind for s in widget.state.statuses])
+        widget.controller.session.region, [s.kind for s in widget.state.statuses])
     assert viewer.layers["membrane prediction"].data.shape == (64, 64)
 
 

@@ -96,7 +96,7 @@ class Controller:
     def run_job(
         self, job: Callable[..., Job[R]], *args: object, what: str,
         on_result: Callable[[R], None] | None = None,
-        on_failed: Callable[[], None] | None = None, **kwargs: object,
+        on_failed: Callable[[], None] | None = None,
     ) -> None:
         """Start one of the widget's own jobs (the engine's warm-up, reading a checkpoint),
         which never mark it busy: ``on_result`` gets what the job returned, ``on_failed``
@@ -124,7 +124,7 @@ class Controller:
 
         s.running += 1
         worker = start_job(job, *args, on_event=self._session_event, on_result=on_returned,
-                           on_error=on_error, on_finished=on_finished, **kwargs)
+                           on_error=on_error, on_finished=on_finished)
         s.jobs.append(worker)
 
     # -- the Session's events ----------------------------------------------------------------
@@ -247,7 +247,7 @@ class Controller:
 
     def answer_untrusted(self, question: Untrusted) -> None:
         """Ask whether to trust the factory; Yes reads the file again with it trusted."""
-        if ask_to_trust(self.w, question.path, question.factory):
+        if ask_to_trust(self.w.dialog_parent(), question.path, question.factory):
             self.load_info(question.path, trust=(question.factory,))
             return
         message = refusal(question.path, question.factory)

@@ -101,9 +101,11 @@ def fit_prediction_layers_later(
         layer_name = prediction_name(name)
         return layer_name in viewer.layers and tuple(viewer.layers[layer_name].data.shape) == shape
 
+    # Each channel's mask, or None: an empty layer.
+    shown: list[np.ndarray | None] = list(masks) if masks else [None] * len(channel_names)
     pending: list[tuple[str, str, np.ndarray | None] | None] = [
-        (name, color, mask) for name, color, mask in zip(
-            channel_names, colors, masks or [None] * len(channel_names), strict=True)
+        (name, color, mask)
+        for name, color, mask in zip(channel_names, colors, shown, strict=True)
         if not fits(name)
     ]
     if pending:
@@ -119,13 +121,13 @@ def fit_prediction_layers_later(
         if not pending:
             then()
             return
-        if pending[0] is None:  # the layers are in: the painted layer active again
-            pending.pop(0)
+        item = pending.pop(0)
+        if item is None:  # the layers are in: the painted layer active again
             if active[0] is not None and active[0] in viewer.layers:
                 viewer.layers.selection.active = active[0]
             QTimer.singleShot(TURN_GAP_MS, add_next)
             return
-        name, color, mask = pending.pop(0)
+        name, color, mask = item
         if not fits(name):  # a prediction (or another chain) may have come first
             data = np.zeros(shape, dtype=np.uint8) if mask is None else mask
             show_predictions(viewer, image_layer, [name], [color], [data], store_path, below)

@@ -114,8 +114,8 @@ class LossPlot(QWidget):
         self.marks.append((step, what))
         self.update()
 
-    def paintEvent(self, event: QPaintEvent) -> None:  # noqa: N802 (Qt's name)
-        c = self.colors
+    def paintEvent(self, event: QPaintEvent | None) -> None:  # noqa: N802 (Qt's name)
+        c, align = self.colors, Qt.AlignmentFlag
         painter = QPainter(self)
         painter.fillRect(self.rect(), c.background)
         painter.setPen(c.frame)
@@ -123,7 +123,7 @@ class LossPlot(QWidget):
         width, height = self.width(), self.height()
         if len(self.losses) < 2:
             painter.setPen(c.text)
-            painter.drawText(self.rect(), Qt.AlignCenter, "loss")
+            painter.drawText(self.rect(), align.AlignCenter, "loss")
             painter.end()
             return
         # At most one point per pixel column: the cost stays flat on long runs.
@@ -142,10 +142,10 @@ class LossPlot(QWidget):
             return left + (step - 1) * (right - left) / max(steps - 1, 1)
 
         painter.setPen(c.text)  # the axes' ranges: loss max and min, last step
-        painter.drawText(QRectF(0, top - 6, left - 3, 14), Qt.AlignRight, f"{high:.3g}")
-        painter.drawText(QRectF(0, bottom - 8, left - 3, 14), Qt.AlignRight, f"{low:.3g}")
-        painter.drawText(QRectF(left, bottom + 2, right - left, 14), Qt.AlignLeft, "step 1")
-        painter.drawText(QRectF(left, bottom + 2, right - left, 14), Qt.AlignRight,
+        painter.drawText(QRectF(0, top - 6, left - 3, 14), align.AlignRight, f"{high:.3g}")
+        painter.drawText(QRectF(0, bottom - 8, left - 3, 14), align.AlignRight, f"{low:.3g}")
+        painter.drawText(QRectF(left, bottom + 2, right - left, 14), align.AlignLeft, "step 1")
+        painter.drawText(QRectF(left, bottom + 2, right - left, 14), align.AlignRight,
                          f"{steps}")
         painter.setRenderHint(QPainter.Antialiasing)
         polygon = QPolygonF([QPointF(x_of(1 + i * stride), top + (high - v) / span * (
@@ -165,9 +165,9 @@ class LossPlot(QWidget):
         for step, what in self.marks:
             x = x_of(max(step, 1))
             painter.drawLine(QPointF(x, top), QPointF(x, bottom))
-            painter.drawText(QRectF(x + 2, bottom - 14, 30, 14), Qt.AlignLeft, MARKS[what])
+            painter.drawText(QRectF(x + 2, bottom - 14, 30, 14), align.AlignLeft, MARKS[what])
         painter.setPen(c.text)
-        painter.drawText(QRectF(left, bottom + 2, right - left, 14), Qt.AlignHCenter, text)
+        painter.drawText(QRectF(left, bottom + 2, right - left, 14), align.AlignHCenter, text)
         painter.end()
 
 

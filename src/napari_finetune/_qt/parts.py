@@ -11,9 +11,10 @@ if TYPE_CHECKING:
 
 from magicgui.widgets import ComboBox, create_widget
 from napari.layers import Layer
-from qtpy.QtCore import Qt
+from qtpy.QtCore import QCoreApplication, Qt
 from qtpy.QtGui import QPainter, QPaintEvent, QPalette
 from qtpy.QtWidgets import (
+    QApplication,
     QComboBox,
     QGroupBox,
     QHBoxLayout,
@@ -40,20 +41,44 @@ class PathEdit(QLineEdit):
         self.textChanged.connect(self.setToolTip)
         self.setToolTip(text)
 
-    def paintEvent(self, event: QPaintEvent) -> None:  # noqa: N802 (Qt override)
+    def paintEvent(self, event: QPaintEvent | None) -> None:  # noqa: N802 (Qt override)
         if self.hasFocus() or not self.text():
             super().paintEvent(event)
             return
         option = QStyleOptionFrame()
         self.initStyleOption(option)
-        painter = QPainter(self)
-        self.style().drawPrimitive(QStyle.PE_PanelLineEdit, option, painter, self)
-        rect = self.style().subElementRect(QStyle.SE_LineEditContents, option, self)
+        painter, style = QPainter(self), widget_style(self)
+        style.drawPrimitive(QStyle.PrimitiveElement.PE_PanelLineEdit, option, painter, self)
+        rect = style.subElementRect(QStyle.SubElement.SE_LineEditContents, option, self)
         rect.adjust(2, 0, -2, 0)
-        shown = self.fontMetrics().elidedText(self.text(), Qt.ElideLeft, rect.width())
+        shown = self.fontMetrics().elidedText(self.text(), Qt.TextElideMode.ElideLeft, rect.width())
         painter.setPen(self.palette().color(QPalette.Text))
-        painter.drawText(rect, int(Qt.AlignVCenter | Qt.AlignLeft), shown)
+        painter.drawText(
+            rect, int(Qt.AlignmentFlag.AlignVCenter | Qt.AlignmentFlag.AlignLeft), shown)
         painter.end()
+
+
+def widget_style(widget: QWidget) -> QStyle:
+    """``widget.style()``, which Qt gives every widget (the application's, unless set).
+
+    PyQt's stubs say it may be None; a None here would be a Qt bug, so it raises.
+    """
+    style = widget.style()
+    if style is None:
+        raise RuntimeError(f"Qt gave {type(widget).__name__} no style")
+    return style
+
+
+def qt_app() -> QCoreApplication:
+    """The running Qt application: there is one from the first widget on.
+
+    ``QApplication.instance()`` is None only before one was made (or after it was
+    deleted); a widget that asked then would have no event loop to run in.
+    """
+    app = QApplication.instance()
+    if app is None:
+        raise RuntimeError("no Qt application is running")
+    return app
 
 
 def preload() -> None:
@@ -90,6 +115,8 @@ def layer_combo(viewer: Viewer, kind: type[Layer], accept: Callable[[Layer], boo
         (layer.name, layer) for layer in viewer.layers
         if isinstance(layer, kind) and accept(layer)
     ]})
+    if not isinstance(combo, ComboBox):  # napari registers a ComboBox for its layer types
+        raise TypeError(f"magicgui made a {type(combo).__name__} for {kind.__name__} layers")
     combo.native.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
     return combo
 

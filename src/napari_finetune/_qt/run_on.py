@@ -33,7 +33,8 @@ _ADDRESS = re.compile(r"(tcp|tls)://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(\d{1,5
 
 def default_store() -> QSettings:
     """The user's napari-finetune settings (an INI file, the same on every platform)."""
-    return QSettings(QSettings.IniFormat, QSettings.UserScope, ORGANISATION, APPLICATION)
+    return QSettings(
+        QSettings.Format.IniFormat, QSettings.Scope.UserScope, ORGANISATION, APPLICATION)
 
 
 def check_address(text: str) -> str:

@@ -49,15 +49,26 @@ def field_input(name: str, value: str | float) -> ValueWidget:
     and ``int`` are ``float`` to a type checker).
     """
     spec, tip = FIELDS[name], field_docs(FinetuneConfig).get(name, "")
-    common = {"label": spec.label, "tooltip": tip}
+    label = spec.label
     if spec.choices:
-        return ComboBox(value=value, choices=[(text, v) for text, v in spec.choices], **common)
+        return ComboBox(value=value, choices=[(text, v) for text, v in spec.choices],
+                        label=label, tooltip=tip)
     if isinstance(value, bool):
-        return CheckBox(value=value, text=spec.label, tooltip=tip)
+        return CheckBox(value=value, text=label, tooltip=tip)
+    # Every number field shown has a range (config_fields.FIELDS); one without would be
+    # a mistake there, named here rather than as a TypeError from None * 100.
+    if isinstance(value, str) or spec.low is None or spec.high is None:
+        raise ValueError(f"{name}: a number input needs a number default and a range")
     scale = 100 if name in PERCENT_FIELDS else 1
-    kind = SpinBox if isinstance(value, int) else FloatSpinBox
-    box = kind(value=value * scale, min=spec.low * scale, max=spec.high * scale,
-               step=spec.step * scale, **common)
+    low, high = spec.low * scale, spec.high * scale
+    step = None if spec.step is None else spec.step * scale  # None: magicgui's step of 1
+    box: SpinBox | FloatSpinBox
+    if isinstance(value, int):
+        box = SpinBox(value=value * scale, min=low, max=high, step=step, label=label,
+                      tooltip=tip)
+    else:
+        box = FloatSpinBox(value=value * scale, min=low, max=high, step=step, label=label,
+                           tooltip=tip)
     box.native.setButtonSymbols(QAbstractSpinBox.NoButtons)  # arrows and wheel still step
     return box
 

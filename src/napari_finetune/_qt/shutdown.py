@@ -111,7 +111,9 @@ class WindowCloseWatcher(QObject):
     hides it too, but spontaneously and without a Close event before.
     """
 
-    def __init__(self, widget: QWidget, on_close: Callable[[], None]) -> None:
+    # ``on_close``'s result is ignored: the widget's close_work says whether its jobs ended
+    # in time, which matters to its other callers only.
+    def __init__(self, widget: QWidget, on_close: Callable[[], object]) -> None:
         super().__init__(widget)
         self._on_close = on_close
         self._closing = False
@@ -127,12 +129,14 @@ class WindowCloseWatcher(QObject):
         self._watched = window
         window.installEventFilter(self)
 
-    def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802 (Qt)
-        if watched is self._watched:
-            if event.type() == QEvent.Close:
+    def eventFilter(  # noqa: N802 (Qt)
+        self, watched: QObject | None, event: QEvent | None,
+    ) -> bool:
+        if event is not None and watched is not None and watched is self._watched:
+            if event.type() == QEvent.Type.Close:
                 self._closing = True
                 QTimer.singleShot(0, self._refused)  # a close that went through hid it before
-            elif event.type() == QEvent.Hide and self._closing and not event.spontaneous():
+            elif event.type() == QEvent.Type.Hide and self._closing and not event.spontaneous():
                 self._closing = False
                 self._on_close()
         return False

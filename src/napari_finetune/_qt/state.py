@@ -11,7 +11,7 @@ import operator
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 from psygnal import evented
@@ -24,6 +24,7 @@ from napari_finetune.session.session import Busy, Session
 
 if TYPE_CHECKING:
     from napari.layers import Image
+    from psygnal import SignalGroup
 
     from napari_finetune.objects import ChannelRole
     from napari_finetune.trainer.loop import Finetuner
@@ -72,6 +73,11 @@ class Untrusted:
 class WidgetState:
     """Everything the widget tracks between events; ``state.events`` signals changes of
     ``info``, ``busy``, ``trainer`` and ``closed``."""
+
+    if TYPE_CHECKING:
+        # What ``@evented`` adds at run time, which the checker cannot see; a ClassVar, so
+        # that the dataclass does not take it for a field.
+        events: ClassVar[SignalGroup]
 
     info: CheckpointInfo | None = None
     # The Session the buttons moved onto runs their jobs in ``runner``'s workers; a

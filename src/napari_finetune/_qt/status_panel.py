@@ -96,7 +96,7 @@ class StatusPanel(QWidget):
             self.validation_label,
         )
         for label in labels:
-            label.setTextInteractionFlags(Qt.TextSelectableByMouse)
+            label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         form = QFormLayout()
         form.addRow("Precision:", self.dtype_label)
         form.addRow("Batch:", self.batch_label)
@@ -163,11 +163,11 @@ class StatusPanel(QWidget):
         for what in recovery_marks(self._previous, status, self._start_batch):
             self.loss_plot.add_mark(at, what)
         self._previous = status
-        checked = status.validation is not None and status.validation != self._last_validation
-        if checked:
-            self._last_validation = status.validation
-            self.validation_label.setText(validation_text(status.validation))
-            self.loss_plot.add_score(status.step, status.validation)
+        validation, checked = status.validation, False
+        if validation is not None and validation != self._last_validation:
+            checked, self._last_validation = True, validation
+            self.validation_label.setText(validation_text(validation))
+            self.loss_plot.add_score(status.step, validation)
         if (status.kind != "step" or checked) and status.message:
             self.append_log(status.message)
 

@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 if TYPE_CHECKING:
     from napari import Viewer
     from napari.layers import Image, Labels
-    from qtpy.QtWidgets import QLabel
+    from qtpy.QtWidgets import QLabel, QWidget
 
     from napari_finetune._qt.roles_editor import RolesEditor
     from napari_finetune._qt.settings import SettingsForm
     from napari_finetune._qt.state import WidgetState
     from napari_finetune._qt.status_panel import StatusPanel
-    from napari_finetune.session.session import Session
+    from napari_finetune.session.session import ActionEnd, Session
     from napari_finetune.session.work import Job
 
 R = TypeVar("R")
@@ -52,6 +52,9 @@ class WidgetView(Protocol):
     def store_hint(self) -> Path | None:
         """The OME-Zarr store of the chosen image, if it came from one."""
 
+    def dialog_parent(self) -> QWidget:
+        """The widget a modal dialog (the trust question) is shown over."""
+
 
 class JobHost(Protocol):
     """What a step needs of the Controller: the state, the widget and a way to run a job."""
@@ -65,12 +68,13 @@ class JobHost(Protocol):
     def run_job(
         self, job: Callable[..., Job[R]], *args: object, what: str,
         on_result: Callable[[R], None] | None = None,
-        on_failed: Callable[[], None] | None = None, **kwargs: object,
+        on_failed: Callable[[], None] | None = None,
     ) -> None:
         """Start one of the widget's own jobs (never marks it busy)."""
 
     def start_action(
         self, start: Callable[[], bool], done: Callable[[], None] = ...,
-        failed: Callable[[], None] = ...,
-    ) -> None:
-        """Start one of the Session's actions; ``done`` or ``failed`` when it ends."""
+        failed: Callable[[], None] = ..., ended: Callable[[ActionEnd], None] | None = None,
+    ) -> bool:
+        """Start one of the Session's actions; ``done`` or ``failed`` when it ends, ``ended``
+        last however it ended. False: refused (or the widget closed)."""

@@ -18,7 +18,6 @@ from napari.layers import Image, Labels, Layer
 from qtpy.QtCore import QEvent, QSize, Qt
 from qtpy.QtGui import QShowEvent
 from qtpy.QtWidgets import (
-    QApplication,
     QFileDialog,
     QFrame,
     QLabel,
@@ -39,6 +38,7 @@ from napari_finetune._qt.parts import (
     group,
     layer_combo,
     preload,
+    qt_app,
     row,
 )
 from napari_finetune._qt.roles_editor import RolesEditor
@@ -67,7 +67,7 @@ class FinetuneWidget(QWidget):
         preload()
         self.viewer = napari_viewer
         self.state = WidgetState()
-        self.actions = Controller(self)
+        self.controller = Controller(self)
         self.image_combo = layer_combo(napari_viewer, Image, lambda layer: True)
         self.checkpoint_edit = PathEdit(default_checkpoint())
         self.checkpoint_edit.setPlaceholderText("model checkpoint (.pt)")
@@ -141,10 +141,10 @@ class FinetuneWidget(QWidget):
         outer.setContentsMargins(0, 0, 0, 0)
         outer.addWidget(scroll)
         # As wide as the inputs need: no horizontal scrolling, no clipped numbers.
-        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self._scroll = scroll
 
-        a = self.actions
+        a = self.controller
         self.checkpoint_edit.editingFinished.connect(self._checkpoint_changed)
         self.predict_button.clicked.connect(a.predict)
         self.objects_button.clicked.connect(lambda: objects_step.compute_objects(a))
@@ -158,8 +158,13 @@ class FinetuneWidget(QWidget):
         self.save_predictions_button.clicked.connect(lambda: results.save_predictions(a))
         self.paint_next_button.clicked.connect(lambda: results.paint_here_next(a))
         self.bioimageio_button.clicked.connect(self._export_bioimageio)
-        # PEFT is warmed up when LoRA is chosen, not at every dock (see warm_up_job).
-        self.settings.mode.changed.connect(lambda mode: mode == "lora" and a.warm_up(lora=True))
+
+        def mode_changed(mode: str) -> None:
+            # PEFT is warmed up when LoRA is chosen, not at every dock (see warm_up_job).
+            if mode == "lora":
+                a.warm_up(lora=True)
+
+        self.settings.mode.changed.connect(mode_changed)
         self.state.events.all.connect(self._sync_buttons)  # the one place buttons follow
         layers = self.viewer.layers.events
         self._viewer_hooks = [(self.viewer.events.theme, self._theme_changed),
@@ -171,11 +176,14 @@ class FinetuneWidget(QWidget):
         for emitter, slot in self._viewer_hooks:
             emitter.connect(slot)
         # Closing: the viewer's window, the app, the dock removed, or the widget deleted.
-        state, app = self.state, QApplication.instance()
-        self._quit_hook = lambda: shut_down(state, CLOSE_WAIT_S)  # the state, not the widget
-        app.aboutToQuit.connect(self._quit_hook)
+        state, app = self.state, qt_app()
+
+        def quit_hook() -> None:  # the state, not the widget
+            shut_down(state, CLOSE_WAIT_S)
+
+        self._quit_hook = quit_hook
+        app.aboutToQuit.connect(quit_hook)
         self._window_watcher = WindowCloseWatcher(self, lambda: self.close_work(CLOSE_WAIT_S))
-        quit_hook = self._quit_hook
 
         def destroyed(*_: object) -> None:
             # Deleted with its window (viewer.close() deletes it at once, shown or not):
@@ -197,18 +205,21 @@ class FinetuneWidget(QWidget):
         hint = super().sizeHint()
         if not hasattr(self, "_scroll"):
             return hint
-        bar = self._scroll.verticalScrollBar().sizeHint().width()
-        return QSize(max(hint.width(), self._scroll.widget().sizeHint().width() + bar + 4),
+        bar, inner = self._scroll.verticalScrollBar(), self._scroll.widget()
+        if bar is None or inner is None:  # Qt's stubs allow None; both are set in __init__
+            return hint
+        return QSize(max(hint.width(), inner.sizeHint().width() + bar.sizeHint().width() + 4),
                      hint.height())
 
-    def event(self, event: QEvent) -> bool:  # noqa: D102 (Qt override)
+    def event(self, event: QEvent | None) -> bool:  # noqa: D102 (Qt override)
         # napari's remove_dock_widget unparents the widget: end the run then, without
         # waiting (the app goes on; the run's last events only update the state).
-        if event.type() == QEvent.ParentChange and self.parent() is None:
+        if (event is not None and event.type() == QEvent.Type.ParentChange
+                and self.parent() is None):
             self.close_work(0.0)
         return super().event(event)
 
-    def showEvent(self, event: QShowEvent) -> None:  # noqa: N802, D102 (Qt override)
+    def showEvent(self, event: QShowEvent | None) -> None:  # noqa: N802, D102 (Qt override)
         self._window_watcher.follow(self)  # docked: watch that window's close
         super().showEvent(event)
 
@@ -224,7 +235,7 @@ class FinetuneWidget(QWidget):
         for emitter, slot in self._viewer_hooks:
             emitter.disconnect(slot)
         self.state.events.all.disconnect(self._sync_buttons)
-        disconnect(QApplication.instance().aboutToQuit, self._quit_hook)
+        disconnect(qt_app().aboutToQuit, self._quit_hook)
         return shut_down(self.state, wait_s)
 
     # -- what the user sees follows the state ------------------------------------------------
@@ -263,14 +274,21 @@ class FinetuneWidget(QWidget):
         """Keep the region in view on the Session: a run's live previews are of it."""
         context = max(1, FinetuneConfig().patch_shape[0] // 2)
         layer = self.image_layer()
-        session = self.actions.session
+        session = self.controller.session
+        if layer is None:
+            session.region = None
+            return
         try:
             ndim = len(layer.data[0].shape if layer.multiscale else layer.data.shape)
             session.region = visible_region(self.viewer, layer, (context,) * ndim)
-        except Exception:  # no layer, or a transient state while layers change
+        except Exception:  # a transient state while layers change
             session.region = None
 
     # -- public views the controller reads ---------------------------------------------------
+    def dialog_parent(self) -> QWidget:
+        """The widget a modal dialog (the trust question) is shown over: this one."""
+        return self
+
     def image_layer(self) -> Image | None:
         """The chosen image layer."""
         return self.image_combo.value
@@ -303,16 +321,16 @@ class FinetuneWidget(QWidget):
             self._checkpoint_changed()
 
     def _checkpoint_changed(self) -> None:
-        self.actions.load_info(self.checkpoint_path())
+        self.controller.load_info(self.checkpoint_path())
 
     def _new_corrections(self) -> None:
-        layer = self.actions.new_corrections_layer()
+        layer = self.controller.new_corrections_layer()
         if layer is not None:
             self.corrections_combo.reset_choices()
             self.corrections_combo.value = layer
 
     def _corrections_changed(self, layer: Labels | None) -> None:
-        self.actions.follow_corrections(layer)
+        self.controller.follow_corrections(layer)
         self._sync_buttons()
 
     def _image_changed(self, *_: object) -> None:
@@ -321,20 +339,20 @@ class FinetuneWidget(QWidget):
 
     def _finetune(self) -> None:
         self.state.clicked_at = time.perf_counter()
-        self.actions.finetune()
+        self.controller.finetune()
 
     def _export(self) -> None:
-        default = results.default_export_path(self.actions)
+        default = results.default_export_path(self.controller)
         path, _ = QFileDialog.getSaveFileName(
             self, "Export fine-tuned checkpoint", default, "Checkpoints (*.pt)"
         )
         if path:
-            results.export(self.actions, path)
+            results.export(self.controller, path)
 
     def _export_bioimageio(self) -> None:
-        default = str(Path(results.default_export_path(self.actions)).with_suffix(".zip"))
+        default = str(Path(results.default_export_path(self.controller)).with_suffix(".zip"))
         path, _ = QFileDialog.getSaveFileName(
             self, "Export as a bioimage.io model package", default, "bioimage.io (*.zip)"
         )
         if path:
-            results.export_bioimageio(self.actions, path)
+            results.export_bioimageio(self.controller, path)
