@@ -56,6 +56,13 @@ def test_get_reader_declines_what_is_not_ome_zarr(tmp_path: Path, store: Path) -
     assert get_reader([str(store)]) is read_ome_zarr
 
 
+def test_the_reader_given_several_paths_says_so_in_one_line(store: Path) -> None:
+    # napari asks get_reader first (which declines several paths); called directly, the
+    # reader names the problem instead of failing inside open_volume on no path at all.
+    with pytest.raises(VolumeError, match="open one OME-Zarr directory at a time"):
+        read_ome_zarr([str(store), str(store)])
+
+
 def test_layer_data(store: Path) -> None:
     layers = read_ome_zarr(str(store))
     assert [(kw["name"], kind) for _, kw, kind in layers] == [

@@ -10,18 +10,24 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from napari_finetune.arrays import VolumeArray
 
 if TYPE_CHECKING:
     from napari_finetune.io.volume import Volume
 
 logger = logging.getLogger(__name__)
 
-LayerData = tuple[Any, dict[str, Any], str]
+# napari's layer data tuple: (data, layer keyword arguments, layer type); the data is a
+# volume or a multiscale list of them, the keyword arguments whatever the layer takes.
+LayerData = tuple[VolumeArray | Sequence[VolumeArray], dict[str, Any], str]
+# What napari hands a reader: one path or several (npe2's PathOrPaths).
+PathOrPaths = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 
 # Labels up to this size are loaded into memory so the Labels layer can be painted
 # on (napari cannot paint into dask arrays); bigger ones stay lazy and multiscale.
@@ -31,18 +37,18 @@ CONTRAST_SAMPLE_VOXELS = 2**17
 GENERIC_NAMES = {"", "image", "0"}
 
 
-def _single_path(path: str | os.PathLike | list[Any]) -> Path | None:
+def _single_path(path: PathOrPaths) -> Path | None:
     if isinstance(path, (list, tuple)):
         if len(path) != 1:
             return None
         path = path[0]
     try:
-        return Path(path)
+        return Path(path)  # type: ignore[arg-type]  # napari may pass anything; see except
     except TypeError:
         return None
 
 
-def get_reader(path: str | os.PathLike | list[Any]) -> Callable[..., list[LayerData]] | None:
+def get_reader(path: PathOrPaths) -> Callable[[PathOrPaths], list[LayerData]] | None:
     """The reader for an OME-Zarr image directory (NGFF multiscales), else None."""
     from napari_finetune.io.ngff import zarr_kind
 
@@ -62,7 +68,7 @@ def get_reader(path: str | os.PathLike | list[Any]) -> Callable[..., list[LayerD
     return read_ome_zarr
 
 
-def contrast_limits(levels: list[Any]) -> list[float]:
+def contrast_limits(levels: Sequence[VolumeArray]) -> list[float]:
     """[low, high] from a strided subsample of the smallest level."""
     from napari_finetune.data.normalization import subsample
 
@@ -77,12 +83,12 @@ def _layer_name(volume: Volume) -> str:
     return volume.name
 
 
-def _labels_colormap(label_dir: Path) -> dict[Any, Any] | None:
+def _labels_colormap(label_dir: Path) -> dict[int | None, list[float]] | None:
     """NGFF image-label colours as a napari direct colormap, or None without any."""
     from napari_finetune.io.volume import open_location
 
     meta = open_location(label_dir).root_attrs.get("image-label", {})
-    colors = {}
+    colors: dict[int | None, list[float]] = {}
     for entry in meta.get("colors", []):
         value, rgba = entry.get("label-value"), entry.get("rgba")
         if isinstance(value, int) and rgba and len(rgba) == 4:
@@ -100,7 +106,7 @@ def _labels_layer(store: Path, name: str) -> LayerData:
     labels = open_volume(store / "labels" / name)
     level0 = labels.levels[0]
     if level0.nbytes <= EDITABLE_LABELS_BYTES:
-        data: Any = np.asarray(level0)
+        data: VolumeArray | Sequence[VolumeArray] = np.asarray(level0)
     else:
         data = labels.levels if len(labels.levels) > 1 else level0
     kwargs: dict[str, Any] = {
@@ -117,11 +123,13 @@ def _labels_layer(store: Path, name: str) -> LayerData:
     return data, kwargs, "labels"
 
 
-def read_ome_zarr(path: str | os.PathLike | list[Any]) -> list[LayerData]:
+def read_ome_zarr(path: PathOrPaths) -> list[LayerData]:
     """Layer data for napari: the image (multiscale when the store has levels) and its labels."""
     from napari_finetune.io.volume import VolumeError, open_volume
 
     p = _single_path(path)
+    if p is None:  # napari asks get_reader first, which takes one path only
+        raise VolumeError(f"{path}: open one OME-Zarr directory at a time.")
     volume = open_volume(p)  # VolumeError (a clear message) for what we cannot use
     multiscale = len(volume.levels) > 1
     image_kwargs: dict[str, Any] = {

@@ -264,7 +264,10 @@ class MemoryBudget(TorchDispatchMode):
     def _forget(self, key: int) -> None:
         self.live_bytes -= self._live.pop(key, 0)
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+    def __torch_dispatch__(
+        self, func: Callable[..., object], types: tuple[type, ...],
+        args: tuple[object, ...] = (), kwargs: dict[str, object] | None = None,
+    ) -> object:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         # Outputs that share an input's storage (views, in-place ops) allocate nothing.
