@@ -58,6 +58,23 @@ def _save_themes(viewer, app, name: str, canvas_only: bool = False) -> None:
         app.processEvents()
 
 
+def _show_status(widget, app, status: bool = True) -> None:
+    """Scroll the panel to its status (the rows, the loss plot, the log) or back to the top.
+
+    The panel is taller than the window since the roles and "Run on" rows came: the
+    pictures of a run show its status, the others the top of the panel.
+    """
+    from qtpy.QtWidgets import QScrollArea
+
+    scroll = widget.findChild(QScrollArea)
+    if status:
+        scroll.ensureWidgetVisible(widget.status_panel.log)
+    else:
+        scroll.verticalScrollBar().setValue(0)
+    for _ in range(20):
+        app.processEvents()
+
+
 def _close_toasts(viewer) -> None:
     from napari._qt.dialogs.qt_notification import NapariQtNotification
 
@@ -154,6 +171,7 @@ def main() -> int:
     _wait(app, lambda: widget.state.previews >= 2 or widget.state.busy is None)
     _close_toasts(viewer)
     _save(viewer.screenshot(canvas_only=True, flash=False), "03-preview-canvas.png")
+    _show_status(widget, app)
     _save_themes(viewer, app, "04-finetune-running.png")
     _wait(app, lambda: widget.state.busy is None and widget.state.running == 0)
     build_hooks.clear()
@@ -166,7 +184,9 @@ def main() -> int:
     for name in ("membrane prediction", "mitochondria prediction"):
         viewer.layers[name].visible = False
     _close_toasts(viewer)
+    _show_status(widget, app)
     _save_themes(viewer, app, "06-paint-here-next.png")
+    _show_status(widget, app, status=False)
     _objects_shot(viewer, app, widget)
     print("timings", widget.state.timings, "errors", widget.state.errors)
     viewer.close()
