@@ -162,7 +162,6 @@ def run_finetune(
     if trainer is None:
         trainer = Finetuner.from_checkpoint(ckpt, image, corrections, config, sync=sync,
                                             fit_patch=fit_patch)
-    remote = isinstance(trainer, RemoteFinetuner)
     lead = trainer.sync.rank == 0
     printer = printer or StatusPrinter(config.steps, quiet=quiet, echo=lead)
     guard = _SignalGuard(trainer, printer)
@@ -172,11 +171,12 @@ def run_finetune(
         ranks = trainer.sync.world_size
         if isinstance(trainer, RemoteFinetuner):  # the worker's environment goes in the record
             printer.bar.write(f"fine-tuning on a worker of the dask scheduler {trainer.scheduler}")
+            device = config.device  # as asked: the worker resolves it
         else:
             printer.bar.write(describe_environment(run_environment(trainer.device)))
+            device = str(trainer.device)
         printer.bar.write(
-            f"fine-tuning {config.steps} steps ({config.mode}, "
-            f"device {config.device if remote else trainer.device}"
+            f"fine-tuning {config.steps} steps ({config.mode}, device {device}"
             + (f", {ranks} processes × {config.samples_per_step} samples" if ranks > 1 else "")
             + f"); building the trainer ({'PEFT adapters, ' if config.mode == 'lora' else ''}"
             "optimizer, precision probe)..."
