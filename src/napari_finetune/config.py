@@ -43,10 +43,12 @@ class FinetuneConfig:
     hold_other_channels : bool
         Keep channels that no correction touches close to the teacher everywhere.
     mixed_precision : bool
-        Try bf16 (or fp16 + GradScaler) autocast on accelerators; CPU runs fp32
-        unless ``cpu_bf16`` is set.
+        Faster, lower-precision arithmetic on a GPU (bf16, or fp16 with loss
+        scaling on older cards), checked against full precision before the first
+        step; the CPU trains in full precision unless CPU bf16 is allowed below.
     cpu_bf16 : bool
-        Allow bf16 autocast on the CPU (measured faster on some CPUs).
+        Allow bf16 on the CPU too (faster on some CPUs; now and then a step has
+        to be redone in full precision).
     device : {"auto", "cpu", "cuda", "mps"}
         Where to train; "auto" takes CUDA, then MPS, then the CPU.
     seed : int

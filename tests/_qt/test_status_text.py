@@ -21,9 +21,9 @@ def _status(**kw) -> Status:
 
 
 def test_dtype_text():
-    assert dtype_text(_status(dtype="bfloat16")) == "bfloat16 (no grad scaler)"
-    assert dtype_text(_status(dtype="float16", grad_scaler=True)) == "float16 + grad scaler"
-    assert dtype_text(_status()) == "float32"
+    assert dtype_text(_status(dtype="bfloat16")) == "bf16"
+    assert dtype_text(_status(dtype="float16", grad_scaler=True)) == "fp16 with loss scaling"
+    assert dtype_text(_status()) == "fp32 (mixed precision off)"
 
 
 def test_batch_text():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.abc
+import subprocess
 import sys
 
 import pytest
@@ -36,3 +37,23 @@ def test_the_warm_up_imports_peft_only_for_a_lora_run(lora, monkeypatch):
     assert list(warm_up_job(lora)) == []  # runs to its end, yielding nothing
 
     assert finder.asked == (["peft"] if lora else [])
+
+
+WARM_UP_IN_A_FRESH_PROCESS = """
+import sys
+from napari_finetune.session.jobs import warm_up_job
+list(warm_up_job(False))
+loaded = sorted(n for n in sys.modules if n.split(".")[0] in ("peft", "transformers"))
+print(" ".join(loaded) or "none")
+"""
+
+
+def test_a_full_fine_tune_warm_up_leaves_peft_out_in_a_fresh_process():
+    """The test above clears only PEFT's own modules: one of ours that imported PEFT at
+    its top, already loaded by earlier tests, would not import it again there. A fresh
+    process sees every import the warm-up makes, direct or not."""
+    out = subprocess.run(
+        [sys.executable, "-c", WARM_UP_IN_A_FRESH_PROCESS], capture_output=True, text=True,
+        timeout=300, check=True,
+    ).stdout.strip().splitlines()[-1]
+    assert out == "none"

@@ -190,26 +190,32 @@ def test_odd_step_is_split_without_losing_samples():
     assert (events[-1].batch_size, events[-1].accumulation) == (3, 2)
 
 
-def test_fp16_nan_falls_back_to_fp32_with_weights_unchanged(monkeypatch):
+def test_fp16_nan_at_every_step_gives_fp16_up_with_weights_unchanged(monkeypatch):
     # Precision believes it is on a CUDA card without bf16: fp16 + GradScaler.
     monkeypatch.setattr(precision_module, "choose_precision", lambda *a: (torch.float16, True))
-    trainer = make_trainer(steps=2, batch_size=2, mixed_precision=True)
+    trainer = make_trainer(steps=4, batch_size=2, mixed_precision=True)
     trainer.build()
-    assert trainer.precision.describe() == "True (dtype=float16, grad_scaler=True)"
+    assert trainer.precision.describe() == "fp16 with loss scaling"
     calls = count_calls(trainer.optimizer)
     run = trainer.run()
     assert next(run).dtype == "float16"
     before = [p.detach().clone() for p in trainer.model.parameters()]
     fault = faults.nan_in_forward(trainer.model.head)
-    fallback = next(run)
-    assert fallback.kind == "recovery" and fallback.dtype == "float32"
-    assert "falling back to fp32" in fallback.message and "weights unchanged" in fallback.message
+    redo = next(run)
+    assert redo.kind == "recovery" and redo.dtype == "float32"
+    assert "redoing this step in fp32 (weights unchanged)" in redo.message
     for p, b in zip(trainer.model.parameters(), before, strict=True):
         assert torch.equal(p, b)
     assert calls[0] == 0
     rest = list(run)
-    assert fault.count == 1 and [e.kind for e in rest] == ["step", "step", "finished"]
-    assert calls[0] == 2 and rest[-1].dtype == "float32" and not rest[-1].grad_scaler
+    # Steps 1 and 2 redone in fp32 with fp16 back after each; at step 3, the third
+    # bad step within fifty, fp16 is given up.
+    assert fault.count == 3
+    assert [e.kind for e in rest] == [
+        "step", "recovery", "step", "recovery", "step", "step", "finished"
+    ]
+    assert "training in fp32 from now on" in rest[3].message
+    assert calls[0] == 4 and rest[-1].dtype == "float32" and not rest[-1].grad_scaler
 
 
 def test_fp16_scaler_skip_is_reported_and_the_step_redone(monkeypatch):

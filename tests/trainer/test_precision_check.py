@@ -67,12 +67,12 @@ def test_judge_agrees_above_the_output_threshold_only(angle_cosine, agree):
     assert check.grad_cosine == pytest.approx(1.0)
     assert check.agree is agree and (check.output_cosine >= MIN_OUTPUT_COSINE) is agree
     if agree:
-        assert check.verdict.startswith("bfloat16 agrees with fp32 on this model (cosine ")
+        assert check.verdict.startswith("bf16 agrees with fp32 on this model (output cosine ")
     else:
-        assert check.verdict == (
-            f"bfloat16 disagrees with fp32 on this model (cosine {angle_cosine:.5g}): "
-            "training in fp32"
-        )
+        assert check.verdict.startswith(
+            f"bf16 disagrees with fp32 on this model: output cosine {angle_cosine:.5g} "
+            "(at least 0.99 expected; relative error "
+        ) and check.verdict.endswith("; training in fp32")
 
 
 def test_judge_disagrees_when_only_the_gradient_turned():
@@ -153,18 +153,19 @@ def test_finite_but_wrong_bf16_trains_in_fp32_and_says_so(tmp_path):
     assert fault.count == 1  # the probe's bf16 pass only: training ran in fp32
     probe = [e.message for e in events if e.kind == "probe"][-1]
     assert probe.startswith(
-        "precision probe: bfloat16 disagrees with fp32 on this model (cosine "
-    ) and probe.endswith("): training in fp32")
+        "precision probe: bf16 disagrees with fp32 on this model: output cosine "
+    ) and probe.endswith("; training in fp32")
     assert not trainer.precision.enabled and trainer.precision.fell_back
     assert trainer.steps_done == 2
     run = load_checkpoint(trainer.export(tmp_path / "out.pt")).metadata["run"]
     check = run["precision_check"]
     assert check["dtype"] == "bfloat16" and check["agree"] is False
     assert check["output_cosine"] < 0.5 and check["output_rel_error"] > 1.0
-    assert f"(cosine {check['output_cosine']:.5g})" in probe
+    assert f"output cosine {check['output_cosine']:.5g} (at least 0.99 expected" in probe
     assert check["verdict"] in probe
     assert run["final_dtype"] == "float32" and run["fell_back_to_fp32"] is True
-    assert run["degraded"]["fell_back_to_fp32"] is True  # a resumed run starts in fp32
+    assert run["degraded"]["fell_back_to_fp32"] is True  # a resumed run probes again
+    assert run["mixed_precision"] == "fp32 (bf16 given up: it disagreed with fp32 in the probe)"
 
 
 def test_healthy_bf16_keeps_bf16_and_records_the_agreement(tmp_path):
@@ -177,7 +178,7 @@ def test_healthy_bf16_keeps_bf16_and_records_the_agreement(tmp_path):
     assert check["agree"] is True and check["dtype"] == "bfloat16"
     assert check["output_cosine"] >= 0.999 and check["output_rel_error"] < 0.05
     assert check["grad_cosine"] >= 0.9
-    assert check["verdict"].startswith("bfloat16 agrees with fp32 on this model (cosine ")
+    assert check["verdict"].startswith("bf16 agrees with fp32 on this model (output cosine ")
     assert probe.startswith("precision probe passed") and check["verdict"] in probe
     assert run["final_dtype"] == "bfloat16"
 
@@ -207,7 +208,7 @@ def test_under_the_cuda_fake_bf16_is_compared_and_kept_or_dropped(tmp_path, wron
     assert events[-1].kind == "finished" and trainer.steps_done == 2
     if wrong:
         assert fault.count == 1 and not check.agree
-        assert probe.endswith("): training in fp32") and trainer.precision.fell_back
+        assert probe.endswith("; training in fp32") and trainer.precision.fell_back
     else:
         assert check.agree and check.output_cosine == pytest.approx(1.0)
         assert probe.startswith("precision probe passed") and trainer.precision.enabled
@@ -253,7 +254,7 @@ def test_a_disagreement_on_another_rank_counts_here():
     assert sync.asked == [False, False, False]
     check = trainer.state.precision_check
     assert not check.agree and check.output_cosine > 0.999  # healthy here
-    assert lines[-1].startswith("precision probe: bfloat16 disagrees with fp32 on another rank")
+    assert lines[-1].startswith("precision probe: bf16 disagrees with fp32 on another rank")
     assert not trainer.precision.enabled
 
 

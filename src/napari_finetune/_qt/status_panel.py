@@ -18,17 +18,15 @@ from qtpy.QtWidgets import (
 )
 
 from napari_finetune._qt.loss_plot import LossPlot, recovery_marks
+from napari_finetune.trainer.precision import precision_words
 from napari_finetune.trainer.status import Status
 
 MAX_LOG_LINES = 500
 
 
 def dtype_text(status: Status) -> str:
-    """"bfloat16 (no grad scaler)", "float16 + grad scaler" or "float32"."""
-    if status.dtype == "float32":
-        return "float32"
-    suffix = " + grad scaler" if status.grad_scaler else " (no grad scaler)"
-    return status.dtype + suffix
+    """"bf16", "fp16 with loss scaling" or "fp32 (mixed precision off)"."""
+    return precision_words(status.dtype, status.grad_scaler)
 
 
 def batch_text(status: Status) -> str:

@@ -117,11 +117,14 @@ class StatusPrinter:
 
     @staticmethod
     def describe(status: Status) -> str:
-        """The state as one line: dtype, batch x accumulation, distillation, hold."""
+        """The state as one line: precision, batch x accumulation, distillation, hold."""
+        # Here, not at the top: the CLI's start does not import torch.
+        from napari_finetune.trainer.precision import precision_words
+
         return (
-            f"dtype={status.dtype}{' +GradScaler' if status.grad_scaler else ''}  "
+            f"{precision_words(status.dtype, status.grad_scaler)}  "
             f"batch {status.batch_size} x accumulation {status.accumulation}  "
-            f"distillation={status.distillation}  hold_other_channels="
+            f"distillation {status.distillation}  hold on the other channels "
             f"{status.hold_other_channels}"
         )
 

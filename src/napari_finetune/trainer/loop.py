@@ -30,6 +30,7 @@ record, anything shaped like a run) and never import this module.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -50,7 +51,7 @@ from napari_finetune.trainer.ladder import after_applied_step, retry_at_bottom
 from napari_finetune.trainer.memory_info import MemoryInfo
 from napari_finetune.trainer.oom import oom_line
 from napari_finetune.trainer.oom_recovery import iter_probe, nothing_left_message, recover_from_oom
-from napari_finetune.trainer.precision import Precision
+from napari_finetune.trainer.precision import BAD_STEP_LIMIT, BAD_STEP_WINDOW, Precision
 from napari_finetune.trainer.run_state import FromState, RunState, TrainingParts
 from napari_finetune.trainer.snapshot import MemoryHistory
 from napari_finetune.trainer.state import batchnorm_state, restore_batchnorm
@@ -477,17 +478,12 @@ class Finetuner:
             if outcome.kind == "nonfinite":
                 restore_batchnorm(saved)
                 if not precision.enabled:
+                    precision.resume()
                     raise FloatingPointError(
                         f"the loss of step {step} is {outcome.loss} in fp32: check the image "
                         "normalisation and the learning rate."
                     )
-                message = (
-                    f"non-finite loss or gradients at step {step} under "
-                    f"{precision.describe()}: falling back to fp32 for good, redoing the "
-                    "step (weights unchanged)"
-                    + (f" on all {sync.world_size} ranks" if sync.distributed else "")
-                )
-                precision.fall_back_to_fp32()
+                message = self._bad_mixed_step(step, outcome.loss)
                 state.recovery_log.append(message)
                 yield self.status("recovery", message)
                 continue
@@ -500,7 +496,9 @@ class Finetuner:
                     f"(scale {before:g} → {after:g}); redoing the step"
                 )
                 if state.scaler_skips >= MAX_SCALER_SKIPS:
-                    precision.fall_back_to_fp32()
+                    precision.fall_back_to_fp32(
+                        f"{state.scaler_skips} loss-scale overflows in a row"
+                    )
                     message += f"; {state.scaler_skips} skips in a row: fp32 from now on"
                 state.recovery_log.append(message)
                 yield self.status("recovery", message)
@@ -511,6 +509,10 @@ class Finetuner:
             state.last_loss = outcome.loss
             state.painted_seen += int(np.count_nonzero(labels))
             message = f"step {step}/{self.config.steps}: loss {outcome.loss:.4f}"
+            if precision.paused:
+                # The bad step is done, in fp32: the next one is mixed again.
+                precision.resume()
+                message += f" (redone in fp32; {precision.mixed_words} again from the next step)"
             checked = self.validate_if_due()
             yield self.status("step", f"{message}; {checked}" if checked else message)
             climbed = after_applied_step(state)
@@ -518,6 +520,28 @@ class Finetuner:
                 state.recovery_log.append(climbed)
                 yield self.status("recovery", climbed)
             return
+
+    def _bad_mixed_step(self, step: int, loss: float) -> str:
+        """A step non-finite under bf16/fp16: redone in fp32, or mixed precision given up.
+
+        Returns the log line. The same on every rank: the ranks agree on the
+        outcome of a step before it gets here.
+        """
+        precision, sync = self.parts.precision, self.sync
+        mixed = precision.mixed_words
+        what = "loss" if not math.isfinite(loss) else "gradients"
+        ranks = f" on all {sync.world_size} ranks" if sync.distributed else ""
+        if precision.bad_step(step):
+            return (
+                f"step {step}: non-finite {what} under {mixed} again "
+                f"({len(precision.bad_steps)} such steps, {BAD_STEP_LIMIT} within "
+                f"{BAD_STEP_WINDOW} give it up): training in fp32 from now on, redoing the "
+                f"step{ranks} (weights unchanged)"
+            )
+        return (
+            f"step {step}: non-finite {what} under {mixed}; redoing this step in fp32"
+            f"{ranks} (weights unchanged), {mixed} again from the next step"
+        )
 
     def _step_down(
         self,

@@ -6,8 +6,30 @@ Re-exported by :mod:`napari_finetune.trainer.recovery` (the public API).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 
 import torch
+
+# A single non-finite step under bf16/fp16 is redone in fp32 and the next step
+# is mixed again; mixed precision is given up for good only when bad steps
+# come this often. Measured on torch 2.13's CPU bf16 kernels
+# (benchmarks/bench_bf16_cpu.py): a glitch now and then in a healthy run, not
+# a run whose numbers are wrong; a model that really overflows in bf16/fp16
+# fails step after step and reaches the limit within a few steps.
+BAD_STEP_LIMIT = 3
+BAD_STEP_WINDOW = 50
+
+
+def precision_words(dtype_name: str, grad_scaler: bool) -> str:
+    """What a dtype means, in the words the panel, the CLI and the log use.
+
+    "bf16", "fp16 with loss scaling" or "fp32 (mixed precision off)".
+    """
+    if dtype_name == "bfloat16":
+        return "bf16"
+    if dtype_name == "float16":
+        return "fp16 with loss scaling" if grad_scaler else "fp16"
+    return "fp32 (mixed precision off)"
 
 
 def _cuda_bf16_native(device: torch.device) -> bool:
@@ -57,7 +79,16 @@ class Precision:
         self.device = torch.device(device)
         self.requested = bool(enabled)
         self.fell_back = False
+        # Why mixed precision was given up for good ("" while it was not).
+        self.fell_back_why = ""
         self.dtype, use_scaler = choose_precision(self.device, bool(enabled), cpu_bf16)
+        # The mixed dtype of the run ("bfloat16"/"float16"; "float32" if none):
+        # kept when a step is redone in fp32 or mixed precision is given up.
+        self.mixed_dtype_name = str(self.dtype or torch.float32).replace("torch.", "")
+        # Steps (0: the probe) whose mixed-precision result was non-finite and
+        # that were redone in fp32.
+        self.bad_steps: list[int] = []
+        self._paused: torch.dtype | None = None
         # One code path for every dtype: a GradScaler that is a no-op unless fp16.
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=use_scaler)
 
@@ -76,11 +107,26 @@ class Precision:
         """"bfloat16", "float16" or "float32"."""
         return str(self.dtype or torch.float32).replace("torch.", "")
 
+    @property
+    def mixed_words(self) -> str:
+        """The run's mixed precision in words ("bf16", "fp16 with loss scaling")."""
+        return precision_words(self.mixed_dtype_name, self.grad_scaler)
+
     def describe(self) -> str:
-        """"True (dtype=bfloat16, grad_scaler=False)" or "False (fp32)"."""
-        if not self.enabled:
-            return "False (fp32)"
-        return f"True (dtype={self.dtype_name}, grad_scaler={self.grad_scaler})"
+        """The precision in words: "bf16", "fp16 with loss scaling", or why fp32.
+
+        "fp32 (mixed precision off)" when it was not asked for; "fp32 (no mixed
+        precision on the CPU)" when the device has none the run may use; "fp32
+        (bf16 given up: ...)" after a fall-back, saying why.
+        """
+        if self.enabled or self.paused:
+            return self.mixed_words
+        if self.fell_back:
+            return f"fp32 ({self.mixed_words} given up: {self.fell_back_why})"
+        if self.requested:
+            where = {"cpu": "the CPU", "mps": "Apple MPS"}.get(self.device.type, "this device")
+            return f"fp32 (no mixed precision on {where})"
+        return precision_words("float32", False)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """Autocast context for forward passes (a no-op in fp32)."""
@@ -88,11 +134,65 @@ class Precision:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.dtype)
 
-    def fall_back_to_fp32(self) -> None:
-        """Turn mixed precision off for the rest of the run."""
+    def fall_back_to_fp32(self, why: str = "it disagreed with fp32") -> None:
+        """Turn mixed precision off for the rest of the run; ``why`` for the words."""
+        if self.dtype is None and self._paused is None:
+            return  # already fp32: nothing to give up
         self.dtype = None
+        self._paused = None
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=False)
         self.fell_back = True
+        self.fell_back_why = why
+
+    # --- a single bad step, redone in fp32 ----------------------------------------
+
+    @property
+    def paused(self) -> bool:
+        """Whether this step is being redone in fp32 (mixed again at the next)."""
+        return self._paused is not None
+
+    def bad_step(self, step: int) -> bool:
+        """Count a non-finite mixed-precision step; True when that gives mixed precision up.
+
+        The step is then redone in fp32 (:meth:`pause` until :meth:`resume`);
+        the :data:`BAD_STEP_LIMIT`-th bad step within :data:`BAD_STEP_WINDOW`
+        steps turns mixed precision off for good instead.
+
+        Parameters
+        ----------
+        step : int
+            The optimizer step that went bad (0: the precision probe).
+        """
+        self.bad_steps.append(int(step))
+        recent = [s for s in self.bad_steps if s > step - BAD_STEP_WINDOW]
+        if len(recent) >= BAD_STEP_LIMIT:
+            self.fall_back_to_fp32(
+                f"{len(recent)} steps with non-finite values within {BAD_STEP_WINDOW}"
+            )
+            return True
+        self.pause()
+        return False
+
+    def pause(self) -> None:
+        """Run in fp32 until :meth:`resume` (a bad step's redo); the scaler is kept."""
+        if self.dtype is not None:
+            self._paused, self.dtype = self.dtype, None
+
+    def resume(self) -> None:
+        """Back to the mixed dtype after a step redone in fp32 (no-op otherwise)."""
+        if self._paused is not None:
+            self.dtype, self._paused = self._paused, None
+
+    @contextlib.contextmanager
+    def paused_for(self) -> Iterator[None]:
+        """fp32 inside, the mixed dtype again after (however the block ends)."""
+        was = self.paused
+        self.pause()
+        try:
+            yield
+        finally:
+            if not was:
+                self.resume()
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward pass through the GradScaler (which scales only under fp16)."""

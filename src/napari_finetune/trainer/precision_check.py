@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from napari_finetune.trainer.precision import precision_words
+
 __all__ = [
     "MIN_GRAD_COSINE",
     "MIN_OUTPUT_COSINE",
@@ -83,6 +85,11 @@ class PrecisionCheck:
     agree: bool
     verdict: str
 
+    @property
+    def compared(self) -> bool:
+        """Whether the fp32 pass ran (False: "not compared", kept on finiteness alone)."""
+        return self.output_cosine is not None
+
     def to_dict(self) -> dict[str, str | float | bool | None]:
         """Plain types for the run record (``weights_only`` loading)."""
         return {
@@ -98,7 +105,7 @@ class PrecisionCheck:
         """This rank agreed, another did not: the run falls back all the same."""
         return PrecisionCheck(
             self.dtype, self.output_cosine, self.output_rel_error, self.grad_cosine, False,
-            f"{self.dtype} disagrees with fp32 on another rank (here cosine "
+            f"{_words(self.dtype)} disagrees with fp32 on another rank (here output cosine "
             f"{_figure(self.output_cosine)}): training in fp32",
         )
 
@@ -169,6 +176,11 @@ def captured_outputs(model: torch.nn.Module) -> Iterator[list[torch.Tensor]]:
         handle.remove()
 
 
+def _words(dtype: str) -> str:
+    """"bf16" or "fp16": the dtype compared, without the loss scaling (not compared)."""
+    return precision_words(dtype, False)
+
+
 def _figure(value: float | None) -> str:
     # Enough digits to tell 0.99998 from 0.99 in a log line.
     return "n/a" if value is None else f"{value:.5g}"
@@ -209,19 +221,37 @@ def judge(
     grad_cos = cosine(list(mixed_grads), list(fp32_grads)) if fp32_grads else 1.0
     # NaN compares False: a NaN figure never agrees.
     agree = out_cos >= MIN_OUTPUT_COSINE and grad_cos >= MIN_GRAD_COSINE
-    figures = f"cosine {_figure(out_cos)}, relative error {_figure(rel)}, " \
+    figures = f"output cosine {_figure(out_cos)}, relative error {_figure(rel)}, " \
         f"gradient cosine {_figure(grad_cos)}"
+    words = _words(dtype)
     if agree:
-        verdict = f"{dtype} agrees with fp32 on this model ({figures})"
+        verdict = f"{words} agrees with fp32 on this model ({figures})"
     else:
-        # The output figure first: the one the bug reports compare.
-        shown = _figure(out_cos) if out_cos < MIN_OUTPUT_COSINE else (
-            f"{_figure(out_cos)}, gradient cosine {_figure(grad_cos)}"
-        )
-        verdict = f"{dtype} disagrees with fp32 on this model (cosine {shown}): training in fp32"
+        # What disagreed first, by how much, against what bound: the output is
+        # the figure the bug reports compare.
+        wrong = []
+        if not out_cos >= MIN_OUTPUT_COSINE:
+            wrong.append(
+                f"output cosine {_figure(out_cos)} (at least {MIN_OUTPUT_COSINE} expected; "
+                f"relative error {_figure(rel)})"
+            )
+        if not grad_cos >= MIN_GRAD_COSINE:
+            wrong.append(
+                f"gradient cosine {_figure(grad_cos)} (at least {MIN_GRAD_COSINE} expected)"
+            )
+        verdict = f"{words} disagrees with fp32 on this model: {', '.join(wrong)}; training in fp32"
     return PrecisionCheck(dtype, out_cos, rel, grad_cos, agree, verdict)
 
 
 def not_compared(dtype: str, why: str) -> PrecisionCheck:
-    """A check that could not be made (the fp32 pass ran out of memory): kept as it was."""
-    return PrecisionCheck(dtype, None, None, None, True, f"{dtype} not compared with fp32: {why}")
+    """A check that could not be made (the fp32 pass ran out of memory): kept as it was.
+
+    "Not compared" is not "agrees": the verdict says so, and that the run keeps
+    mixed precision on the finiteness check alone.
+    """
+    words = _words(dtype)
+    return PrecisionCheck(
+        dtype, None, None, None, True,
+        f"{words} not compared with fp32 (out of memory: {why}); keeping {words} on the "
+        "finiteness check alone",
+    )

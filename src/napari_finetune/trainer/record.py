@@ -69,6 +69,8 @@ def run_record(trainer: RecordedRun) -> dict[str, Any]:
         "grad_scaler": bool(trainer.precision.grad_scaler),
         "mixed_precision": trainer.precision.describe(),
         "fell_back_to_fp32": bool(trainer.precision.fell_back),
+        # Steps (0: the probe) non-finite under bf16/fp16 and redone in fp32.
+        "bad_mixed_precision_steps": list(trainer.precision.bad_steps),
         # The probe's mixed precision against fp32 (None when not compared).
         "precision_check": None if check is None else check.to_dict(),
         "batch_size": int(state.batch_size),
@@ -124,7 +126,9 @@ def apply_previous_run(
     """Start from the degraded state a previous run on the same device type ended in.
 
     The batch never grows above the new config's batch and the samples per
-    step stay the new config's; fp32 and a dropped distillation carry over.
+    step stay the new config's; a dropped distillation carries over. fp32 does
+    not: a fall-back may have come from a kernel's glitch, so mixed precision
+    is probed again rather than inherited (the line says so).
     Settings named in ``config.explicit_settings`` are never overridden, and
     ``config.resume_degraded=False`` resumes nothing.
 
@@ -144,12 +148,17 @@ def apply_previous_run(
         # With autobatch the micro-batch is measured anew at the start: a previous
         # run's batch (possibly autobatch's own choice) is no degradation to resume.
         "batch": batch < state.batch_size and not config.autobatch_on(device_type),
-        "fp32": bool(degraded.get("fell_back_to_fp32")) and precision.enabled,
         "distillation": bool(degraded.get("distillation_dropped")) and state.distillation > 0,
         "hold": bool(degraded.get("distillation_dropped")) and state.hold_other_channels,
     }
+    reprobe = ""
+    if degraded.get("fell_back_to_fp32") and precision.enabled:
+        reprobe = (
+            f"the previous run ended in fp32; {precision.mixed_words} is probed again "
+            "rather than inherited"
+        )
     if not any(offered.values()):
-        return ""
+        return reprobe
     if not config.resume_degraded:
         what = ", ".join(name for name, on in offered.items() if on)
         return f"the previous run's degraded state ({what}) was not resumed (fresh start)"
@@ -166,9 +175,6 @@ def apply_previous_run(
     if resume("batch", ("batch_size",)):
         state.use_micro_batch(batch)
         changes.append(f"batch {state.batch_size} × accumulation {state.accumulation}")
-    if resume("fp32", ("mixed_precision", "cpu_bf16")):
-        precision.fall_back_to_fp32()
-        changes.append("fp32")
     if resume("distillation", ("distillation",)):
         state.distillation = 0.0
         state.dropped_at_step = 0
@@ -180,7 +186,7 @@ def apply_previous_run(
     line = "resumed the previous run's degraded state: " + (", ".join(changes) or "nothing")
     if kept:
         line += f"; kept {' and '.join(kept)} as set"
-    return line
+    return f"{line}; {reprobe}" if reprobe else line
 
 
 def export_checkpoint(
