@@ -381,3 +381,105 @@ def test_2d_train_and_predict(capsys, tmp_path):
     code, _, err = run_cli(capsys, "predict", out, store, "--name", "p", "-q")
     assert code == 0, err
     assert load_corrections(store, "p-cells").shape == (60, 70)
+
+
+def make_scaled_store(path: Path, shape, scale: dict[str, float] | None) -> Path:
+    """A real NGFF 0.5 store whose scale (nm) ome-zarr-py writes, or none, with corrections."""
+    import zarr
+    from ome_zarr.io import parse_url
+    from ome_zarr.writer import write_image
+
+    from napari_finetune.io.omezarr import save_corrections
+
+    rng = np.random.default_rng(0)
+    image = (rng.random(shape) * 200 + 20).astype(np.uint8)
+    group = zarr.group(store=parse_url(str(path), mode="w").store)
+    units = {axis: "nanometer" for axis in "zyx"} if scale else None
+    write_image(image, group, axes="zyx", scale_factors=[], scale=scale, axes_units=units)
+    corrections = np.zeros(shape, np.uint8)
+    corrections[4, 5:15, 5:15] = 1
+    corrections[6, 20:25, 20:30] = 2
+    save_corrections(path, corrections)
+    return path
+
+
+ONE_STEP = ["--steps", "1", "--batch-size", "1", "--device", "cpu", "-q",
+            "--validation-fraction", "0"]
+
+
+def test_train_on_anisotropic_voxels_takes_an_isotropic_patch_and_records_it(
+        capsys, tmp_path, checkpoint):
+    aniso = make_scaled_store(tmp_path / "sstem.zarr", (32, 128, 128),
+                              {"z": 40.0, "y": 8.0, "x": 8.0})
+    out = tmp_path / "tuned.pt"
+    code, _, err = run_cli(capsys, "train", aniso, "-c", checkpoint, "-o", out, *ONE_STEP)
+    assert code == 0, err
+    metadata = load_checkpoint(out).metadata
+    # 16 x 88 x 88 voxels = 640 x 704 x 704 nm, multiples of the depth-2 UNet's 4.
+    assert metadata["run"]["config"]["patch_shape"] == [16, 88, 88]
+    assert metadata["run"]["config"]["voxel_size"] == [40.0, 8.0, 8.0]
+
+    # The same volume without a scale: today's patch, no voxel size recorded.
+    plain = make_scaled_store(tmp_path / "plain.zarr", (32, 128, 128), None)
+    out_plain = tmp_path / "plain.pt"
+    code, _, err = run_cli(capsys, "train", plain, "-c", checkpoint, "-o", out_plain, *ONE_STEP)
+    assert code == 0, err
+    run = load_checkpoint(out_plain).metadata["run"]
+    assert run["config"]["patch_shape"] == [32, 64, 64] and run["config"]["voxel_size"] is None
+
+    # --voxel-size for a store without a scale.
+    out_given = tmp_path / "given.pt"
+    code, _, err = run_cli(capsys, "train", plain, "-c", checkpoint, "-o", out_given,
+                           "--voxel-size", "40,8,8", *ONE_STEP)
+    assert code == 0, err
+    run = load_checkpoint(out_given).metadata["run"]
+    assert run["config"]["voxel_size"] == [40.0, 8.0, 8.0]
+    assert run["config"]["patch_shape"] == [16, 88, 88]
+
+
+def test_predict_at_another_voxel_size_says_so_in_one_line(capsys, tmp_path, checkpoint):
+    trained = tmp_path / "trained.pt"
+    ckpt = load_checkpoint(checkpoint)
+    save_checkpoint(trained, ckpt.model, {**ckpt.metadata,
+                                          "run": {"config": {"voxel_size": [40, 8, 8]}}})
+    same = make_scaled_store(tmp_path / "same.zarr", (8, 32, 32), {"z": 40.0, "y": 8.0, "x": 8.0})
+    finer = make_scaled_store(tmp_path / "finer.zarr", (8, 32, 32), {"z": 40.0, "y": 4.0, "x": 4.0})
+    code, _, err = run_cli(capsys, "predict", trained, same, "--device", "cpu", "-q")
+    assert code == 0, err
+    assert "warning" not in err
+    code, out, err = run_cli(capsys, "predict", trained, finer, "--device", "cpu", "-q")
+    assert code == 0, err
+    warnings = [line for line in err.splitlines() if "voxel size" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("warning:")
+    assert "40 x 8 x 8" in warnings[0] and "40 x 4 x 4" in warnings[0]
+    assert "wrote" in out  # a warning, not an error
+    # --voxel-size says the volume's voxel size where its scale does not.
+    plain = make_scaled_store(tmp_path / "plain.zarr", (8, 32, 32), None)
+    code, _, err = run_cli(capsys, "predict", trained, plain, "--device", "cpu", "-q")
+    assert code == 0 and "voxel size" not in err
+    code, _, err = run_cli(capsys, "predict", trained, plain, "--device", "cpu", "-q",
+                           "--voxel-size", "40,4,4")
+    assert code == 0 and "warning:" in err
+
+
+def test_predict_instances_measures_distances_in_the_stores_scale(
+        capsys, tmp_path, checkpoint, monkeypatch):
+    import napari_finetune.predict.store as predict_store
+
+    given = []
+    real = predict_store.blockwise_instances
+
+    def recording(*args, **kwargs):
+        given.append(kwargs.get("voxel_size"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(predict_store, "blockwise_instances", recording)
+    aniso = make_scaled_store(tmp_path / "sstem.zarr", (8, 32, 32),
+                              {"z": 40.0, "y": 8.0, "x": 8.0})
+    plain = make_scaled_store(tmp_path / "plain.zarr", (8, 32, 32), None)
+    for store in (aniso, plain):
+        code, _, err = run_cli(capsys, "predict", checkpoint, store, "--instances",
+                               "--role", "membrane=boundary", "--device", "cpu", "-q")
+        assert code == 0, err
+    # Both channels with a role (membrane, mitochondria), first store then second.
+    assert given == [(40.0, 8.0, 8.0)] * 2 + [None] * 2

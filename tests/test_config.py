@@ -30,6 +30,11 @@ def test_defaults_are_valid_and_plain():
         ("memory_fraction", "0.5", "memory_fraction must be a number in"),
         ("autobatch", "yes", "autobatch must be True, False or None"),
         ("memory_snapshot", " ", "memory_snapshot must be a file path or None"),
+        ("voxel_size", (40, 0, 8), "voxel_size must be 2 or 3 positive numbers"),
+        ("voxel_size", (40, float("nan"), 8), "voxel_size must be 2 or 3 positive numbers"),
+        ("voxel_size", (1, 2, 3, 4), "voxel_size must be 2 or 3 positive numbers"),
+        ("voxel_size", ("a", 8, 8), "voxel_size must be numbers"),
+        ("voxel_size", 40, "voxel_size must be numbers"),
     ],
 )
 def test_bad_values_name_the_field(field, value, match):
@@ -57,3 +62,14 @@ def test_memory_fields_defaults_and_autobatch_by_device():
 def test_unknown_fields_stay_an_error():
     with pytest.raises(TypeError, match="memory_budget"):
         FinetuneConfig(memory_budget=1)
+
+
+def test_voxel_size_is_plain_and_round_trips():
+    assert FinetuneConfig().voxel_size is None and FinetuneConfig().to_dict()["voxel_size"] is None
+    config = FinetuneConfig(voxel_size=[40, 8, 8])
+    assert config.voxel_size == (40.0, 8.0, 8.0)
+    d = config.to_dict()
+    assert d["voxel_size"] == [40.0, 8.0, 8.0]
+    assert FinetuneConfig(**{**d, "patch_shape": tuple(d["patch_shape"])}) == config
+    with pytest.raises(TypeError, match="voxel_sizes"):
+        FinetuneConfig(voxel_sizes=(40, 8, 8))

@@ -11,6 +11,8 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
+from napari_finetune.voxel_size import check_voxel_size
+
 Mode = Literal["lora", "full"]
 DeviceName = Literal["auto", "cpu", "cuda", "mps"]
 
@@ -93,6 +95,11 @@ class FinetuneConfig:
     memory_snapshot : str or None
         File to dump the CUDA allocator's history to at the first out-of-memory and
         at the end of the run (open it at https://pytorch.org/memory_viz); None: off.
+    voxel_size : tuple of float or None
+        Physical size of a voxel along each spatial axis (Z, Y, X), in the store's
+        units; filled from the store's NGFF scale. When anisotropic the default
+        patch is about isotropic in physical units, and the exported checkpoint
+        records it. None: unknown, every axis treated alike.
     """
 
     steps: int = 200
@@ -133,9 +140,11 @@ class FinetuneConfig:
     autobatch: bool | None = None
     memory_fraction: float = 0.8
     memory_snapshot: str | None = None
+    voxel_size: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         self.patch_shape = tuple(int(s) for s in self.patch_shape)
+        self.voxel_size = check_voxel_size(self.voxel_size)
         self.explicit_settings = tuple(str(name) for name in self.explicit_settings)
         known = {f.name for f in fields(self)}
         unknown = sorted(set(self.explicit_settings) - known)
@@ -242,6 +251,7 @@ class FinetuneConfig:
         d = asdict(self)
         d["patch_shape"] = list(self.patch_shape)
         d["explicit_settings"] = list(self.explicit_settings)
+        d["voxel_size"] = None if self.voxel_size is None else list(self.voxel_size)
         return d
 
 

@@ -204,3 +204,35 @@ def test_plate_is_an_error(tmp_path: Path) -> None:
                             "wells": [{"path": "A/1", "rowIndex": 0, "columnIndex": 0}]}
     with pytest.raises(VolumeError, match=r"is an HCS plate, not one image; open one field"):
         open_volume(tmp_path / "plate.zarr")
+
+
+@pytest.mark.parametrize(
+    ("scale", "units", "expected"),
+    [
+        ({"z": 40.0, "y": 8.0, "x": 8.0}, "nanometer", (40.0, 8.0, 8.0)),
+        ({"z": 1.0, "y": 0.2, "x": 0.2}, None, (1.0, 0.2, 0.2)),  # a scale without units
+        ({"z": 1.0, "y": 1.0, "x": 1.0}, "micrometer", (1.0, 1.0, 1.0)),  # 1 um, said so
+        (None, None, None),  # what a writer given nothing stores: unknown
+    ],
+)
+def test_the_voxel_size_comes_from_the_ngff_scale(tmp_path, scale, units, expected):
+    from ome_zarr.io import parse_url
+    from ome_zarr.writer import write_image
+
+    path = tmp_path / "v.zarr"
+    group = zarr.group(store=parse_url(str(path), mode="w").store)
+    write_image(np.zeros((4, 8, 8), np.uint8), group, axes="zyx", scale_factors=[],
+                scale=scale, axes_units={a: units for a in "zyx"} if units else None)
+    assert open_volume(path).voxel_size == expected
+
+
+def test_axes_in_different_units_are_converted_to_nanometers(tmp_path):
+    from ome_zarr.io import parse_url
+    from ome_zarr.writer import write_image
+
+    path = tmp_path / "v.zarr"
+    group = zarr.group(store=parse_url(str(path), mode="w").store)
+    write_image(np.zeros((4, 8, 8), np.uint8), group, axes="zyx", scale_factors=[],
+                scale={"z": 0.04, "y": 8.0, "x": 8.0},
+                axes_units={"z": "micrometer", "y": "nanometer", "x": "nanometer"})
+    assert open_volume(path).voxel_size == pytest.approx((40.0, 8.0, 8.0))

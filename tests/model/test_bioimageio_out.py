@@ -300,3 +300,14 @@ def test_object_roles_survive_a_run_the_package_and_the_reload(tmp_path):
     for path in (with_roles, tuned, package):
         loaded = load_checkpoint(path)
         assert roles_from_metadata(loaded.metadata, CHANNELS) == roles, path
+
+
+def test_an_array_volume_gives_the_package_the_voxel_size_trained_at(tmp_path):
+    from napari_finetune.bioimageio.export import export_bioimageio
+
+    ckpt = load_checkpoint(tiny_checkpoint(tmp_path / "m.pt"))
+    trained = save_checkpoint(tmp_path / "trained.pt", ckpt.model, {
+        **ckpt.metadata, "run": {"config": {"voxel_size": [40.0, 8.0, 8.0]}}})
+    package = export_bioimageio(trained, tmp_path / "aniso.zip", volume(), check=False)
+    axes = _rdf(package)["inputs"][0]["axes"][2:]
+    assert [a.get("scale") for a in axes] == [40.0, 8.0, 8.0]

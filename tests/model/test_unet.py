@@ -37,3 +37,51 @@ def test_bad_arguments():
         UNet(dims=4)
     with pytest.raises(ValueError):
         UNet(features=0)
+
+
+def _pool_inputs(model: UNet) -> list[tuple[int, ...]]:
+    """The spatial shape each pooling of a forward pass receives and gives."""
+    seen: list[tuple[int, ...]] = []
+    pools = [m for m in model.modules() if isinstance(m, torch.nn.MaxPool3d)]
+    for pool in pools:
+        pool.register_forward_hook(
+            lambda _m, args, out: seen.append((*args[0].shape[2:], *out.shape[2:]))
+        )
+    model(torch.rand(1, 1, 8, 32, 32))
+    return seen
+
+
+def test_a_new_unet_for_anisotropic_voxels_does_not_pool_z_at_the_first_level():
+    model = UNet.for_voxel_size((40, 8, 8), depth=3, features=4)
+    assert model.init_kwargs["scale_factors"] == [[1, 2, 2], [1, 2, 2], [2, 2, 2]]
+    assert model.shape_multiple == (2, 8, 8)
+    # Level 1 keeps z (8 -> 8) and halves y, x; only the third pooling halves z.
+    assert _pool_inputs(model) == [(8, 32, 32, 8, 16, 16), (8, 16, 16, 8, 8, 8),
+                                   (8, 8, 8, 4, 4, 4)]
+    assert model(torch.rand(1, 1, 2, 16, 24)).shape == (1, 2, 2, 16, 24)  # z a multiple of 2
+    twin = UNet(**model.init_kwargs)
+    assert _pool_inputs(twin) == _pool_inputs(model)
+
+
+def test_an_isotropic_or_unknown_voxel_size_builds_todays_unet():
+    for voxel_size in (None, (8, 8, 8)):
+        model = UNet.for_voxel_size(voxel_size, depth=2, features=4)
+        assert model.init_kwargs == UNet(depth=2, features=4).init_kwargs
+        assert model.shape_multiple == 4
+        assert _pool_inputs(model) == [(8, 32, 32, 4, 16, 16), (4, 16, 16, 2, 8, 8)]
+
+
+def test_checkpoints_keep_their_pooling_through_a_save(tmp_path):
+    from napari_finetune.model.checkpoint import load_checkpoint, save_checkpoint
+
+    plain = UNet(depth=2, features=4)
+    ckpt = load_checkpoint(save_checkpoint(tmp_path / "plain.pt", plain, {}))
+    assert "scale_factors" not in ckpt.model.init_kwargs  # as every earlier checkpoint
+    assert ckpt.model.state_dict().keys() == plain.state_dict().keys()
+    aniso = UNet.for_voxel_size((40, 8, 8), depth=2, features=4)
+    loaded = load_checkpoint(save_checkpoint(tmp_path / "aniso.pt", aniso, {})).model
+    assert isinstance(loaded, UNet) and loaded.scale_factors == [(1, 2, 2), (1, 2, 2)]
+    x = torch.rand(1, 1, 2, 8, 8)
+    torch.testing.assert_close(loaded(x), aniso(x))
+    with pytest.raises(ValueError, match="scale_factors"):
+        UNet(depth=2, scale_factors=[[1, 2, 2]])

@@ -207,3 +207,17 @@ def test_a_bridge_across_a_border_inside_both_read_regions_is_cut_as_in_one_piec
     assert border - halo[2] <= 19 and border + halo[2] > 41  # x 19..41 read by both
     out, n = run(prob, params, (12, 12, border))
     assert n == 2 and same_up_to_relabelling(out, whole)
+
+
+def test_blockwise_objects_use_the_voxel_size():
+    # Two cells joined by a neck, four 40 nm sections thick: one region in voxels, two in nm.
+    prob = np.ones((16, 48, 48), np.float32)
+    prob[6:10, 4:44, 4:22] = 0
+    prob[6:10, 4:44, 26:44] = 0
+    prob[6:10, 20:28, 22:26] = 0
+    role = ChannelRole("boundary", seed_distance=4, min_size=0)
+    for voxel_size, cells in ((None, 1), ((40, 8, 8), 2)):
+        out = np.zeros(prob.shape, np.uint32)
+        n = blockwise_instances(prob, role, (16, 48, 48), out, voxel_size=voxel_size)
+        assert n == cells
+        np.testing.assert_array_equal(out > 0, boundary_instances(prob, role, voxel_size) > 0)

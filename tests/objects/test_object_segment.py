@@ -291,3 +291,52 @@ def test_boundary_instances_on_odd_shapes_and_2d(shape):
     np.testing.assert_array_equal(cells == 0, walls > 0.5)
     assert np.unique(cells[..., :20, :36]).tolist() == [1]
     assert np.unique(cells[..., 21:, :36]).tolist() == [2]
+
+
+def _two_cells_joined_by_a_neck(sections: slice) -> np.ndarray:
+    """Membrane probability: two cells side by side in x, joined by a neck, ``sections`` thick."""
+    prob = np.ones((16, 48, 48), np.float32)
+    prob[sections, 4:44, 4:22] = 0
+    prob[sections, 4:44, 26:44] = 0
+    prob[sections, 20:28, 22:26] = 0
+    return prob
+
+
+def test_cell_depths_are_physical_on_anisotropic_voxels():
+    # Four 40 nm sections of 8 nm pixels: in voxels the cells are 4 deep (2 coarse), too
+    # shallow for a seed, and the two cells stay one region; in nm they are 160 nm deep,
+    # wider than their 32 nm neck, and the neck cuts them apart.
+    prob = _two_cells_joined_by_a_neck(slice(6, 10))
+    role = ChannelRole("boundary", seed_distance=4, min_size=0)
+    today = boundary_instances(prob, role)
+    assert today.max() == 1
+    physical = boundary_instances(prob, role, voxel_size=(40, 8, 8))
+    assert physical.max() == 2
+    assert physical[8, 30, 10] != physical[8, 30, 35]
+    # Unknown or isotropic voxel sizes, whatever the unit: today's labels exactly.
+    for voxel_size in (None, (8, 8, 8), (0.5, 0.5, 0.5)):
+        np.testing.assert_array_equal(boundary_instances(prob, role, voxel_size), today)
+
+
+def _stacked_ellipsoids() -> np.ndarray:
+    """Object probability: a larger and a smaller ellipsoid 3 sections apart along z."""
+    z, y, x = np.mgrid[0:16, 0:32, 0:32].astype(float)
+    prob = np.zeros((16, 32, 32), np.float32)
+    for cz, radius in ((5, 7.0), (8, 5.5)):
+        inside = ((z - cz) / 3) ** 2 + ((y - 16) / radius) ** 2 + ((x - 16) / radius) ** 2 < 1
+        prob = np.maximum(prob, inside.astype(np.float32))
+    return prob
+
+
+def test_object_seeds_are_seed_distance_apart_in_physical_units():
+    # 3 sections apart is 3 voxels (under seed_distance 4: one seed, one object) but
+    # 120 nm on 40 x 8 x 8 nm voxels, 15 pixels (two seeds, two objects).
+    prob = _stacked_ellipsoids()
+    role = ChannelRole("object", split=True, seed_distance=4, min_size=0)
+    today = object_instances(prob, role)
+    assert today.max() == 1
+    assert object_instances(prob, role, voxel_size=(40, 8, 8)).max() == 2
+    for voxel_size in (None, (8, 8, 8)):
+        np.testing.assert_array_equal(object_instances(prob, role, voxel_size), today)
+    found = instances_of(prob[None], {"mito": role}, ["mito"], voxel_size=(40, 8, 8))
+    assert found["mito"].max() == 2

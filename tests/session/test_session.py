@@ -286,3 +286,25 @@ def test_out_of_memory_halves_the_batch_drops_distillation_and_the_run_ends_done
     assert len(recoveries) >= 2 and all(s.message for s in recoveries)
     assert session.predict() is True  # the stepped-down run's weights
     assert record["ended"][-1].outcome is Outcome.DONE
+
+
+def test_a_run_takes_the_stores_voxel_size_and_its_export_records_it(checkpoint, tmp_path):
+    from napari_finetune.io.omezarr import load_corrections, open_volume
+    from napari_finetune.loading import load_checkpoint
+    from napari_finetune.session.runner import InlineRunner
+    from napari_finetune.session.session import Session
+    from test_cli import make_scaled_store
+
+    store = make_scaled_store(tmp_path / "sstem.zarr", (16, 40, 40),
+                              {"z": 40.0, "y": 8.0, "x": 8.0})
+    session = Session(InlineRunner(), image=np.asarray(open_volume(store).data),
+                      checkpoint=str(checkpoint), corrections=np.asarray(load_corrections(store)),
+                      store=str(store), channel_names=["membrane", "mitochondria"],
+                      config=tiny_config(steps=1))
+    assert session.finetune() is True
+    assert session.last_end.outcome is Outcome.DONE, session.last_end
+    assert session.trainer.config.voxel_size == (40.0, 8.0, 8.0)
+    assert session.config.voxel_size is None  # the session's own settings unchanged
+    out = str(tmp_path / "tuned.pt")
+    assert session.export(out) is True
+    assert load_checkpoint(out).metadata["run"]["config"]["voxel_size"] == [40.0, 8.0, 8.0]

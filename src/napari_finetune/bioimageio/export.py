@@ -35,6 +35,7 @@ from napari_finetune.model.atomic_write import write_atomically
 from napari_finetune.model.checkpoint import Checkpoint, load_checkpoint
 from napari_finetune.model.geometry import shape_multiple
 from napari_finetune.predict import predict_block
+from napari_finetune.voxel_size import for_axes, trained_voxel_size
 
 DEFAULT_LICENSE = "CC-BY-4.0"
 # Test tensors: at most this big (a few MB in the package), cut from the volume's centre.
@@ -129,6 +130,9 @@ def export_bioimageio(
         if metadata:
             ckpt = replace(ckpt, metadata={**ckpt.metadata, **metadata})
         image, volume_name, scale, units = _image_of(volume)
+        trained = for_axes(trained_voxel_size(ckpt.metadata), image.ndim)
+        if scale is None and trained is not None:  # an array: the voxel size trained at
+            scale = list(trained)
         check_model_fits_image(ckpt.model, tuple(image.shape))
         axes = "zyx"[-image.ndim :]
         raw = _test_input(image, ckpt.model, tile_shape)

@@ -6,6 +6,7 @@ Heavy imports (torch, PEFT, zarr) happen inside the command functions.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -18,10 +19,12 @@ from napari_finetune.cli.options import (
     add_predict_options,
     config_from_args,
     given_options,
+    voxel_size_option,
 )
 from napari_finetune.cli.run import describe_outcome, run_finetune
 from napari_finetune.config import FinetuneConfig, PredictConfig
 from napari_finetune.errors import first_line
+from napari_finetune.voxel_size import mismatch_line, trained_voxel_size
 
 if TYPE_CHECKING:  # torch, numpy and zarr are imported when a command runs, not with --help
     import numpy as np
@@ -87,6 +90,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="instance role of a channel for --instances: boundary (it encloses the objects, "
         "e.g. membrane), object (it covers them, e.g. mitochondria) or none; overrides the "
         "checkpoint's (repeatable)",
+    )
+    p.add_argument(
+        "--voxel-size", type=voxel_size_option, metavar="Z,Y,X",
+        help="the volume's voxel size, for a store whose NGFF scale does not say it (default: "
+        "the store's scale): --instances measures distances in it, and a model trained at "
+        "another voxel size is warned about",
     )
     add_trust_option(p)
     add_predict_options(p)
@@ -184,6 +193,8 @@ def train(args: argparse.Namespace) -> int:
     volume = open_volume(args.volume)
     corrections = load_corrections(args.volume, args.corrections)
     _say_missing(volume)
+    if config.voxel_size is None and volume.voxel_size is not None:  # --voxel-size wins
+        config = dataclasses.replace(config, voxel_size=volume.voxel_size)
     if world_size > 1:
         outcome = multi.run_rank(ckpt, volume.data, corrections, config, args)
     elif args.scheduler is not None:
@@ -242,11 +253,17 @@ def predict(args: argparse.Namespace) -> int:
         ckpt = load_checkpoint(args.checkpoint, trust=args.trust_factory)
         instances = _instance_roles(ckpt, overrides)
     if predict_cluster.wanted(args):  # the default stays in process, below
-        _say_missing(open_volume(args.volume))
+        volume = open_volume(args.volume)
+        _say_missing(volume)
+        if args.instances:
+            _say_voxel_size(ckpt, args.voxel_size or volume.voxel_size)
         return predict_cluster.run(args, config, instances)
     if not args.instances:
         ckpt = load_checkpoint(args.checkpoint, trust=args.trust_factory)
-    _say_missing(open_volume(args.volume))
+    volume = open_volume(args.volume)
+    _say_missing(volume)
+    voxel_size = args.voxel_size or volume.voxel_size
+    _say_voxel_size(ckpt, voxel_size)
     bars: list = []  # made at the first block, so an early error prints no empty bar
 
     def progress(done: int, total: int) -> None:
@@ -269,7 +286,7 @@ def predict(args: argparse.Namespace) -> int:
     try:
         names = predict_to_omezarr(
             ckpt, args.volume, args.name, config, progress=progress, log=log,
-            instances=instances,
+            instances=instances, voxel_size=voxel_size,
         )
     except PredictOutOfMemoryError as exc:
         from napari_finetune.cli import CLIError
@@ -418,6 +435,13 @@ def _say_missing(volume: Volume) -> None:
     line = describe_missing(volume.data, "".join(volume.axes))
     if line:
         print(line)
+
+
+def _say_voxel_size(ckpt: Checkpoint, voxel_size: tuple[float, ...] | None) -> None:
+    """Print one warning line (stderr) when the model was trained at another voxel size."""
+    line = mismatch_line(trained_voxel_size(ckpt.metadata), voxel_size)
+    if line:
+        print(line, file=sys.stderr)
 
 
 def _json_option(flag: str, text: str) -> JSON:

@@ -12,17 +12,35 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from napari_finetune.config import FinetuneConfig, PredictConfig
 from napari_finetune.config_fields import FIELDS, field_docs
+from napari_finetune.voxel_size import VoxelSize, parse_voxel_size
 
 if TYPE_CHECKING:  # the trainer (torch) is imported when a run starts, not with --help
     from napari_finetune.trainer.status import Status
 
-__all__ = ["add_config_options", "config_from_args", "field_docs", "given_options"]
-# Fields whose default is None: the type their option parses.
-_OPTIONAL_TYPES: dict[str, type] = {"max_grad_norm": float, "memory_snapshot": str}
+__all__ = [
+    "add_config_options", "config_from_args", "field_docs", "given_options", "voxel_size_option",
+]
+
+
+def voxel_size_option(text: str) -> VoxelSize:
+    """``--voxel-size 40,8,8``; argparse prints a bad value's one line as the usage error."""
+    try:
+        return parse_voxel_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+# Fields whose default is None: the type their option parses (a ValueError is argparse's
+# one-line "invalid value").
+_OPTIONAL_TYPES: dict[str, Callable[[str], object]] = {
+    "max_grad_norm": float, "memory_snapshot": str, "voxel_size": voxel_size_option,
+}
+# Options that show a format rather than the field's type.
+_METAVARS = {"voxel_size": "Z,Y,X"}
 # Switches whose default None means "decided by the device": --x / --no-x.
 _OPTIONAL_SWITCHES = {"autobatch": "on for cuda/mps, off on the cpu"}
 # The config dataclasses the command line builds; config_from_args returns the one it is given.
@@ -57,6 +75,7 @@ def add_config_options(
             kind = _OPTIONAL_TYPES.get(f.name, str) if default is None else type(default)
             group.add_argument(
                 flag, type=kind, default=None, help=helptext, choices=choices,
+                metavar=_METAVARS.get(f.name),
             )
 
 

@@ -74,6 +74,7 @@ def run(args: argparse.Namespace, config: PredictConfig,
                 args.checkpoint, args.volume, client, args.name, config,
                 trust=args.trust_factory, torch_threads=threads,
                 progress=bar.update, log=bar.write, instances=instances,
+                voxel_size=args.voxel_size,
             )
         except PredictOutOfMemoryError as exc:
             raise CLIError(f"{exc} The previous labels of the store are kept.") from None

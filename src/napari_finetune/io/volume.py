@@ -26,6 +26,11 @@ SPATIAL_AXES = ("z", "y", "x")
 SQUEEZABLE_AXES = ("t", "c")
 
 
+# NGFF space units in nanometers, for a voxel size whose axes use different units.
+_NANOMETERS = {"angstrom": 0.1, "nanometer": 1.0, "micrometer": 1e3, "millimeter": 1e6,
+               "centimeter": 1e7, "meter": 1e9}
+
+
 class VolumeError(ValueError):
     """A path is not a usable volume, or its labels cannot be written: says why and the fix."""
 
@@ -86,6 +91,22 @@ class Volume:
     def describe_axes(self) -> str:
         """``"ZYX"`` or ``"YX"``."""
         return "".join(self.axes).upper()
+
+    @property
+    def voxel_size(self) -> tuple[float, ...] | None:
+        """Level 0's voxel size per spatial axis, from the NGFF scale; None when unknown.
+
+        Unknown: a scale of 1 on every axis without units, which is what a writer
+        given no scale stores (NGFF requires one). Axes in different units (z in
+        micrometer, y and x in nanometer) are converted to nanometers.
+        """
+        scale = [float(s) for s in (self.scale[0] if self.scale else [])]
+        if len(scale) != self.ndim or (all(s == 1.0 for s in scale) and not self.axis_units):
+            return None
+        units = [self.axis_units.get(axis) for axis in self.axes]
+        if len(set(units)) > 1 and all(u in _NANOMETERS for u in units):
+            scale = [s * _NANOMETERS[str(u)] for s, u in zip(scale, units, strict=True)]
+        return tuple(scale) if all(s > 0 for s in scale) else None
 
 
 def require_ndim(volume: Volume, ndim: int) -> Volume:

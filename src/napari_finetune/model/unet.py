@@ -9,10 +9,13 @@ pointwise and it is left out of the LoRA targets.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
 from torch import nn
+
+from napari_finetune.voxel_size import pooling_factors
 
 Norm = Literal["group", "batch", "instance", "none"]
 
@@ -63,6 +66,11 @@ class UNet(nn.Module):
         Channels of the first level, doubled at every level.
     norm : {"group", "batch", "instance", "none"}
         Normalisation after each convolution.
+    scale_factors : sequence of sequence of int, optional
+        Per level, the pooling of each axis (1 or 2): ``[[1, 2, 2], [1, 2, 2],
+        [2, 2, 2]]`` pools z only at the third level, for voxels 4-5 times
+        coarser in z (:meth:`for_voxel_size`). None: 2 on every axis at every
+        level (every checkpoint written before the option builds that way).
     """
 
     def __init__(
@@ -73,6 +81,7 @@ class UNet(nn.Module):
         depth: int = 3,
         features: int = 16,
         norm: Norm = "group",
+        scale_factors: Sequence[Sequence[int]] | None = None,
     ) -> None:
         super().__init__()
         if dims not in (2, 3):
@@ -88,7 +97,24 @@ class UNet(nn.Module):
             "norm": norm,
         }
         self.dims = dims
-        self.shape_multiple = 2**depth
+        self.shape_multiple: int | tuple[int, ...] = 2**depth
+        # Per level: the pooling kernel and the upsampling factor; None keeps the
+        # isotropic modules of every earlier checkpoint (same module tree, same state dict).
+        self.scale_factors: list[tuple[int, ...]] | None = None
+        if scale_factors is not None:
+            factors = [tuple(int(f) for f in level) for level in scale_factors]
+            if len(factors) != depth or any(
+                len(level) != dims or not set(level) <= {1, 2} for level in factors
+            ):
+                raise ValueError(
+                    f"scale_factors must give {depth} levels of {dims} factors, each 1 or 2, "
+                    f"got {scale_factors!r}."
+                )
+            self.init_kwargs["scale_factors"] = [list(level) for level in factors]
+            self.scale_factors = factors
+            self.shape_multiple = tuple(
+                2 ** sum(level[axis] == 2 for level in factors) for axis in range(dims)
+            )
         widths = [features * 2**level for level in range(depth + 1)]
         pool = nn.MaxPool3d if dims == 3 else nn.MaxPool2d
         conv = _conv(dims)
@@ -98,7 +124,11 @@ class UNet(nn.Module):
         for width in widths:
             self.encoders.append(ConvBlock(dims, channels, width, norm))
             channels = width
-        self.pool = pool(2)
+        self.pool = pool(2)  # no parameters: the per-level kernels below need no state either
+        self.level_pools = (
+            None if self.scale_factors is None
+            else nn.ModuleList(pool(level) for level in self.scale_factors)
+        )
         self.up_convs = nn.ModuleList()
         self.decoders = nn.ModuleList()
         for width in reversed(widths[:-1]):
@@ -112,12 +142,41 @@ class UNet(nn.Module):
         skips = []
         for level, encoder in enumerate(self.encoders):
             if level > 0:
-                x = self.pool(x)
+                x = self.pool(x) if self.level_pools is None else self.level_pools[level - 1](x)
             x = encoder(x)
             skips.append(x)
         skips.pop()
-        for up_conv, decoder in zip(self.up_convs, self.decoders, strict=True):
-            x = nn.functional.interpolate(x, scale_factor=2.0, mode="nearest")
+        for level, (up_conv, decoder) in enumerate(zip(self.up_convs, self.decoders, strict=True)):
+            if self.scale_factors is None:
+                x = nn.functional.interpolate(x, scale_factor=2.0, mode="nearest")
+            else:  # the decoder climbs the levels in reverse
+                factor = self.scale_factors[len(self.scale_factors) - 1 - level]
+                x = nn.functional.interpolate(
+                    x, scale_factor=tuple(float(f) for f in factor), mode="nearest"
+                )
             x = up_conv(x)
             x = decoder(torch.cat([skips.pop(), x], dim=1))
         return self.head(x)
+
+    @classmethod
+    def for_voxel_size(
+        cls, voxel_size: Sequence[float] | None, dims: int = 3, depth: int = 3, **kwargs: Any
+    ) -> UNet:
+        """A new UNet whose pooling suits ``voxel_size``: an axis coarser than the finest is
+        not pooled until the others have caught up (``(40, 8, 8)``: (1, 2, 2), (1, 2, 2),
+        then (2, 2, 2)). An isotropic or unknown voxel size builds the plain UNet.
+
+        Parameters
+        ----------
+        voxel_size : sequence of float or None
+            The training volume's voxel size, one per spatial axis (the last ``dims``
+            are used).
+        dims, depth : int
+            As in :class:`UNet`.
+        **kwargs
+            The other :class:`UNet` arguments.
+        """
+        factors = pooling_factors(voxel_size, depth, dims)
+        if all(f == 2 for level in factors for f in level):
+            return cls(dims=dims, depth=depth, **kwargs)
+        return cls(dims=dims, depth=depth, scale_factors=factors, **kwargs)

@@ -159,6 +159,7 @@ def blockwise_instances(
     out: WritableVolume,
     halo: Sequence[int] | None = None,
     progress: Progress | None = None,
+    voxel_size: Sequence[float] | None = None,
 ) -> int:
     """Instance labels of a whole volume into ``out``, computed block by block.
 
@@ -190,6 +191,10 @@ def blockwise_instances(
     progress : callable, optional
         ``progress(done, total)`` after each block of either pass (total is
         twice the number of blocks).
+    voxel_size : sequence of float, optional
+        The volume's voxel size: distances in physical units when anisotropic
+        (:func:`~napari_finetune.objects.boundary_instances`). The halo stays in
+        voxels: on the coarse axis it is then more context than needed, not less.
 
     Returns
     -------
@@ -209,7 +214,7 @@ def blockwise_instances(
     total = 2 * len(cores)
     joiner = FaceJoiner(shape, contextual(params))
     for done, (index, core) in enumerate(cores, start=1):
-        labelled = label_block(prob, params, core, halo)
+        labelled = label_block(prob, params, core, halo, voxel_size)
         offset = joiner.add(index, core, labelled)
         out[core] = with_offset(labelled.core_ids, offset).astype(np.uint32)
         if progress is not None:
@@ -261,7 +266,7 @@ class LabelledBlock:
 
 
 def label_block(prob: VolumeArray, params: ChannelRole, core: tuple[slice, ...],
-                halo: Sequence[int]) -> LabelledBlock:
+                halo: Sequence[int], voxel_size: Sequence[float] | None = None) -> LabelledBlock:
     """Label one core block from its halo'd view of ``prob`` (``min_size`` deferred: it
     counts whole objects), reading only that view."""
     shape = tuple(int(s) for s in prob.shape)
@@ -269,7 +274,8 @@ def label_block(prob: VolumeArray, params: ChannelRole, core: tuple[slice, ...],
     label = segment.boundary_instances if params.role == "boundary" else segment.object_instances
     box = _read_box(core, halo if ctx else (0,) * len(shape), shape,
                     even=params.role == "boundary")
-    local = label(np.asarray(prob[box], dtype=np.float32), replace(params, min_size=0))
+    local = label(np.asarray(prob[box], dtype=np.float32), replace(params, min_size=0),
+                  voxel_size)
     n_local = int(local.max(initial=0))
     inner = tuple(slice(c.start - b.start, c.stop - b.start)
                   for c, b in zip(core, box, strict=True))

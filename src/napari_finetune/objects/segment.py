@@ -16,6 +16,11 @@ from skimage.morphology import h_maxima, reconstruction
 from skimage.segmentation import watershed
 
 from napari_finetune.objects.roles import ChannelRole
+from napari_finetune.voxel_size import sampling as relative_sampling
+
+# Voxel size relative to the finest axis (:func:`napari_finetune.voxel_size.sampling`), or
+# None: every distance below is then in voxels of the finest axis.
+Sampling = Sequence[float] | None
 
 # Largest id a uint32 label array holds (a module constant so a test can lower it).
 MAX_ID = int(np.iinfo(np.uint32).max)
@@ -115,7 +120,8 @@ def _coarse_interior(interior: np.ndarray) -> np.ndarray:
     return np.asarray(blocks.all(axis=tuple(range(1, 2 * full.ndim, 2))))
 
 
-def _floating_specks(boundary: np.ndarray, narrowest: float) -> np.ndarray:
+def _floating_specks(boundary: np.ndarray, narrowest: float,
+                     spacing: Sequence[float] | None = None) -> np.ndarray:
     """Boundary pieces that touch no other boundary and no face, narrower than ``narrowest``.
 
     A piece of boundary joined to nothing (full connectivity, so a membrane touching the
@@ -124,8 +130,10 @@ def _floating_specks(boundary: np.ndarray, narrowest: float) -> np.ndarray:
     to hold a seed. Such specks are what a model unsure of its membrane predicts inside
     cells (on mitochondria, say), and each one dents the interior's depth, giving one
     cell several domes and so several seeds. A piece touching the array's face is kept:
-    the membrane may go on beyond it (a crop, a block's view).
+    the membrane may go on beyond it (a crop, a block's view). ``spacing`` is each
+    axis's voxel length in the unit of ``narrowest`` (None: 1 on every axis).
     """
+    spacing = spacing or (1.0,) * boundary.ndim
     pieces, _ = _label(boundary, "boundary pieces", full=True)
     boxes = ndimage.find_objects(pieces)
     speck = np.zeros(len(boxes) + 1, bool)
@@ -133,7 +141,8 @@ def _floating_specks(boundary: np.ndarray, narrowest: float) -> np.ndarray:
         if box is None:
             continue
         inside = all(0 < s.start and s.stop < n for s, n in zip(box, boundary.shape, strict=True))
-        speck[i] = inside and min(s.stop - s.start for s in box) < narrowest
+        extents = ((s.stop - s.start) * d for s, d in zip(box, spacing, strict=True))
+        speck[i] = inside and min(extents) < narrowest
     return speck[pieces]
 
 
@@ -169,7 +178,9 @@ def _depth_seeds(depth: np.ndarray, h: float, lowest: float) -> tuple[np.ndarray
     return np.where(summits, lut[domes], 0).astype(np.int32), int(ids.size)
 
 
-def boundary_instances(prob: np.ndarray, params: ChannelRole | None = None) -> np.ndarray:
+def boundary_instances(
+    prob: np.ndarray, params: ChannelRole | None = None, voxel_size: Sampling = None
+) -> np.ndarray:
     """Regions enclosed by a boundary channel (cells between membranes).
 
     Interior is ``prob < threshold``. Seeds are the maxima of the interior's
@@ -198,6 +209,10 @@ def boundary_instances(prob: np.ndarray, params: ChannelRole | None = None) -> n
         Probability of the boundary channel.
     params : ChannelRole, optional
         Threshold, seed_distance, min_size; default ``ChannelRole("boundary")``.
+    voxel_size : sequence of float, optional
+        The volume's voxel size: an anisotropic one measures depths in physical
+        units, in voxels of the finest axis (``seed_distance`` 4 on a (40, 8, 8) nm
+        volume: 32 nm, not 4 sections); None or isotropic: in voxels, as before.
 
     Returns
     -------
@@ -206,6 +221,7 @@ def boundary_instances(prob: np.ndarray, params: ChannelRole | None = None) -> n
     """
     params = params or ChannelRole("boundary")
     prob = _probability(prob, params, "boundary")
+    spacing = relative_sampling(voxel_size, prob.ndim)
     interior = prob < params.threshold
     coarse = _coarse_interior(interior)
     # Specks of boundary floating inside cells are interior: each would dent the depth
@@ -214,14 +230,14 @@ def boundary_instances(prob: np.ndarray, params: ChannelRole | None = None) -> n
     # speck there is one at full resolution too (its coarse neighbours are all interior).
     # A seed needs depth seed_distance: a pocket 2 * seed_distance wide, seed_distance
     # coarse voxels; a speck narrower than that along some axis encloses no seeded cell.
-    specks = _floating_specks(~coarse, params.seed_distance)
+    specks = _floating_specks(~coarse, params.seed_distance, spacing)
     if specks.any():
         coarse |= specks
         interior |= _fine(specks, interior.shape)
     # Coarse voxels are 2 voxels wide: depths and heights are halved. A height under
     # one coarse voxel is the grid's own unevenness (distances are square roots of
     # whole numbers), which would seed a bumpy cell twice, differently in a block's view.
-    depth = ndimage.distance_transform_edt(coarse).astype(np.float32)
+    depth = ndimage.distance_transform_edt(coarse, sampling=spacing).astype(np.float32)
     coarse_markers, n_markers = _depth_seeds(depth, max(1.0, params.seed_distance / 4),
                                              params.seed_distance / 2)
     regions, n_regions = _label(interior, "interior regions")
@@ -239,7 +255,9 @@ def boundary_instances(prob: np.ndarray, params: ChannelRole | None = None) -> n
     return _keep_big(labels, params.min_size)
 
 
-def object_instances(prob: np.ndarray, params: ChannelRole | None = None) -> np.ndarray:
+def object_instances(
+    prob: np.ndarray, params: ChannelRole | None = None, voxel_size: Sampling = None
+) -> np.ndarray:
     """Objects of an object channel (mitochondria): connected foreground, optionally split.
 
     Foreground is ``prob > threshold``; each connected component is an object.
@@ -258,6 +276,10 @@ def object_instances(prob: np.ndarray, params: ChannelRole | None = None) -> np.
     params : ChannelRole, optional
         Threshold, min_size, split, seed_distance, seed_threshold; default
         ``ChannelRole("object")``.
+    voxel_size : sequence of float, optional
+        The volume's voxel size: an anisotropic one measures the distance to the
+        background and ``seed_distance`` in physical units (voxels of the finest
+        axis); None or isotropic: in voxels, as before.
 
     Returns
     -------
@@ -272,8 +294,13 @@ def object_instances(prob: np.ndarray, params: ChannelRole | None = None) -> np.
         markers, n_markers = _label(prob > params.seed_threshold, "seeds")
         labels = _flood(-prob, markers, n_markers, regions, n_regions)
     elif params.split and n_regions:
-        depth = ndimage.distance_transform_edt(foreground).astype(np.float32)
-        size = 2 * int(params.seed_distance) + 1
+        spacing = relative_sampling(voxel_size, prob.ndim)
+        depth = ndimage.distance_transform_edt(foreground, sampling=spacing).astype(np.float32)
+        # Maxima seed_distance apart along each axis in physical units, and at least one
+        # voxel: a window one section thick would make each section's middle a maximum,
+        # one line of them through a thick object (seed_distance >= 1: as before without).
+        size = tuple(2 * max(1, int(params.seed_distance / d)) + 1
+                     for d in spacing or (1.0,) * prob.ndim)
         peaks = foreground & (depth == ndimage.maximum_filter(depth, size=size))
         # A plateau of equal maxima is one seed (label joins it), not many.
         markers, n_markers = _label(peaks, "seeds")
@@ -287,6 +314,7 @@ def instances_of(
     probabilities: np.ndarray,
     roles: Mapping[str, ChannelRole],
     channel_names: Sequence[str],
+    voxel_size: Sampling = None,
 ) -> dict[str, np.ndarray]:
     """Instance labels of every channel with a role, by channel name.
 
@@ -296,6 +324,7 @@ def instances_of(
     roles : channel name -> ChannelRole
         (:func:`napari_finetune.objects.roles_from_metadata`).
     channel_names : the C names, in channel order.
+    voxel_size : the volume's voxel size, optional (see :func:`boundary_instances`).
     """
     if len(channel_names) != len(probabilities):
         raise ValueError(
@@ -307,5 +336,5 @@ def instances_of(
         if role is None or role.role is None:
             continue
         make = boundary_instances if role.role == "boundary" else object_instances
-        out[name] = make(prob, role)
+        out[name] = make(prob, role, voxel_size)
     return out

@@ -182,6 +182,7 @@ def predict_on_cluster(
     progress: Progress | None = None,
     log: Callable[[str], None] | None = None,
     instances: Mapping[str, ChannelRole] | None = None,
+    voxel_size: Sequence[float] | None = None,
 ) -> ClusterRun:
     """Predict an OME-Zarr store region by region on the cluster of ``client``.
 
@@ -212,6 +213,8 @@ def predict_on_cluster(
     instances : mapping of channel name to ChannelRole, optional
         Channels with a role also get ``labels/objects-<channel>`` (module doc),
         as :func:`~napari_finetune.predict.store.predict_to_omezarr` writes them.
+    voxel_size : sequence of float, optional
+        The volume's voxel size for the objects' distances; default the store's scale.
 
     Returns a :class:`ClusterRun`. A task's error (e.g. out of memory at the
     smallest block) is raised here, after cancelling the other tasks.
@@ -260,8 +263,10 @@ def predict_on_cluster(
         for i, core in enumerate(regions)
         if i not in done
     }
+    # The objects' distances in the store's voxel size, as predict_to_omezarr measures them.
+    spacing = tuple(voxel_size) if voxel_size is not None else volume.voxel_size
     objects = [ObjectsTask(str(folder), mask, name, roles[channel],
-                           default_halo(roles[channel], len(shape)))
+                           default_halo(roles[channel], len(shape)), spacing)
                for (mask, name, _), channel in zip(entries, roles, strict=True)]
     blocks = list(block_cores(shape, chunks))
     total = len(regions) + 2 * len(blocks) * len(objects)

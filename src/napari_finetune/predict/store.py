@@ -27,7 +27,7 @@ never half written either.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -55,6 +55,7 @@ def predict_to_omezarr(
     progress: Progress | None = None,
     log: Log | None = None,
     instances: Mapping[str, ChannelRole] | None = None,
+    voxel_size: Sequence[float] | None = None,
 ) -> list[str]:
     """Predict an OME-Zarr volume and write one NGFF label image per channel.
 
@@ -82,6 +83,9 @@ def predict_to_omezarr(
         Channels with a role also get their instance labels,
         ``labels/<objects prefix>-<channel>`` (:func:`objects_names`), computed
         block by block with the region grid's blocks.
+    voxel_size : sequence of float, optional
+        The volume's voxel size for the objects' distances; default the store's
+        NGFF scale (:attr:`~napari_finetune.io.volume.Volume.voxel_size`).
 
     Returns the label names written (the masks', then the objects').
 
@@ -142,7 +146,8 @@ def predict_to_omezarr(
                          progress, log)
         for role, target, out in zip(roles.values(), [t for t in targets
                                      if isinstance(t, MaskAndProbability)], objects, strict=True):
-            blockwise_instances(target.probability, role, chunks, out)
+            blockwise_instances(target.probability, role, chunks, out,
+                                voxel_size=voxel_size or volume.voxel_size)
         for labels_image in pyramids:  # the image's smaller levels, before the swap
             fill_pyramid(zarr.open_group(str(labels_image), mode="r+"))
     return names + object_names

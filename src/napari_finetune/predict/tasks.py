@@ -160,6 +160,9 @@ class ObjectsTask:
         the client to whole objects).
     halo : tuple of int
         Context read around each block.
+    voxel_size : tuple of float or None
+        The volume's voxel size: the objects' distances in physical units
+        (:func:`~napari_finetune.objects.blockwise_instances`); None: in voxels.
     """
 
     folder: str
@@ -167,6 +170,7 @@ class ObjectsTask:
     name: str
     role: ChannelRole
     halo: tuple[int, ...]
+    voxel_size: tuple[float, ...] | None = None
 
 
 def label_object_block(task: ObjectsTask, block: int, core: tuple[slice, ...],
@@ -183,7 +187,7 @@ def label_object_block(task: ObjectsTask, block: int, core: tuple[slice, ...],
 
     folder = Path(task.folder)
     prob = zarr.open_array(str(probability_path(folder, task.mask)), mode="r")
-    labelled = label_block(prob, task.role, core, task.halo)
+    labelled = label_block(prob, task.role, core, task.halo, task.voxel_size)
     provisional = zarr.open_array(str(provisional_path(folder, task.name)), mode="r+")
     provisional[core] = labelled.core_ids
     _write_record(block_record_path(folder, task.name, block), labelled)

@@ -12,6 +12,7 @@ and returns its result.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
     from napari_finetune.remote.finetuner import RemoteFinetuner
     from napari_finetune.trainer.loop import Finetuner
     from napari_finetune.trainer.status import Status
+
+logger = logging.getLogger(__name__)
 
 
 def warm_up_job(lora: bool) -> Job[None]:
@@ -159,6 +162,19 @@ def train_job(
                                   store_path)
 
 
+def with_store_voxel_size(config: FinetuneConfig, store_path: str) -> FinetuneConfig:
+    """``config`` with the voxel size of the store's NGFF scale (None when it says none, or
+    when the store cannot be read: the run trains the image in memory all the same)."""
+    from napari_finetune.io.volume import open_volume
+
+    try:
+        voxel_size = open_volume(store_path).voxel_size
+    except (OSError, ValueError) as exc:
+        logger.warning("voxel size of %s unknown: %s", store_path, exc)
+        return config
+    return dataclasses.replace(config, voxel_size=voxel_size)
+
+
 def _build_and_run(
     checkpoint_path: str, image: VolumeArray, corrections: np.ndarray, config: FinetuneConfig,
     preview_interval_s: float, region: Callable[[], tuple[slice, ...] | None],
@@ -170,6 +186,8 @@ def _build_and_run(
     from napari_finetune.trainer.loop import Finetuner
 
     ckpt = load_checkpoint(checkpoint_path, trust=tuple(trust))  # as the user answered
+    if store_path and config.voxel_size is None:  # read here, in the job's thread, not the UI's
+        config = with_store_voxel_size(config, store_path)
     for hook in build_hooks.model:
         hook(ckpt.model)  # fault injection of the tests and the benchmark
     trainer: Finetuner

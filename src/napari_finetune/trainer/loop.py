@@ -319,13 +319,15 @@ class Finetuner:
         import dataclasses
 
         from napari_finetune.data.patch_shape import fit_patch_shape
-        from napari_finetune.model.geometry import shape_multiple
+        from napari_finetune.model.geometry import shape_multiple, spatial_multiple
 
         shape = tuple(int(n) for n in np.shape(image))
-        multiple = shape_multiple(model, len(shape))
-        return dataclasses.replace(
-            config, patch_shape=fit_patch_shape(config.patch_shape, shape, multiple)
-        )
+        # A known voxel size shapes the patch per axis (a model pooling z less, fewer z
+        # voxels), unless the user set the patch; unknown: as before, one multiple for all.
+        reshape = config.voxel_size is not None and "patch_shape" not in config.explicit_settings
+        multiple = (spatial_multiple if reshape else shape_multiple)(model, len(shape))
+        return dataclasses.replace(config, patch_shape=fit_patch_shape(
+            config.patch_shape, shape, multiple, config.voxel_size if reshape else None))
 
     # --- the run -------------------------------------------------------------------
 
