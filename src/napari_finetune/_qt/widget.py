@@ -37,7 +37,6 @@ from napari_finetune._qt.parts import (
     disconnect,
     group,
     layer_combo,
-    preload,
     qt_app,
     row,
 )
@@ -64,7 +63,8 @@ class FinetuneWidget(QWidget):
 
     def __init__(self, napari_viewer: Viewer) -> None:
         super().__init__()
-        preload()
+        # Nothing slow here: the checkpoint is read and the engine imported in jobs started
+        # at the end, so the dock shows at once (a click before they end is kept).
         self.viewer = napari_viewer
         self.state = WidgetState()
         self.controller = Controller(self)
@@ -244,9 +244,16 @@ class FinetuneWidget(QWidget):
         s = self.state
         if s.closed:
             return
-        ready = self.image_layer() is not None and s.info is not None
+        image = self.image_layer() is not None
+        ready = image and s.info is not None
         idle = s.busy is None
-        self.predict_button.setEnabled(idle and ready)
+        # Enabled while the model is on its way: Qt drops a click on a disabled button,
+        # and the Controller keeps this one until the model is there.
+        waiting = image and (s.reading or s.warming > 0) and (s.info is None or s.warming > 0)
+        self.predict_button.setEnabled(idle and (ready or waiting))
+        self.predict_button.setText("Predict (queued)" if s.queued else "Predict")
+        self.predict_button.setToolTip(predict_tip(
+            image=image, model=s.info is not None, waiting=waiting, busy=s.busy))
         # A prediction of the image in view (Objects says which roles it cannot serve).
         self.objects_button.setEnabled(idle and s.info is not None
                                        and s.predicted_image is not None
@@ -356,3 +363,17 @@ class FinetuneWidget(QWidget):
         )
         if path:
             results.export_bioimageio(self.controller, path)
+
+
+def predict_tip(image: bool, model: bool, waiting: bool, busy: Busy | None) -> str:
+    """The Predict button's tooltip: what it does, or why it cannot act yet."""
+    if not image:
+        return "Predict: open an image first"
+    if busy is not None:
+        return f"Predict: waiting for {busy.value} to end"
+    if waiting:
+        return ("Predict (waiting for the model…): a click now is kept and predicts as soon "
+                "as the checkpoint is read")
+    if not model:
+        return "Predict: choose a model checkpoint first"
+    return "Predict the whole volume with the model"
