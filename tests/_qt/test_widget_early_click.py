@@ -81,3 +81,19 @@ def test_progress_names_the_block(opened, qtbot):
     total = seen[-1].rsplit("/ ", 1)[1]
     assert seen[-1] == f"predicting block {total} / {total}"
     wait_idle(qtbot, widget)
+
+
+def test_predict_without_a_model_says_why_and_queues_nothing(make_napari_viewer, tiny_store,
+                                                            qtbot, monkeypatch):
+    import napari_finetune._qt.widget as widget_module
+
+    monkeypatch.setattr(widget_module, "default_checkpoint", lambda: "")
+    viewer = make_napari_viewer()
+    viewer.open(str(tiny_store), plugin="napari-finetune")
+    _, widget = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
+    qtbot.waitUntil(lambda: widget.state.warming > 0, timeout=5_000)  # the engine warms up
+    assert not widget.predict_button.isEnabled()
+    assert "choose a model checkpoint" in widget.predict_button.toolTip()
+    widget.controller.predict()  # as a keyboard shortcut would, past the disabled button
+    assert not widget.state.queued
+    wait_idle(qtbot, widget)

@@ -292,12 +292,12 @@ class Controller:
         s, layer, session = self.state, self.w.image_layer(), self.session
         if s.closed or layer is None:
             return  # closing: no new work (e.g. the prediction after a run)
+        if s.info is None and not s.reading:
+            self._refused("Cannot predict: no model; choose a checkpoint first.")
+            return
         if s.info is None or s.warming:
-            if s.reading or s.warming:
-                s.queued = True
-                self.w.status_panel.say("Predict is waiting for the model…")
-            else:
-                self._refused("Cannot predict: no model; choose a checkpoint first.")
+            s.queued = True
+            self.w.status_panel.say("Predict is waiting for the model…")
             return
         info = s.info
         session.image, session.checkpoint, session.trust = (
