@@ -299,6 +299,7 @@ class Controller:
             s.queued = True
             self.w.status_panel.say("Predict is waiting for the model…")
             return
+        s.queued = False  # a kept click is served by this prediction, whoever started it
         info = s.info
         session.image, session.checkpoint, session.trust = (
             corr.image_level0(layer), info.path, info.trust)
