@@ -14,6 +14,13 @@ Uses the synthetic-em sample store and its pretrained checkpoint when the
 sample is installed, otherwise a generated store and a random 3D UNet.
 ``--diagnose`` prints the main thread's stack during the longest stalls
 (sampled by a watchdog thread). Goal: max gap < 50 ms.
+
+``--walk`` times what a user does from the start instead, each step under the
+10 ms heartbeat: open the sample (generated into an empty cache), dock the
+widget, press Predict the moment the dock shows, paint, Fine-tune, Stop,
+Export. Per step: its wall time, the longest main-thread gap, and napari's own
+layer insertions (``layers.events.inserting`` to ``inserted``, ~0.28 s per
+labels layer under Xvfb) timed apart; an idle window's gap is the floor.
 """
 
 from __future__ import annotations
@@ -117,6 +124,141 @@ class Meter:
         return np.diff(np.asarray(self.ticks)) * 1000
 
 
+class Insertions:
+    """Time napari spends inserting each layer (``inserting`` to ``inserted``)."""
+
+    def __init__(self, viewer) -> None:
+        self.times: list[float] = []
+        self._t = 0.0
+        viewer.layers.events.inserting.connect(self._inserting)
+        viewer.layers.events.inserted.connect(self._inserted)
+
+    def _inserting(self, *_: object) -> None:
+        self._t = time.perf_counter()
+
+    def _inserted(self, *_: object) -> None:
+        self.times.append(time.perf_counter() - self._t)
+
+
+def walk(args: argparse.Namespace) -> int:
+    """The user's walk, step by step; prints one table (see the module's docstring)."""
+    import napari
+    from qtpy.QtWidgets import QApplication
+
+    shape = tuple(int(s) for s in args.shape.split(","))
+    tmp = Path(tempfile.mkdtemp(prefix="bench-walk-"))
+    # An empty cache: the first opening generates the sample, as on a user's first day.
+    os.environ["NAPARI_FINETUNE_CACHE"] = str(tmp / "cache")
+    os.environ["NAPARI_FINETUNE_SAMPLE_SHAPE"] = ",".join(map(str, shape))
+    viewer = napari.Viewer()
+    app = QApplication.instance()
+    insertions = Insertions(viewer)
+    rows: list[tuple[str, str, str, str]] = []
+    box: dict = {}
+
+    def step(name: str, action, done, settle_s: float = 0.3, timeout_s: float = 600) -> None:
+        insertions.times.clear()
+        meter = Meter(False)
+        meter.start()
+        t = time.perf_counter()
+        action()  # on the main thread, as a click is: its time is the gap after t0
+        _wait(app, done, timeout_s)
+        wall = time.perf_counter() - t
+        end = time.perf_counter()
+        # The turns that follow, and at least one tick: a blocking action's whole time is
+        # the gap between the meter's start and that tick.
+        _wait(app, lambda: time.perf_counter() - end > settle_s and meter.ticks[-1] > end)
+        meter.stop()
+        gaps = meter.gaps_ms()
+        ins = insertions.times
+        rows.append((name, f"{wall:.2f} s", f"{gaps.max():.0f} ms",
+                     f"{len(ins)}: {1000 * sum(ins):.0f} ms (max {1000 * max(ins):.0f})"
+                     if ins else "-"))
+
+    idle = Meter(False)
+    idle.start()
+    _wait(app, lambda: time.perf_counter() - idle.t0 > args.idle)
+    idle.stop()
+    rows.append(("idle window (the floor)", f"{args.idle:.1f} s",
+                 f"{idle.gaps_ms().max():.0f} ms", "-"))
+
+    step("open the sample (first time: generated)",
+         lambda: viewer.open_sample("napari-finetune", "synthetic-em"), lambda: True)
+
+    def dock() -> None:
+        _, box["w"] = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
+
+    step("dock the widget", dock, lambda: True, settle_s=0.0)  # Predict comes at once
+    w = box["w"]
+    names = [f"{c} prediction" for c in ("membrane", "mitochondria")]
+
+    def predicted() -> bool:
+        return (w.controller.session.prediction is not None and w.state.busy is None
+                and all(n in viewer.layers for n in names))
+
+    clicks = {"n": 0}
+
+    def click_predict() -> None:
+        # The moment the dock shows; a disabled button drops the click (Qt), as for a user.
+        clicks["n"] += 1
+        b = w.predict_button
+        box["at_click"] = "enabled" if b.isEnabled() else "disabled: dropped"
+        b.click()
+        if getattr(w.state, "queued", False):
+            box["at_click"] = "queued"
+
+    def predict_done() -> bool:
+        if predicted():
+            return True
+        # A dropped click: the user clicks again once the button is enabled and idle.
+        if (w.state.info is not None and w.state.busy is None and w.state.running == 0
+                and w.predict_button.isEnabled() and not getattr(w.state, "queued", False)
+                and w.controller.session.prediction is None):
+            clicks["n"] += 1
+            w.predict_button.click()
+        return False
+
+    step("Predict clicked as the dock shows (to layers shown)", click_predict, predict_done)
+    rows[-1] = (rows[-1][0] + f" [first click {box['at_click']}; {clicks['n']} click(s)]",
+                *rows[-1][1:])
+
+    def paint() -> None:
+        w.new_corrections_button.click()
+        layer = w.corrections_combo.value  # the new one, which the user paints into
+        layer.brush_size = 7
+        truth = np.asarray(viewer.layers["ground truth"].data)
+        rng = np.random.default_rng(0)
+        for _ in range(12):
+            z, y, x = (int(rng.integers(0, n)) for n in shape)
+            layer.paint((z, y, x), 1 + int(truth[z, y, x]))
+
+    step("New corrections layer + 12 strokes", paint, lambda: w.state.busy is None, 1.0)
+    s = w.settings
+    s.steps.value, s.batch_size.value, s.mode.value = args.steps, args.batch, args.mode
+    s.preview_interval.value, s.device.value = args.preview, args.device
+    step("Fine-tune (click to the first step)", w.finetune_button.click,
+         lambda: any(st.kind == "step" for st in w.state.statuses))
+    step("Stop (to the weights kept and the prediction redone)", w.stop_button.click,
+         lambda: w.state.busy is None and w.state.running == 0, 1.0)
+    from napari_finetune._qt import results
+
+    target = str(tmp / "exported.pt")
+    step("Export (results.export, no file dialog)",
+         lambda: results.export(w.controller, target),
+         lambda: w.state.busy is None and Path(target).exists())
+
+    print(f"# bench_ui_stall --walk: image {shape}; {args.mode}; {os.cpu_count()} CPUs; "
+          f"load average {os.getloadavg()[0]:.1f}")
+    head = ("step", "wall", "longest gap", "napari layer insertions")
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(4)]
+    for r in [head, tuple("-" * n for n in widths), *rows]:
+        print("| " + " | ".join(f"{c:<{n}}" for c, n in zip(r, widths, strict=True)) + " |")
+    if w.state.errors:
+        print("errors:", *w.state.errors, sep="\n  ")
+    viewer.close()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="32,128,128", help="sample shape z,y,x")
@@ -130,7 +272,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-predict", action="store_true",
                         help="click Fine-tune before any Predict (the click adds the layers)")
     parser.add_argument("--diagnose", action="store_true")
+    parser.add_argument("--walk", action="store_true",
+                        help="time the user's walk: open the sample, dock, Predict, paint, "
+                             "Fine-tune, Stop, Export")
     args = parser.parse_args(argv)
+    if args.walk:
+        return walk(args)
     shape = tuple(int(s) for s in args.shape.split(","))
     tmp = Path(tempfile.mkdtemp(prefix="bench-ui-"))
     os.environ.setdefault("NAPARI_FINETUNE_CACHE", str(tmp / "cache"))

@@ -83,7 +83,10 @@ def docked(make_napari_viewer, qtbot, tiny_store, tiny_checkpoint):
     assert image.metadata["ome_zarr_path"]
     _, widget = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
     choose_checkpoint(qtbot, widget, str(tiny_checkpoint))
-    qtbot.waitUntil(lambda: widget.state.info is not None, timeout=20_000)
+    # The model read and the engine warmed up: a Predict clicked now starts at once (one
+    # clicked earlier is kept until then, test_widget_early_click).
+    qtbot.waitUntil(lambda: widget.state.info is not None and widget.state.warming == 0,
+                    timeout=60_000)
     yield viewer, widget, image
     wait_idle(qtbot, widget)
 
@@ -98,10 +101,13 @@ def choose_checkpoint(qtbot, widget, path) -> None:
 
 def wait_idle(qtbot, widget, timeout: int = 120_000) -> None:
     """Wait for the widget's job and any autosave to end (no worker outlives a test)."""
-    qtbot.waitUntil(lambda: widget.state.busy is None, timeout=timeout)
+    # A kept click (Predict before the model was there) is work to come, not idleness.
+    qtbot.waitUntil(lambda: widget.state.busy is None and not widget.state.queued,
+                    timeout=timeout)
     saver = widget.state.autosaver
     if saver is not None:
         saver.timer.stop()
         qtbot.waitUntil(lambda: saver.in_flight == 0, timeout=timeout)
-    qtbot.waitUntil(lambda: widget.state.running == 0, timeout=timeout)
+    qtbot.waitUntil(lambda: widget.state.running == 0 and widget.state.busy is None,
+                    timeout=timeout)
 

@@ -97,10 +97,12 @@ class Controller:
         self, job: Callable[..., Job[R]], *args: object, what: str,
         on_result: Callable[[R], None] | None = None,
         on_failed: Callable[[], None] | None = None,
+        on_finished: Callable[[], None] = _nothing,
     ) -> None:
         """Start one of the widget's own jobs (the engine's warm-up, reading a checkpoint),
         which never mark it busy: ``on_result`` gets what the job returned, ``on_failed``
-        runs after a failure was shown. The actions go through the Session."""
+        runs after a failure was shown, ``on_finished`` last however it ended. The actions
+        go through the Session."""
         s = self.state
         if s.closed:
             return  # closing: no new work
@@ -117,14 +119,16 @@ class Controller:
             if not s.closed and on_result is not None:
                 on_result(result)
 
-        def on_finished() -> None:
+        def finished() -> None:
             s.running -= 1
             if worker in s.jobs:
                 s.jobs.remove(worker)
+            if not s.closed:
+                on_finished()
 
         s.running += 1
         worker = start_job(job, *args, on_event=self._session_event, on_result=on_returned,
-                           on_error=on_error, on_finished=on_finished)
+                           on_error=on_error, on_finished=finished)
         s.jobs.append(worker)
 
     # -- the Session's events ----------------------------------------------------------------
@@ -209,8 +213,20 @@ class Controller:
 
     # -- the checkpoint ----------------------------------------------------------------------
     def warm_up(self, lora: bool) -> None:
-        """Import the engine, and PEFT for a LoRA run, in the background (``warm_up_job``)."""
-        self.run_job(jobs.warm_up_job, lora, what="Loading the fine-tuning engine failed")
+        """Import the engine, and PEFT for a LoRA run, in the background (``warm_up_job``).
+
+        A Predict clicked meanwhile waits for it (:meth:`run_queued`): its job would
+        import torch's modules in a second thread beside this one.
+        """
+        s = self.state
+
+        def warmed() -> None:
+            s.warming -= 1
+            self.run_queued()
+
+        s.warming += 1
+        self.run_job(jobs.warm_up_job, lora, what="Loading the fine-tuning engine failed",
+                     on_finished=warmed)
 
     def load_info(self, path: str, trust: tuple[str, ...] = ()) -> None:
         """Read the checkpoint's channels in a worker (a bad file -> notification)."""
@@ -224,13 +240,22 @@ class Controller:
         s.info = None
         self.w.settings.set_lora_share(0.0)
         self.w.checkpoint_label.setText("reading checkpoint…")
+        s.reading = True
+
+        def unusable() -> None:
+            if path != self.w.checkpoint_path():
+                return  # a file chosen since is being read
+            s.reading = False
+            self.w.checkpoint_label.setText("no usable checkpoint: choose another file")
+            self.drop_queued("no usable checkpoint")
+
         self.run_job(info_job, path, trust, what="Cannot use this checkpoint",
-                     on_result=self._info_read, on_failed=lambda: self.w.checkpoint_label.setText(
-                         "no usable checkpoint: choose another file"))
+                     on_result=self._info_read, on_failed=unusable)
 
     def _info_read(self, result: CheckpointInfo | Untrusted) -> None:
         if result.path != self.w.checkpoint_path():
             return  # a file chosen before the current one answered late
+        self.state.reading = False
         if isinstance(result, Untrusted):
             self.answer_untrusted(result)
             return
@@ -244,6 +269,7 @@ class Controller:
         )
         show_checkpoint_roles(self)
         self.follow_corrections(self.w.corrections_layer())
+        self.run_queued()
 
     def answer_untrusted(self, question: Untrusted) -> None:
         """Ask whether to trust the factory; Yes reads the file again with it trusted."""
@@ -254,13 +280,26 @@ class Controller:
         self.w.status_panel.append_log(message)
         show_warning(message)
         self.w.checkpoint_label.setText("not loaded: its model code was not trusted")
+        self.drop_queued("its model code was not trusted")
 
     # -- predict and paint -------------------------------------------------------------------
     def predict(self) -> None:
-        """Whole volume: with the fine-tuned weights after a run, else the checkpoint's."""
+        """Whole volume: with the fine-tuned weights after a run, else the checkpoint's.
+
+        Clicked before the model is there (its checkpoint being read, the engine
+        imported), the click is kept: the prediction starts as soon as both are done.
+        """
         s, layer, session = self.state, self.w.image_layer(), self.session
-        if s.closed or layer is None or s.info is None:
+        if s.closed or layer is None:
             return  # closing: no new work (e.g. the prediction after a run)
+        if s.info is None and not s.reading:
+            self._refused("Cannot predict: no model; choose a checkpoint first.")
+            return
+        if s.info is None or s.warming:
+            s.queued = True
+            self.w.status_panel.say("Predict is waiting for the model…")
+            return
+        s.queued = False  # a kept click is served by this prediction, whoever started it
         info = s.info
         session.image, session.checkpoint, session.trust = (
             corr.image_level0(layer), info.path, info.trust)
@@ -270,7 +309,26 @@ class Controller:
         session.roles = dict(s.roles)
         session.trainer = s.trainer  # the last run's weights, else the checkpoint's
         session.config = replace(session.config, device=self.w.settings.device_name())
-        self.start_action(session.predict, done=lambda: self._show_prediction(session.prediction))
+        if self.start_action(session.predict,
+                             done=lambda: self._show_prediction(session.prediction)):
+            # At once, not at the first block's end: the model is still being loaded.
+            self.w.status_panel.say("predicting…")
+
+    def run_queued(self) -> None:
+        """Start the Predict clicked before the model was there, once it is (and the
+        engine imported); still kept while another action runs."""
+        s = self.state
+        if s.queued and not s.closed and s.info is not None and not s.warming \
+                and s.busy is None:
+            s.queued = False
+            self.predict()
+
+    def drop_queued(self, why: str) -> None:
+        """The model will not come: say so to a Predict that waited for it."""
+        s = self.state
+        if s.queued:
+            s.queued = False
+            self.w.status_panel.say(f"Predict not started: {why}")
 
     def _show_prediction(self, prediction: jobs.Prediction | None) -> None:
         s, image = self.state, self.w.image_layer()

@@ -1,4 +1,4 @@
-"""Small parts of the dock: layout helpers, layer combo boxes, the start-up imports."""
+"""Small parts of the dock: layout helpers, layer combo boxes, the default checkpoint."""
 
 from __future__ import annotations
 
@@ -79,19 +79,6 @@ def qt_app() -> QCoreApplication:
     if app is None:
         raise RuntimeError("no Qt application is running")
     return app
-
-
-def preload() -> None:
-    """Pay the lazy-import costs now, while the dock opens, not mid-run.
-
-    An import holds the GIL; done in the worker it freezes the canvas
-    (measured on a 2-core machine: napari.qt.threading ~1.7 s, the first AdamW ~1.6 s).
-    """
-    import napari.qt.threading  # noqa: F401
-    import torch
-    import torch.optim
-
-    torch.optim.AdamW([torch.zeros(1, requires_grad=True)], lr=1e-4)
 
 
 def default_checkpoint() -> str:

@@ -31,7 +31,6 @@ from superqt import QCollapsible
 from napari_finetune._qt.run_on import RunOnChoice
 from napari_finetune.config import FinetuneConfig
 from napari_finetune.config_fields import DEVICES, FIELDS, field_docs
-from napari_finetune.model.lora import advice_for_share
 
 DEFAULT_PREVIEW_INTERVAL_S = 5.0
 # Shown in percent in the widget (0.1 -> 10 %); the range is scaled alike.
@@ -198,8 +197,12 @@ class SettingsForm(QWidget):
 
     def _show_lora_advice(self) -> None:
         # The advice only speaks when LoRA is picked for a network it does not suit.
-        rank = int(self.lora_rank.value)
-        text = advice_for_share(self._lora_share_per_rank * rank, rank)
+        rank, share = int(self.lora_rank.value), self._lora_share_per_rank
+        text = ""
+        if share > 0:  # a model was read (in a worker, which imported torch): no cost here
+            from napari_finetune.model.lora import advice_for_share
+
+            text = advice_for_share(share * rank, rank)
         self.lora_advice.setText(text if self.mode.value == "lora" else "")
         self.lora_advice.setVisible(bool(self.lora_advice.text()))
 

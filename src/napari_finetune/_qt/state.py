@@ -1,8 +1,9 @@
 """What the widget tracks between job events, and how a run is ended or released.
 
 :class:`WidgetState` is an evented dataclass (psygnal, which napari ships): the
-fields the buttons depend on (``info``, ``busy``, ``trainer``, ``closed``)
-emit on change, and the widget follows them from one connection.
+fields the buttons depend on (``info``, ``busy``, ``trainer``, ``closed``, and
+``reading``, ``warming`` and ``queued`` while the model is not there yet) emit
+on change, and the widget follows them from one connection.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from psygnal import evented
 from napari_finetune._qt.corrections import Autosaver
 from napari_finetune._qt.runner import ThreadRunner
 from napari_finetune._qt.shutdown import JobWorker, end_jobs
+from napari_finetune._qt.worker import start_job
 from napari_finetune.session import work
 from napari_finetune.session.session import Busy, Session
 
@@ -31,7 +33,7 @@ if TYPE_CHECKING:
     from napari_finetune.trainer.status import Status
 
 # The fields a button depends on; the others change often (every step) and signal nothing.
-EVENTED_FIELDS = ("info", "busy", "trainer", "closed")
+EVENTED_FIELDS = ("info", "busy", "trainer", "closed", "reading", "warming", "queued")
 
 
 @dataclass
@@ -72,7 +74,7 @@ class Untrusted:
 @dataclass
 class WidgetState:
     """Everything the widget tracks between events; ``state.events`` signals changes of
-    ``info``, ``busy``, ``trainer`` and ``closed``."""
+    ``info``, ``busy``, ``trainer``, ``closed``, ``reading``, ``warming`` and ``queued``."""
 
     if TYPE_CHECKING:
         # What ``@evented`` adds at run time, which the checker cannot see; a ClassVar, so
@@ -80,6 +82,12 @@ class WidgetState:
         events: ClassVar[SignalGroup]
 
     info: CheckpointInfo | None = None
+    # The model is not there yet: its checkpoint is being read (``reading``), the engine
+    # imported (``warming``: warm-up jobs running). A Predict clicked meanwhile is kept
+    # (``queued``) and starts once both are done, rather than dropped.
+    reading: bool = False
+    warming: int = 0
+    queued: bool = False
     # The Session the buttons moved onto runs their jobs in ``runner``'s workers; a
     # closing widget stops and waits for those as for its own.
     runner: ThreadRunner = field(default_factory=ThreadRunner)
@@ -159,4 +167,23 @@ def release_trainer(s: WidgetState) -> None:
         s.session.trainer = None  # the Session must not keep it alive either
     if s.trainer is not None:
         s.trainer = None
-        work.release_memory()
+        release_memory_later(s)
+
+
+def release_memory_later(s: WidgetState) -> None:
+    """Give device memory back in a worker: its ``gc.collect()`` is no click's to pay.
+
+    The job does nothing itself: :func:`~napari_finetune.session.work.guarded`
+    releases the memory as every job ends, in the job's thread.
+    """
+    def finished() -> None:
+        if worker in s.jobs:
+            s.jobs.remove(worker)
+
+    worker = start_job(work.call_job, _nothing, on_finished=finished,
+                       on_error=lambda exc: s.errors.append(f"Releasing memory failed: {exc}"))
+    s.jobs.append(worker)
+
+
+def _nothing() -> None:
+    """The job of :func:`release_memory_later`: its end is what releases."""

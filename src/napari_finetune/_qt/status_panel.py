@@ -60,6 +60,13 @@ def validation_text(scores: dict[str, float]) -> str:
     return ", ".join(f"{name} {iou:.2f}" for name, iou in scores.items())
 
 
+def progress_text(done: int, total: int, what: str) -> str:
+    """"predicting block 3 / 8" after 2 blocks of a prediction; "what: done / total" else."""
+    if what == "predict":
+        return f"predicting block {min(done + 1, total)} / {total}"
+    return f"{what}: {done} / {total}"
+
+
 def eta_text(status: Status) -> str:
     """"step 12 / 200, ETA 3:10" (no ETA before the first step)."""
     text = f"step {status.step} / {status.total_steps}"
@@ -170,8 +177,12 @@ class StatusPanel(QWidget):
             self.append_log(status.message)
 
     def show_progress(self, done: int, total: int, what: str) -> None:
-        """Block progress of a prediction or export: "predict: 3 / 8 blocks"."""
-        self._set_bar(done, total, f"{what}: {done} / {total}")
+        """Block progress: "predicting block 3 / 8" (the one being computed), "export: 3 / 8"."""
+        self._set_bar(done, total, progress_text(done, total, what))
+
+    def say(self, text: str) -> None:
+        """What the widget does now, on the bar (before any progress of it is known)."""
+        self._set_bar(0, 1, text)
 
     def set_idle(self, text: str = "idle") -> None:
         """Leave the bar where it stopped but say the run is over."""

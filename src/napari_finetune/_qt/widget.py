@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from napari.layers import Image, Labels, Layer
-from qtpy.QtCore import QEvent, QSize, Qt
+from qtpy.QtCore import QEvent, QSize, Qt, QTimer
 from qtpy.QtGui import QShowEvent
 from qtpy.QtWidgets import (
     QFileDialog,
@@ -37,7 +37,6 @@ from napari_finetune._qt.parts import (
     disconnect,
     group,
     layer_combo,
-    preload,
     qt_app,
     row,
 )
@@ -64,7 +63,8 @@ class FinetuneWidget(QWidget):
 
     def __init__(self, napari_viewer: Viewer) -> None:
         super().__init__()
-        preload()
+        # Nothing slow here: the checkpoint is read and the engine imported in jobs started
+        # at the end, so the dock shows at once (a click before they end is kept).
         self.viewer = napari_viewer
         self.state = WidgetState()
         self.controller = Controller(self)
@@ -197,8 +197,19 @@ class FinetuneWidget(QWidget):
         self._image_changed()
         self._theme_changed()
         if self.checkpoint_edit.text():
+            self.state.reading = True  # on its way: a Predict clicked meanwhile is kept
+        # The jobs start in the next event-loop turn, after napari has docked the widget:
+        # started here, their imports took the GIL from napari's own docking (its settings
+        # save went from ~0.05 to ~0.6 s).
+        QTimer.singleShot(0, self._start_jobs)
+
+    def _start_jobs(self) -> None:
+        """Read the checkpoint and warm the engine up, in jobs (see the constructor)."""
+        if self.state.closed:  # closed before this turn: no new work, no widget touched
+            return
+        if self.checkpoint_edit.text():
             self._checkpoint_changed()
-        a.warm_up(lora=self.settings.mode.value == "lora")
+        self.controller.warm_up(lora=self.settings.mode.value == "lora")
 
     def sizeHint(self) -> QSize:  # noqa: N802 (Qt override)
         """Wide enough for the inputs: napari sizes the dock from this."""
@@ -244,9 +255,16 @@ class FinetuneWidget(QWidget):
         s = self.state
         if s.closed:
             return
-        ready = self.image_layer() is not None and s.info is not None
+        image = self.image_layer() is not None
+        ready = image and s.info is not None
         idle = s.busy is None
-        self.predict_button.setEnabled(idle and ready)
+        # Enabled while the model is on its way: Qt drops a click on a disabled button,
+        # and the Controller keeps this one until the model is there.
+        waiting = image and (s.reading or (s.info is not None and s.warming > 0))
+        self.predict_button.setEnabled(idle and (ready or waiting))
+        self.predict_button.setText("Predict (queued)" if s.queued else "Predict")
+        self.predict_button.setToolTip(predict_tip(
+            image=image, model=s.info is not None, waiting=waiting, busy=s.busy))
         # A prediction of the image in view (Objects says which roles it cannot serve).
         self.objects_button.setEnabled(idle and s.info is not None
                                        and s.predicted_image is not None
@@ -356,3 +374,17 @@ class FinetuneWidget(QWidget):
         )
         if path:
             results.export_bioimageio(self.controller, path)
+
+
+def predict_tip(image: bool, model: bool, waiting: bool, busy: Busy | None) -> str:
+    """The Predict button's tooltip: what it does, or why it cannot act yet."""
+    if not image:
+        return "Predict: open an image first"
+    if busy is not None:
+        return f"Predict: waiting for {busy.value} to end"
+    if waiting:
+        return ("Predict (waiting for the model…): a click now is kept and predicts as soon "
+                "as the checkpoint is read")
+    if not model:
+        return "Predict: choose a model checkpoint first"
+    return "Predict the whole volume with the model"

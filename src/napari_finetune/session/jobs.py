@@ -51,10 +51,16 @@ def warm_up_job(lora: bool) -> Job[None]:
     and their memory) only when ``lora``: the default full fine-tune never imports it.
 
     An import holds the GIL in bursts (~250 ms UI stalls measured), so it is
-    better paid here, once, than between the Fine-tune click and the first step.
+    better paid here, once, than between the Fine-tune click and the first step;
+    and not in the dock's constructor either, where torch and the first AdamW
+    (which imports torch._dynamo) froze napari 2.4-2.7 s before the panel showed.
     """
+    import torch
+
     import napari_finetune.model.lora  # noqa: F401
     import napari_finetune.trainer.loop  # noqa: F401
+
+    torch.optim.AdamW([torch.zeros(1, requires_grad=True)], lr=1e-4)
 
     if lora:
         try:
