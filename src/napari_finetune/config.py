@@ -28,8 +28,8 @@ class FinetuneConfig:
     batch_size : int
         Patches per micro-batch at the start. Halved on out-of-memory.
     accumulation : int
-        Micro-batches per optimizer step at the start; ``batch_size *
-        accumulation`` samples make one optimizer step and stay fixed for the run.
+        Micro-batches per optimizer step at the start; ``batch_size`` times
+        ``accumulation`` samples make one optimizer step and stay fixed for the run.
     patch_shape : tuple of int
         Spatial patch size, ZYX for 3D models, YX for 2D ones.
     learning_rate : float
@@ -38,8 +38,11 @@ class FinetuneConfig:
         AdamW weight decay.
     mode : {"lora", "full"}
         LoRA adapters through PEFT, or every weight trained.
-    lora_rank, lora_alpha : int, float
-        LoRA rank and scaling numerator (scale = alpha / rank).
+    lora_rank : int
+        Rank of each LoRA adapter: the inner size of its two small matrices.
+    lora_alpha : float
+        Scaling numerator of the LoRA adapters: their update is multiplied by
+        alpha / rank.
     distillation : float
         Weight of the teacher's supervision on unpainted voxels; 0 turns it off.
     hold_other_channels : bool
@@ -47,17 +50,18 @@ class FinetuneConfig:
     mixed_precision : bool
         Faster, lower-precision arithmetic on a GPU (bf16, or fp16 with loss
         scaling on older cards), checked against full precision before the first
-        step; the CPU trains in full precision unless CPU bf16 is allowed below.
+        step; the CPU trains in full precision unless ``cpu_bf16`` is set.
     cpu_bf16 : bool
         Allow bf16 on the CPU too (faster on some CPUs; now and then a step has
         to be redone in full precision).
-    device : {"auto", "cpu", "cuda", "mps"}
-        Where to train; "auto" takes CUDA, then MPS, then the CPU.
+    device : {"auto", "cpu", "cuda", "cuda:N", "mps"}
+        Where to train: "auto" takes CUDA, then MPS, then the CPU; "cuda:N" takes
+        the GPU of index N.
     seed : int
         Seeds patch sampling, augmentation and adapter initialisation.
     max_grad_norm : float or None
         Clip the total gradient norm of a step to this value (fp16 gradients are
-        unscaled first); None leaves the gradients as they are.
+        unscaled first). None leaves the gradients as they are.
     prefetch_steps : int
         Optimizer steps whose samples a background thread draws ahead of the
         training step (0: drawn on the training thread). The samples are the
@@ -87,14 +91,14 @@ class FinetuneConfig:
         inputs changed).
     autobatch : bool or None
         Choose the micro-batch from a memory profile measured before step 1, keeping
-        the samples per step; None: on for CUDA and MPS, off on the CPU, which has
+        the samples per step. None: on for CUDA and MPS, off on the CPU, which has
         no device memory limit to measure against.
     memory_fraction : float
         Share of the free device memory autobatch may plan to use, in (0, 1]; the
         rest is headroom for fragmentation and other programs.
     memory_snapshot : str or None
         File to dump the CUDA allocator's history to at the first out-of-memory and
-        at the end of the run (open it at https://pytorch.org/memory_viz); None: off.
+        at the end of the run (open it at https://pytorch.org/memory_viz). None: off.
     voxel_size : tuple of float or None
         Physical size of a voxel along each spatial axis (Z, Y, X), in the store's
         units; filled from the store's NGFF scale. When anisotropic the default
@@ -267,8 +271,9 @@ class PredictConfig:
         Context added on each side of a block and trimmed from the output.
     batch_size : int
         Blocks per model call.
-    device : str
-        As in :class:`FinetuneConfig`.
+    device : {"auto", "cpu", "cuda", "cuda:N", "mps"}
+        Where to predict: "auto" takes CUDA, then MPS, then the CPU; "cuda:N" takes
+        the GPU of index N.
     """
 
     # Measured (benchmarks/bench_predict.py): 64x128x128 was the fastest block on

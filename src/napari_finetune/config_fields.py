@@ -3,16 +3,28 @@
 The CLI (``cli/options.py``) checks its options against these ranges and the
 widget's settings form (``_qt/settings.py``) builds its inputs from them, so
 the two cannot disagree; the help text and the tooltips both come from the
-field's entry in ``FinetuneConfig``'s docstring (:func:`field_docs`).
+field's entry in ``FinetuneConfig``'s docstring (:func:`field_docs`), in plain
+words: no markup, and a field named in it is said the way the front end names it.
 Plain Python, no Qt.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
+# Every name a device setting takes, as a person reads them (cuda:N: the GPU of index N).
+DEVICE_NAMES = ("auto", "cpu", "cuda", "cuda:N", "mps")
+_DEVICE_NAME = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+
+
+def is_device_name(name: str) -> bool:
+    """Whether ``name`` is one of :data:`DEVICE_NAMES` ("cuda:1" is; "gpu", "cpu:0" are not)."""
+    return bool(_DEVICE_NAME.match(name))
 
 
 @dataclass(frozen=True)
@@ -80,20 +92,49 @@ def _number(value: float | None) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
-def field_docs(cls: type) -> dict[str, str]:
-    """``{field: first sentence of its description}`` from a numpy-style docstring."""
+def field_docs(cls: type, refer: Callable[[str], str] | None = None) -> dict[str, str]:
+    """``{field: first sentence of its description}`` from a numpy-style docstring, in plain words.
+
+    The reST markup a docstring uses is dropped: ````x```` reads x and ``:class:`X``` reads X.
+    A field of ``cls`` named in double backticks reads ``refer(name)``: the CLI passes its
+    option's name (``--cpu-bf16``); by default it is said in words ("cpu bf16").
+
+    Raises
+    ------
+    ValueError
+        An entry documents several fields at once (``a, b : int``): each field's option
+        and tooltip needs its own text, so give each its own entry.
+    """
+    say = refer or (lambda name: name.replace("_", " "))
+    names = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+
+    def plain(match: re.Match[str]) -> str:
+        literal, role = match.group("literal"), match.group("role")
+        if literal is not None:
+            return say(literal) if literal in names else literal
+        return role.rsplit(".", 1)[-1] if role.startswith("~") else role
+
     docs: dict[str, str] = {}
-    lines = (cls.__doc__ or "").splitlines()
+    # Dedented as Python 3.13 stores it already: an entry at column 0, its text under it.
+    lines = inspect.cleandoc(cls.__doc__ or "").splitlines()
     for i, line in enumerate(lines):
-        match = re.match(r"^\s{4}(\w+(?:, \w+)*) : ", line)
+        match = re.match(r"^(\w+(?:\s*,\s*\w+)*) : ", line)
         if not match:
             continue
+        if "," in match.group(1):
+            raise ValueError(
+                f"{cls.__name__}'s docstring documents {match.group(1)} in one entry; give "
+                "each field its own, so that each option and tooltip says what it does."
+            )
         text = []
         for follow in lines[i + 1 :]:
-            if not follow.startswith(" " * 8):
+            if not follow.startswith(" " * 4):
                 break
             text.append(follow.strip())
         sentence = " ".join(text).split(". ")[0].rstrip(".")
-        for name in match.group(1).split(", "):
-            docs[name] = sentence
+        docs[match.group(1)] = _MARKUP.sub(plain, sentence)
     return docs
+
+
+# ``literal`` and :role:`target` (a role's ~ shows only the target's last part).
+_MARKUP = re.compile(r"``(?P<literal>.+?)``|:\w+:`(?P<role>[^`]+)`")

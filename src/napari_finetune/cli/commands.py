@@ -15,9 +15,11 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from napari_finetune.cli import bioimageio_export, multi, predict_cluster, train_remote
 from napari_finetune.cli.options import (
+    DEVICE_METAVAR,
     add_config_options,
     add_predict_options,
     config_from_args,
+    device_option,
     given_options,
     voxel_size_option,
 )
@@ -141,7 +143,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("checkpoint", type=Path, nargs="?", help="checkpoint to describe")
     p.add_argument(
-        "--device", default="auto", help="device to describe (default: %(default)s)"
+        "--device", default="auto", type=device_option, metavar=DEVICE_METAVAR,
+        help="device to describe; cuda:N is the GPU of index N (default: %(default)s)",
     )
     add_trust_option(p)
     p.set_defaults(func=info)

@@ -16,15 +16,28 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from napari_finetune.config import FinetuneConfig, PredictConfig
-from napari_finetune.config_fields import FIELDS, field_docs
+from napari_finetune.config_fields import DEVICE_NAMES, FIELDS, field_docs, is_device_name
 from napari_finetune.voxel_size import VoxelSize, parse_voxel_size
 
 if TYPE_CHECKING:  # the trainer (torch) is imported when a run starts, not with --help
     from napari_finetune.trainer.status import Status
 
 __all__ = [
-    "add_config_options", "config_from_args", "field_docs", "given_options", "voxel_size_option",
+    "DEVICE_METAVAR", "add_config_options", "config_from_args", "device_option", "field_docs",
+    "given_options", "voxel_size_option",
 ]
+
+# --device's values in the usage and help: the names argparse accepts (cuda:N: GPU N).
+DEVICE_METAVAR = "{" + ",".join(DEVICE_NAMES) + "}"
+
+
+def device_option(text: str) -> str:
+    """``--device cuda:1``; another name is argparse's one-line usage error listing them."""
+    if not is_device_name(text):
+        raise argparse.ArgumentTypeError(
+            f"unknown device {text!r}: use {', '.join(DEVICE_NAMES[:-1])} or {DEVICE_NAMES[-1]}"
+        )
+    return text
 
 
 def voxel_size_option(text: str) -> VoxelSize:
@@ -34,15 +47,24 @@ def voxel_size_option(text: str) -> VoxelSize:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
-# Fields whose default is None: the type their option parses (a ValueError is argparse's
-# one-line "invalid value").
+# The type an option parses where it is not its default's (every field whose default is
+# None has one); a ValueError or ArgumentTypeError is argparse's one-line "invalid value".
 _OPTIONAL_TYPES: dict[str, Callable[[str], object]] = {
     "max_grad_norm": float, "memory_snapshot": str, "voxel_size": voxel_size_option,
+    "device": device_option,
 }
-# Options that show a format rather than the field's type.
-_METAVARS = {"voxel_size": "Z,Y,X"}
+# What leaving out the option of a field whose default is None means: None cannot be
+# typed, so the help says this instead (every such field needs its entry).
+_UNSET = {
+    "autobatch": "on for cuda/mps, off on the cpu",
+    "max_grad_norm": "no clipping",
+    "memory_snapshot": "off",
+    "voxel_size": "every axis alike where the store has no scale",
+}
+# Options that show a format or their values rather than the field's type.
+_METAVARS = {"voxel_size": "Z,Y,X", "device": DEVICE_METAVAR}
 # Switches whose default None means "decided by the device": --x / --no-x.
-_OPTIONAL_SWITCHES = {"autobatch": "on for cuda/mps, off on the cpu"}
+_OPTIONAL_SWITCHES = ("autobatch",)
 # The config dataclasses the command line builds; config_from_args returns the one it is given.
 ConfigT = TypeVar("ConfigT", FinetuneConfig, PredictConfig)
 ConfigClass = type[FinetuneConfig] | type[PredictConfig]
@@ -52,14 +74,17 @@ def add_config_options(
     parser: argparse.ArgumentParser, cls: ConfigClass, skip: tuple[str, ...] = ()
 ) -> None:
     """Add one option per dataclass field (defaults come from the dataclass)."""
-    docs = field_docs(cls)
+    # A field named in a docstring reads as its option; one without an option, in words.
+    docs = field_docs(
+        cls, refer=lambda name: name.replace("_", " ") if name in skip else _flag(name)
+    )
     group = parser.add_argument_group(f"{cls.__name__} settings")
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
-        flag = "--" + f.name.replace("_", "-")
+        flag = _flag(f.name)
         default = f.default
-        shown = _OPTIONAL_SWITCHES.get(f.name, _show(default))
+        shown = _UNSET[f.name] if default is None else _show(default)
         spec = FIELDS.get(f.name) if cls is FinetuneConfig else None
         limits = f", {spec.range_text()}" if spec and spec.low is not None else ""
         helptext = f"{docs.get(f.name, '')} (default: {shown}{limits})"
@@ -72,7 +97,9 @@ def add_config_options(
             group.add_argument(flag, type=int, nargs="+", metavar="N", default=None,
                                help=helptext)
         else:
-            kind = _OPTIONAL_TYPES.get(f.name, str) if default is None else type(default)
+            kind = _OPTIONAL_TYPES.get(
+                f.name, str if default is None else type(default)
+            )
             group.add_argument(
                 flag, type=kind, default=None, help=helptext, choices=choices,
                 metavar=_METAVARS.get(f.name),
@@ -110,7 +137,15 @@ def add_predict_options(parser: argparse.ArgumentParser) -> None:
     add_config_options(parser, PredictConfig)
 
 
+def _flag(name: str) -> str:
+    """``batch_size`` -> ``--batch-size``."""
+    return "--" + name.replace("_", "-")
+
+
 def _show(value: object) -> str:
+    """A default as it is typed (a switch's as on or off)."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
     if isinstance(value, tuple):
         return " ".join(str(v) for v in value)
     return str(value)
