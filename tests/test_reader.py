@@ -9,7 +9,7 @@ import pytest
 import zarr
 
 from napari_finetune import palette
-from napari_finetune._reader import get_reader, read_ome_zarr
+from napari_finetune._reader import decline_reason, get_reader, read_ome_zarr
 from napari_finetune.io.omezarr import VolumeError, save_corrections
 
 SHAPE = (16, 64, 64)
@@ -209,3 +209,52 @@ def test_a_store_we_do_not_read_says_why_in_the_debug_log(tmp_path, caplog):
     caplog.set_level(logging.DEBUG, logger="napari_finetune._reader")
     assert get_reader(str(broken)) is None
     assert any("does not read" in r.getMessage() for r in caplog.records)
+
+
+# --- why a folder is declined, and the units the layers carry -----------------------------
+
+
+def test_a_declined_zarr_folder_says_why(tmp_path: Path) -> None:
+    """napari's own words for a plugin that declines are only "refused the file": the
+    reason comes as a warning, which napari shows as a notification."""
+    empty = tmp_path / "empty.ome.zarr"
+    empty.mkdir()
+    plain = tmp_path / "plain.zarr"
+    zarr.open_group(str(plain), mode="w").create_array("0", shape=(4, 4), dtype="uint8")
+    files = tmp_path / "tiffs.zarr"
+    files.mkdir()
+    (files / "a.tif").write_bytes(b"x")
+    expected = {
+        empty: "the folder is empty",
+        plain: "the zarr group has no NGFF 'multiscales' metadata",
+        files: "the folder has no zarr metadata",
+    }
+    for path, reason in expected.items():
+        with pytest.warns(UserWarning, match=f"napari-finetune cannot open {path.name}: {reason}"):
+            assert get_reader(str(path)) is None
+    assert decline_reason(plain / "0").startswith("it is a bare zarr array")
+    other = tmp_path / "other"  # not ours by name: declined without a word
+    other.mkdir()
+    (other / "a.tif").write_bytes(b"x")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert get_reader(str(other)) is None
+
+
+def test_the_layers_carry_the_store_units(tmp_path: Path) -> None:
+    path = _store(tmp_path / "units.zarr", "0.5")
+    # ome-zarr-py writes no units unless asked: add them as another tool would.
+    root = zarr.open_group(str(path), mode="r+")
+    ome = dict(root.attrs["ome"])
+    ome["multiscales"][0]["axes"] = [
+        {"name": a, "type": "space", "unit": "micrometer"} for a in "zyx"
+    ]
+    root.attrs["ome"] = ome
+    layers = read_ome_zarr(str(path))
+    assert [kw.get("units") for _, kw, _ in layers] == [("micrometer",) * 3] * 2
+
+
+def test_a_store_without_units_gives_layers_without(store: Path) -> None:
+    assert all("units" not in kw for _, kw, _ in read_ome_zarr(str(store)))

@@ -49,23 +49,74 @@ def _single_path(path: PathOrPaths) -> Path | None:
 
 
 def get_reader(path: PathOrPaths) -> Callable[[PathOrPaths], list[LayerData]] | None:
-    """The reader for an OME-Zarr image directory (NGFF multiscales), else None."""
+    """The reader for an OME-Zarr image directory (NGFF multiscales), else None.
+
+    A directory named ``*.zarr`` (the manifest's pattern) or an empty one that is
+    declined gets its reason as a warning, which napari shows as a notification:
+    when the user picked this plugin for it, napari's own words are only that the
+    plugin "refused the file".
+    """
+    p = _single_path(path)
+    if p is None:
+        return None
+    reason = decline_reason(p)
+    if reason is None:
+        return read_ome_zarr
+    if p.is_dir() and (p.name.endswith(".zarr") or not any(p.iterdir())):
+        warnings.warn(f"napari-finetune cannot open {p.name}: {reason}", stacklevel=2)
+    # napari then offers its other readers; the reason stays in the debug log too.
+    logger.debug("napari-finetune does not read %s: %s", p, reason)
+    return None
+
+
+def decline_reason(path: Path) -> str | None:
+    """Why ``path`` is not an OME-Zarr image this reader opens (None: it is).
+
+    One line naming what is missing and what would open it: not a folder, an
+    empty folder, no zarr metadata, a bare array, a group without NGFF
+    ``multiscales``, or metadata that cannot be read.
+    """
     from napari_finetune.io.ngff import zarr_kind
 
-    p = _single_path(path)
-    if p is None or not p.is_dir() or zarr_kind(p) != "group":
-        return None
+    if not path.is_dir():
+        return "it is not a folder (an OME-Zarr image is a folder such as image.ome.zarr)"
+    if not any(path.iterdir()):
+        return "the folder is empty (no OME-Zarr image was written there)"
+    kind = zarr_kind(path)
+    if kind is None:
+        return (
+            "the folder has no zarr metadata (no zarr.json, .zgroup or .zattrs): it is not a "
+            "zarr store; open its files with napari's own readers"
+        )
+    if kind == "array":
+        return (
+            "it is a bare zarr array, not an OME-Zarr image: open its parent folder, or save "
+            "it as OME-Zarr (e.g. with ome-zarr-py's write_image)"
+        )
     try:
         from napari_finetune.io.volume import open_location
 
-        attrs = open_location(p.resolve()).root_attrs
-        if "multiscales" not in attrs and "bioformats2raw.layout" not in attrs:
-            return None
-    except Exception as exc:  # noqa: BLE001 - anything unreadable is simply not ours
-        # napari then offers its other readers; the reason stays in the debug log.
-        logger.debug("napari-finetune does not read %s: %s: %s", p, type(exc).__name__, exc)
+        attrs = open_location(path.resolve()).root_attrs
+    except Exception as exc:  # noqa: BLE001 - any unreadable store is a reason, not a crash
+        return f"its metadata cannot be read ({type(exc).__name__}: {exc})"
+    if "multiscales" not in attrs and "bioformats2raw.layout" not in attrs:
+        return (
+            "the zarr group has no NGFF 'multiscales' metadata: it is not an OME-Zarr image "
+            "(a labels or plate group? open the image folder that holds it)"
+        )
+    return None
+
+
+def layer_units(volume: Volume) -> tuple[str, ...] | None:
+    """The store's units of the spatial axes, for the layer (None: some axis has none).
+
+    napari compares the units of the layers it shows, and warns when they differ:
+    a store in micrometers opened beside another reader's layers must say so.
+    """
+    units = [volume.axis_units.get(axis) for axis in volume.axes if axis in "zyx"]
+    if not units or any(not unit for unit in units):
         return None
-    return read_ome_zarr
+    return tuple(str(unit) for unit in units)
 
 
 def contrast_limits(levels: Sequence[VolumeArray]) -> list[float]:
@@ -100,7 +151,7 @@ def _labels_colormap(label_dir: Path) -> dict[int | None, list[float]] | None:
     return colors
 
 
-def _labels_layer(store: Path, name: str) -> LayerData:
+def _labels_layer(store: Path, name: str, units: tuple[str, ...] | None = None) -> LayerData:
     from napari_finetune.io.volume import open_volume
 
     labels = open_volume(store / "labels" / name)
@@ -117,6 +168,8 @@ def _labels_layer(store: Path, name: str) -> LayerData:
     }
     if isinstance(data, list):
         kwargs["multiscale"] = True
+    if units is not None:  # the image's: labels share its space
+        kwargs["units"] = units
     colormap = _labels_colormap(store / "labels" / name)
     if colormap is not None:
         kwargs["colormap"] = colormap
@@ -140,12 +193,15 @@ def read_ome_zarr(path: PathOrPaths) -> list[LayerData]:
         "contrast_limits": contrast_limits(volume.levels),
         "metadata": {"ome_zarr_path": str(volume.path)},
     }
+    units = layer_units(volume)
+    if units is not None:
+        image_kwargs["units"] = units
     layers: list[LayerData] = [
         (volume.levels if multiscale else volume.data, image_kwargs, "image")
     ]
     for name in volume.label_names:
         try:
-            layers.append(_labels_layer(volume.path, name))
+            layers.append(_labels_layer(volume.path, name, units))
         except VolumeError as exc:  # one damaged labels image should not hide the volume
             warnings.warn(f"labels/{name} skipped: {exc}", stacklevel=2)
     return layers

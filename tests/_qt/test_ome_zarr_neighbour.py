@@ -23,8 +23,12 @@ def test_store_opened_by_napari_ome_zarr_gets_autosaved_corrections(
     try:
         assert widget.image_combo.value is image
         assert widget.store_hint() == tiny_store
+        # The store's units, as napari-ome-zarr gives them for a store that has them: the
+        # layers the widget adds carry the same (napari warns of layers whose units differ).
+        image.units = ("micrometer",) * image.ndim
         qtbot.mouseClick(widget.new_corrections_button, Qt.LeftButton)
         layer = viewer.layers["corrections"]
+        assert layer.units == image.units
         saver = widget.state.autosaver
         assert saver is not None
         saver.timer.setInterval(50)

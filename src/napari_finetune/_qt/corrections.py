@@ -81,6 +81,7 @@ def add_corrections_layer(
         name="corrections",
         scale=image_layer.scale,
         translate=image_layer.translate,
+        units=image_layer.units,  # napari warns when the layers' units differ
         colormap=corrections_colormap(colors),
         features={"index": np.arange(len(names)), "class": names},
         metadata=metadata,

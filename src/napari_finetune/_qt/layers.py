@@ -58,6 +58,7 @@ def show_predictions(
             else:  # another image: the layer follows it
                 layer.data = mask
                 layer.scale, layer.translate = image_layer.scale, image_layer.translate
+                layer.units = image_layer.units
         else:
             from napari.layers import Labels
 
@@ -66,7 +67,9 @@ def show_predictions(
                 metadata["ome_zarr_path"] = store_path
             layer = Labels(
                 mask, name=layer_name, scale=image_layer.scale, translate=image_layer.translate,
-                colormap=_colormap(color), opacity=0.5, metadata=metadata,
+                # The image's units: napari warns when the layers' units differ.
+                units=image_layer.units, colormap=_colormap(color), opacity=0.5,
+                metadata=metadata,
             )
             at = viewer.layers.index(below) if below in viewer.layers else len(viewer.layers)
             viewer.layers.insert(at, layer)
@@ -268,10 +271,12 @@ def show_objects_later(
             layer = viewer.layers[name]
             layer.data = labels
             layer.scale, layer.translate = image_layer.scale, image_layer.translate
+            layer.units = image_layer.units
             layer.metadata = {**layer.metadata, **metadata}
         else:
             layer = Labels(labels, name=name, scale=image_layer.scale,
-                           translate=image_layer.translate, opacity=0.6, metadata=metadata)
+                           translate=image_layer.translate, units=image_layer.units,
+                           opacity=0.6, metadata=metadata)
             at = viewer.layers.index(below) if below in viewer.layers else len(viewer.layers)
             viewer.layers.insert(at, layer)
         QTimer.singleShot(TURN_GAP_MS, add_next)

@@ -91,7 +91,10 @@ class NapariViewerPort:
         from napari.layers import Image, Labels
 
         image = self._image()
-        geometry = {} if image is None else {"scale": image.scale, "translate": image.translate}
+        # The image's geometry and units (napari warns when the layers' units differ).
+        geometry = {} if image is None else {
+            "scale": image.scale, "translate": image.translate, "units": image.units,
+        }
         layer: Layer = (Labels(data, name=name, opacity=0.5, **geometry)
                         if kind is LayerKind.LABELS
                         else Image(data, name=name, blending="additive", **geometry))
