@@ -171,3 +171,45 @@ def test_too_many_objects_keep_the_store_as_it_was(capsys, monkeypatch, store, c
     assert sorted(list_labels(store)) == before
     assert not list(Path(store).glob(STAGING_PREFIX + "*"))
 
+
+
+def test_predict_instances_takes_the_sizes_of_the_objects_painted_in_the_store(
+    capsys, monkeypatch, tmp_path, store, checkpoint
+):
+    """Two mitochondria 11 wide painted on two slices: the objects are labelled with the
+    painting's seed distance and min size, and one line says so; a size the checkpoint
+    records as set by the user stays."""
+    from napari_finetune.io.omezarr import save_corrections
+    from napari_finetune.objects import roles_to_metadata
+    from napari_finetune.objects.roles import SAMPLE_ROLES
+    from napari_finetune.predict import store as predict_store
+
+    seen = {}
+    real = predict_store.blockwise_instances
+
+    def spy(prob, params, block_shape, out, **kwargs):
+        seen[params.role] = params
+        return real(prob, params, block_shape, out, **kwargs)
+
+    monkeypatch.setattr(predict_store, "blockwise_instances", spy)
+    painted = np.zeros((16, 40, 40), np.uint8)
+    for z in (4, 8):
+        painted[z, 4:15, 4:15] = painted[z, 22:33, 22:33] = 3  # mitochondria: channel 1
+    save_corrections(store, painted)
+    code, out, err = run_cli(capsys, "predict", checkpoint, store, "--instances", *BLOCK)
+    assert code == 0, err
+    mito = SAMPLE_ROLES["mitochondria"]
+    assert (seen["object"].seed_distance, seen["object"].min_size) == (5.5, 87)
+    assert seen["boundary"] == SAMPLE_ROLES["membrane"]  # a boundary's painting: membranes
+    painting = "from your painting (4 objects, median extent 11 voxels)"
+    assert (f"objects of mitochondria: seed distance 5.5 ({painting}), min size 87 "
+            f"({painting})") in out
+    assert "objects of membrane" not in out
+
+    ckpt = load_checkpoint(checkpoint)
+    mine = save_checkpoint(tmp_path / "mine.pt", ckpt.model, roles_to_metadata(
+        SAMPLE_ROLES, ckpt.metadata, {"mitochondria": {"min_size": "set by you"}}))
+    code, out, err = run_cli(capsys, "predict", mine, store, "--instances", *BLOCK)
+    assert code == 0, err
+    assert (seen["object"].seed_distance, seen["object"].min_size) == (5.5, mito.min_size)
+    assert f"min size {mito.min_size} (set by you)" in out

@@ -79,7 +79,7 @@ def test_the_editor_shows_the_checkpoint_roles(docked):
     editor = widget.roles_editor
     editor.show_roles(widget.state.roles)
     assert [child for child in editor.children() if isinstance(child, QWidget)
-            and child is not editor.title] == [editor.grid]
+            and child not in (editor.title, editor.sources)] == [editor.grid]
 
 
 def test_role_none_gives_no_layer_for_that_channel(docked, qtbot):
@@ -223,3 +223,59 @@ def test_the_exported_checkpoint_carries_the_edited_roles(docked, qtbot, monkeyp
                     and widget.state.info.path == str(target), timeout=20_000)
     assert widget.roles_editor.inputs["membrane"].role.value == "none"
     assert widget.roles_editor.inputs["mitochondria"].min_size.value == 7
+
+
+def test_the_editor_shows_each_sizes_source(qtbot):
+    """Standalone: the checkpoint's recorded sources, then those Objects found (the values
+    in the inputs, without an edit signal), then a typed value is the user's."""
+    from napari_finetune._qt.roles_editor import RolesEditor
+    from napari_finetune.objects import RolesFromPainting
+
+    editor = RolesEditor()
+    qtbot.addWidget(editor)
+    edits: list[None] = []
+    editor.changed.connect(lambda: edits.append(None))
+    editor.show_roles(ROLES, {"membrane": {"min_size": "set by you"}})
+    assert editor.set_by_you() == {"membrane": {"min_size"}}
+    assert "membrane: min size 20 (set by you), seed distance 2 (default)" in (
+        editor.sources.text())
+    painted = "from your painting (4 objects, median extent 12 voxels)"
+    used = replace(ROLES["mitochondria"], min_size=113, seed_distance=6.0)
+    editor.show_found(RolesFromPainting(
+        dict(ROLES), {**ROLES, "mitochondria": used},
+        {"membrane": {"min_size": "set by you", "seed_distance": "default"},
+         "mitochondria": {"min_size": painted, "seed_distance": painted}}))
+    inputs = editor.inputs["mitochondria"]
+    assert (inputs.min_size.value, inputs.seed_distance.value) == (113, 6.0)
+    assert f"mitochondria: min size 113, seed distance 6: {painted}" in editor.sources.text()
+    assert inputs.min_size.tooltip.endswith(f"This value: {painted}")
+    assert inputs.seed_distance.tooltip.endswith(f"This value: {painted}")
+    assert not edits  # shown, not edited: the state keeps the user's roles
+    assert editor.roles(ROLES)["mitochondria"] == used  # read back: the values shown
+    type_value(qtbot, type("W", (), {"roles_editor": editor})(), "mitochondria",
+               "seed_distance", "9")
+    assert edits and editor.set_by_you() == {"membrane": {"min_size"},
+                                             "mitochondria": {"seed_distance"}}
+    assert inputs.seed_distance.tooltip.endswith("This value: set by you")
+    assert "seed distance 9 (set by you)" in editor.sources.text()
+
+
+def test_objects_take_the_painted_sizes_and_the_editor_says_so(docked, qtbot):
+    viewer, widget, _ = docked
+    predict(qtbot, widget)
+    qtbot.mouseClick(widget.new_corrections_button, Qt.LeftButton)
+    corrections = viewer.layers["corrections"]
+    data = np.zeros(corrections.data.shape, np.uint8)
+    for z in (4, 8):
+        data[z, 4:15, 4:15] = data[z, 22:33, 22:33] = 3  # two mitochondria, 11 wide
+    corrections.data = data
+    click_objects(qtbot, widget)
+    text = widget.roles_editor.sources.text()
+    painted = "from your painting (4 objects, median extent 11 voxels)"
+    assert f"mitochondria: min size 87, seed distance 5.5: {painted}" in text, text
+    assert "membrane: min size 20, seed distance 2: default" in text, text
+    used = replace(ROLES["mitochondria"], min_size=87, seed_distance=5.5)
+    expected = instances_of(widget.state.probabilities["mitochondria"][None],
+                            {"mitochondria": used}, ["mitochondria"])["mitochondria"]
+    np.testing.assert_array_equal(objects_layers(viewer)["mitochondria"], expected)
+    assert widget.state.roles == ROLES  # the checkpoint's, as the user left them

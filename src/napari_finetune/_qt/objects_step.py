@@ -60,7 +60,7 @@ def show_checkpoint_roles(c: JobHost) -> None:
     if s.info is None:
         return
     s.roles, s.roles_error = dict(s.info.roles), ""
-    w.roles_editor.show_roles(s.roles)
+    w.roles_editor.show_roles(s.roles, s.info.roles_sources)
     w.objects_label.setText(describe_roles(s.info, s.roles))
 
 
@@ -107,6 +107,8 @@ def compute_objects(c: JobHost) -> None:
     prediction_id, store = s.prediction_id, corr.store_path_of(image)
 
     def computed() -> None:
+        if c.session.roles_found is not None:  # the sizes used, and where they came from
+            w.roles_editor.show_found(c.session.roles_found)
         objects = c.session.found_objects
         names = {channel: objects_layer_name(channel, roles[channel].role) for channel in objects}
         s.busy = Busy.SHOW  # the buttons wait for the layers; the job's end leaves this be
@@ -128,5 +130,9 @@ def compute_objects(c: JobHost) -> None:
 
     w.objects_label.setText("computing objects…")
     c.session.roles = dict(s.roles)
+    # The painted objects give the sizes the user did not set (Session.objects).
+    painted = w.corrections_layer()
+    c.session.corrections = None if painted is None else painted.data
+    c.session.roles_set = w.roles_editor.set_by_you()
     c.start_action(c.session.objects, done=computed,
                    failed=lambda: w.objects_label.setText("objects: failed, see the log"))

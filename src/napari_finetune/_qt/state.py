@@ -52,6 +52,8 @@ class CheckpointInfo:
     # checkpoint's roles could not be read (then every channel has role None).
     roles: dict[str, ChannelRole] = field(default_factory=dict)
     roles_problem: str = ""
+    # Where the stored roles' min size and seed distance came from (objects.SOURCES_KEY).
+    roles_sources: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def colors_for(self, channel_names: Sequence[str]) -> list[str]:
         """This model's channel colours for a layer of ``channel_names``; none (the

@@ -100,7 +100,7 @@ def info_job(path: str, trust: tuple[str, ...] = ()) -> Job[CheckpointInfo | Unt
 
     # Here, in the worker: importing napari_finetune.objects costs ~1.6 s, which the role
     # editor (on the main thread) then finds already paid.
-    from napari_finetune.objects import ChannelRole, roles_from_metadata
+    from napari_finetune.objects import ChannelRole, roles_from_metadata, sources_from_metadata
 
     names = ckpt.channel_names
     try:
@@ -112,5 +112,5 @@ def info_job(path: str, trust: tuple[str, ...] = ()) -> Job[CheckpointInfo | Unt
         path=path, channel_names=names, colors=channel_colors(names, ckpt.metadata),
         normalization=ckpt.normalization, dims=int(getattr(ckpt.model, "dims", 3)),
         trust=tuple(trust), lora_share_per_rank=adapter_overhead(ckpt.model, 1),
-        roles=roles, roles_problem=problem,
+        roles=roles, roles_problem=problem, roles_sources=sources_from_metadata(ckpt.metadata),
     )

@@ -258,8 +258,10 @@ def predict(args: argparse.Namespace) -> int:
     if predict_cluster.wanted(args):  # the default stays in process, below
         volume = open_volume(args.volume)
         _say_missing(volume)
-        if args.instances:
+        if instances is not None:
             _say_voxel_size(ckpt, args.voxel_size or volume.voxel_size)
+            instances = _roles_from_painting(ckpt, instances, args.volume,
+                                             args.voxel_size or volume.voxel_size)
         return predict_cluster.run(args, config, instances)
     if not args.instances:
         ckpt = load_checkpoint(args.checkpoint, trust=args.trust_factory)
@@ -267,6 +269,8 @@ def predict(args: argparse.Namespace) -> int:
     _say_missing(volume)
     voxel_size = args.voxel_size or volume.voxel_size
     _say_voxel_size(ckpt, voxel_size)
+    if instances is not None:
+        instances = _roles_from_painting(ckpt, instances, args.volume, voxel_size)
     bars: list = []  # made at the first block, so an early error prints no empty bar
 
     def progress(done: int, total: int) -> None:
@@ -429,6 +433,32 @@ def _instance_roles(
             "--role CHANNEL=object, e.g. --role " + f"{names[0]}=object."
         )
     return roles
+
+
+def _roles_from_painting(
+    ckpt: Checkpoint, roles: dict[str, ChannelRole], store: Path,
+    voxel_size: tuple[float, ...] | None,
+) -> dict[str, ChannelRole]:
+    """``roles`` with each object channel's seed distance and min size from the objects
+    painted in the store's ``labels/corrections``, if it has them; a value the checkpoint
+    records as set by the user stays. One line per channel says where its values came from."""
+    from napari_finetune.io.omezarr import VolumeError, load_corrections
+    from napari_finetune.objects import roles_from_painting, sources_from_metadata
+    from napari_finetune.objects.from_painting import DEFAULT, user_set_from_sources
+
+    try:
+        corrections = load_corrections(store, "corrections")
+    except VolumeError:  # none painted (or of another shape): the roles as they are
+        return roles
+    user_set = user_set_from_sources(sources_from_metadata(ckpt.metadata))
+    found = roles_from_painting(roles, corrections, ckpt.channel_names, voxel_size, user_set)
+    for channel, sources in found.sources.items():
+        if set(sources.values()) != {DEFAULT}:
+            role = found.roles[channel]
+            print(f"objects of {channel}: seed distance {role.seed_distance:g} "
+                  f"({sources['seed_distance']}), min size {role.min_size} "
+                  f"({sources['min_size']})")
+    return found.roles
 
 
 def _say_missing(volume: Volume) -> None:

@@ -8,10 +8,14 @@ holds plain Python types only, so a checkpoint still loads with
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 METADATA_KEY = "instance_roles"
+# Where each estimated parameter came from: {channel: {"seed_distance": "set by you", ...}}
+# (:mod:`napari_finetune.objects.from_painting`), beside the roles, plain strings.
+SOURCES_KEY = "instance_roles_source"
 ROLES = ("boundary", "object")
 
 # The sample model's channels (napari_finetune.samples.synthetic_em.CHANNEL_NAMES;
@@ -167,10 +171,27 @@ def roles_from_metadata(
     return {n: ChannelRole.from_dict(stored[n], n) if n in stored else ChannelRole() for n in names}
 
 
-def roles_to_metadata(roles: dict[str, ChannelRole], metadata: dict[str, Any]) -> dict[str, Any]:
-    """A copy of ``metadata`` with ``roles`` under :data:`METADATA_KEY` (channels with a role)."""
+def roles_to_metadata(
+    roles: dict[str, ChannelRole], metadata: dict[str, Any],
+    sources: Mapping[str, Mapping[str, str]] | None = None,
+) -> dict[str, Any]:
+    """A copy of ``metadata`` with ``roles`` under :data:`METADATA_KEY` (channels with a role)
+    and, when given, where their parameters came from under :data:`SOURCES_KEY`."""
     out = dict(metadata)
     for name, role in roles.items():
         role.validate(name)
     out[METADATA_KEY] = {name: role.to_dict() for name, role in roles.items() if role.role}
+    out.pop(SOURCES_KEY, None)  # the sources of other roles say nothing of these
+    if sources:
+        out[SOURCES_KEY] = {channel: {str(k): str(v) for k, v in per.items()}
+                            for channel, per in sources.items() if channel in out[METADATA_KEY]}
     return out
+
+
+def sources_from_metadata(metadata: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+    """Where the stored roles' parameters came from (:data:`SOURCES_KEY`); {} when unsaid."""
+    stored = metadata.get(SOURCES_KEY)
+    if not isinstance(stored, Mapping):
+        return {}
+    return {str(channel): {str(k): str(v) for k, v in per.items()}
+            for channel, per in stored.items() if isinstance(per, Mapping)}

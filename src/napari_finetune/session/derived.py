@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from napari_finetune.arrays import VolumeArray
-    from napari_finetune.objects import ChannelRole
+    from napari_finetune.objects import ChannelRole, RolesFromPainting
 
 
 @dataclass(frozen=True)
@@ -32,17 +32,35 @@ class ChannelObjects:
     count: int
 
 
+def roles_job(
+    roles: Mapping[str, ChannelRole], corrections: np.ndarray | None,
+    channel_names: Sequence[str], user_set: Mapping[str, set[str]],
+    voxel_size: Sequence[float] | None = None,
+) -> Job[RolesFromPainting]:
+    """The roles with each object channel's seed distance and min size from its painted
+    objects where the user set none (:func:`~napari_finetune.objects.roles_from_painting`)."""
+    from napari_finetune.objects import roles_from_painting
+
+    yield Progress(0, 1, "object sizes from the painting")
+    found = roles_from_painting(roles, corrections, channel_names, voxel_size, user_set)
+    yield Progress(1, 1, "object sizes from the painting")
+    return found
+
+
 def objects_job(
     probabilities: Mapping[str, np.ndarray], roles: Mapping[str, ChannelRole],
+    voxel_size: Sequence[float] | None = None,
 ) -> Job[dict[str, ChannelObjects]]:
-    """Each channel's objects by its role (``instances_of``), channel by channel."""
+    """Each channel's objects by its role (``instances_of``), channel by channel, distances
+    measured in ``voxel_size`` (None: in voxels)."""
     from napari_finetune.objects import instances_of
 
     out: dict[str, ChannelObjects] = {}
     for i, (channel, prob) in enumerate(probabilities.items()):
         yield Progress(i, len(probabilities), "objects")
         # prob[None]: the (1, *spatial) view instances_of takes, without a copy.
-        labels = instances_of(prob[None], {channel: roles[channel]}, [channel])[channel]
+        labels = instances_of(prob[None], {channel: roles[channel]}, [channel],
+                              voxel_size)[channel]
         # Ids are 1..N consecutive, so the largest is the count (computed here, off the UI).
         out[channel] = ChannelObjects(labels, int(labels.max(initial=0)))
     yield Progress(len(probabilities), len(probabilities), "objects")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -255,16 +255,17 @@ def _due(last: float | None, interval_s: float) -> bool:
 
 def export_job(
     trainer: Finetuner, path: str, roles: dict[str, ChannelRole] | None = None,
+    sources: Mapping[str, Mapping[str, str]] | None = None,
 ) -> Job[str]:
     """``trainer.export(path)`` off the main thread, with ``roles`` (every channel's, as
-    the widget's editor holds them) as the file's instance roles; returns where it was
-    written."""
+    the widget's editor holds them) as the file's instance roles and ``sources`` where
+    their values came from; returns where it was written."""
     yield from ()
     metadata = None
     if roles:
         from napari_finetune.objects import roles_to_metadata
 
-        metadata = roles_to_metadata(roles, {})
+        metadata = roles_to_metadata(roles, {}, sources)
     return str(trainer.export(path, metadata=metadata))
 
 

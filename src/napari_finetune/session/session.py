@@ -36,7 +36,7 @@ from napari_finetune.session.runner import JobCallbacks, JobHandle, JobRunner
 from napari_finetune.session.viewer import LayerKind, ViewerPort
 
 if TYPE_CHECKING:
-    from napari_finetune.objects import ChannelRole
+    from napari_finetune.objects import ChannelRole, RolesFromPainting
     from napari_finetune.session.work import Job
     from napari_finetune.trainer.loop import Finetuner
     from napari_finetune.trainer.status import Status
@@ -112,6 +112,9 @@ class Session:
     # Why the roles cannot be used ('' when they can): the editor holds a value no role may
     # have, and ``roles`` the last valid ones, which a package must not carry as if chosen.
     roles_error: str = ""
+    # The role parameters the user set, per channel ({"nuclei": {"min_size"}}): Objects
+    # never estimates these from the painting (the front end fills it from its editor).
+    roles_set: dict[str, set[str]] = field(default_factory=dict)
     config: FinetuneConfig = field(default_factory=FinetuneConfig)
     preview_interval_s: float = 0.0  # 0: no previews during a run
     # Where a run trains: None here, else a dask scheduler's address (its worker trains,
@@ -127,6 +130,9 @@ class Session:
     history: list[Status] = field(default_factory=list)  # every event of the last run
     prediction: jobs.Prediction | None = None
     found_objects: dict[str, derived.ChannelObjects] = field(default_factory=dict)
+    # The roles the last Objects used (seed distance, min size from the painting where
+    # the user set none) and where each value came from; Export records them.
+    roles_found: RolesFromPainting | None = None
     suggestion: Suggestion | None = None
     suggested: list[tuple[slice, ...]] = field(default_factory=list)
     exported: str | None = None
@@ -309,8 +315,18 @@ class Session:
         if self.trainer is None or self.trainer.steps_done == 0:
             return self._refuse("Cannot export: no fine-tuning step was applied yet; "
                                 "fine-tune first.")
-        job = jobs.export_job(self.trainer, path, dict(self.roles) or None)
+        roles, sources = self._roles_to_keep()
+        job = jobs.export_job(self.trainer, path, roles, sources)
         return self._start(Busy.EXPORT, job, self._exported)
+
+    def _roles_to_keep(self) -> tuple[dict[str, ChannelRole] | None, dict[str, dict[str, str]]]:
+        """The roles to record and their values' sources: those the last Objects used
+        while the roles it started from are still the user's, else the user's as they are."""
+        found = self.roles_found
+        mine = {c: r for c, r in self.roles.items() if found is not None and c in found.base}
+        if found is not None and mine in (found.base, found.roles):
+            return {**self.roles, **found.roles} or None, found.sources
+        return dict(self.roles) or None, {}
 
     def _exported(self, path: str) -> None:
         self.exported = path
@@ -370,13 +386,31 @@ class Session:
         if not roles:
             return self._refuse("No objects: no channel of the last prediction has a role; "
                                 "give a channel a role (boundary or object), then predict.")
-        job = derived.objects_job({c: probabilities[c] for c in roles}, roles)
-        return self._start(Busy.OBJECTS, job, self._objects_found)
+        # The painting gives each object channel's seed distance and min size where the
+        # user set none: a copy of it as it is now (the job reads it in another thread).
+        corrections = self.corrections
+        shape = np.shape(next(iter(probabilities.values())))
+        if corrections is not None and tuple(np.shape(corrections)) != tuple(shape):
+            corrections = None  # painted on another image: it says nothing of these objects
+        painted = None if corrections is None else np.array(corrections, copy=True)
+        names = list(self.channel_names) or list(probabilities)
+        user_set = {c: set(v) for c, v in self.roles_set.items()}
+        voxel_size = self.config.voxel_size
 
-    def _objects_found(self, found: dict[str, derived.ChannelObjects]) -> None:
-        self.found_objects = found
+        def job() -> Job[tuple[RolesFromPainting, dict[str, derived.ChannelObjects]]]:
+            found = yield from derived.roles_job(roles, painted, names, user_set, voxel_size)
+            objects = yield from derived.objects_job(
+                {c: probabilities[c] for c in roles}, found.roles, voxel_size)
+            return found, objects
+
+        return self._start(Busy.OBJECTS, job(), self._objects_found)
+
+    def _objects_found(
+        self, result: tuple[RolesFromPainting, dict[str, derived.ChannelObjects]]
+    ) -> None:
+        self.roles_found, self.found_objects = result
         if self.viewer is not None:
-            for channel, objects in found.items():
+            for channel, objects in self.found_objects.items():
                 self.viewer.show_layer(f"objects-{channel}", objects.labels, LayerKind.LABELS)
 
     def suggest(self, region_shape: Sequence[int] | None = None) -> bool:
