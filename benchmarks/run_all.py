@@ -40,6 +40,8 @@ BENCHMARKS: dict[str, tuple[str, list[str], list[str], bool]] = {
     "ui-stall": ("bench_ui_stall.py", [], ["--shape", "16,64,64", "--steps", "5", "--idle", "2"],
                  True),
     "gc-pause": ("bench_gc_pause.py", [], ["--shape", "16,128,128"], True),
+    # Needs the package index on its first run (the wheels holding the volumes).
+    "real": ("bench_real.py", [], ["--quick"], False),
     "probe": ("bench_probe.py", ["--repeats", "7"], ["--repeats", "3"], False),
     "gpu": ("bench_gpu.py", [], [], False),
 }

