@@ -302,8 +302,10 @@ def object_instances(
         size = tuple(2 * max(1, int(params.seed_distance / d)) + 1
                      for d in spacing or (1.0,) * prob.ndim)
         peaks = foreground & (depth == ndimage.maximum_filter(depth, size=size))
-        # A plateau of equal maxima is one seed (label joins it), not many.
-        markers, n_markers = _label(peaks, "seeds")
+        # A plateau of equal maxima is one seed (label joins it), not many; joined across
+        # edges and corners too: the deepest line of an object lying diagonally touches
+        # its neighbours only there, and face connectivity cut it into one seed a voxel.
+        markers, n_markers = _label(peaks, "seeds", full=True)
         labels = _flood(-depth, markers, n_markers, regions, n_regions)
     else:
         labels = regions
