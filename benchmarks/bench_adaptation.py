@@ -186,8 +186,7 @@ def run_one(
     ``overrides``: FinetuneConfig fields set on top of the demo's settings (the
     options under test, e.g. ``{"lr_schedule": "cosine"}``).
     """
-    from napari_finetune.cli.demo import predict_all
-    from napari_finetune.cli.simulate import foreground_iou, split_slices
+    from napari_finetune.cli.simulate import foreground_iou, predict_all, split_slices
     from napari_finetune.model.checkpoint import load_checkpoint
 
     _, held_out = split_slices(volume.truth.shape[0])
@@ -257,7 +256,7 @@ def main() -> None:
         return
     import torch
 
-    from napari_finetune.cli.demo import predict_all
+    from napari_finetune.cli.simulate import predict_all
 
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads")

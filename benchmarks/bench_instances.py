@@ -273,7 +273,7 @@ def tuned_checkpoints(name: str, cache: Path) -> dict[str, Path]:
 
     from bench_adaptation import STEPS, load_volume, train
 
-    from napari_finetune.cli.demo import predict_all
+    from napari_finetune.cli.simulate import predict_all
     from napari_finetune.samples.synthetic_em import sample_checkpoint_path
 
     pretrained = sample_checkpoint_path()

@@ -110,8 +110,12 @@ def appearance_rows(
     small: bool,
 ) -> tuple[list[list[str]], str]:
     """Table rows of one appearance, and its one-line summary (before, dense bound)."""
-    from napari_finetune.cli.demo import predict_all
-    from napari_finetune.cli.simulate import foreground_iou, simulate_corrections, split_slices
+    from napari_finetune.cli.simulate import (
+        foreground_iou,
+        predict_all,
+        simulate_corrections,
+        split_slices,
+    )
     from napari_finetune.config import FinetuneConfig, PredictConfig
     from napari_finetune.loading import load_checkpoint
     from napari_finetune.predict import predict_volume

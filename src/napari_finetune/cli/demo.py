@@ -27,11 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
-from napari_finetune.config import FinetuneConfig, Mode, PredictConfig
+from napari_finetune.config import FinetuneConfig, Mode
 
 if TYPE_CHECKING:  # torch, numpy and matplotlib are imported when the demo runs
     import numpy as np
-    import torch
     from matplotlib.colors import Colormap
 
     from napari_finetune.arrays import VolumeArray
@@ -185,17 +184,6 @@ def load_sample(shape: tuple[int, int, int] | None = None) -> Sample:
     return Sample(store, volume.data, truth, load_checkpoint(sample_checkpoint_path()))
 
 
-def predict_all(
-    model: torch.nn.Module, image: VolumeArray, checkpoint: Checkpoint, device: str = "auto"
-) -> np.ndarray:
-    """Probabilities ``(C, *spatial)`` of the whole volume, blockwise."""
-    from napari_finetune.data.normalization import intensity_range
-    from napari_finetune.predict import predict_volume
-
-    low_high = intensity_range(image, checkpoint.normalization)
-    return predict_volume(model, image, low_high, PredictConfig(device=device))
-
-
 def demo_config(
     steps: int, quick: bool, device: str, seed: int, mode: Mode = "full"
 ) -> FinetuneConfig:
@@ -215,7 +203,12 @@ def demo_config(
 def demo(args: argparse.Namespace) -> int:
     """Run the demo; see the module docstring."""
     from napari_finetune.cli.run import run_finetune
-    from napari_finetune.cli.simulate import foreground_iou, simulate_corrections, split_slices
+    from napari_finetune.cli.simulate import (
+        foreground_iou,
+        predict_all,
+        simulate_corrections,
+        split_slices,
+    )
     from napari_finetune.loading import load_checkpoint
     from napari_finetune.samples.synthetic_em import sample_checkpoint_path
 
@@ -435,7 +428,7 @@ def score_second_volume(
     """
     import numpy as np
 
-    from napari_finetune.cli.simulate import foreground_iou
+    from napari_finetune.cli.simulate import foreground_iou, predict_all
     from napari_finetune.objects import instances_of, roles_from_metadata
     from napari_finetune.objects.scores import scores_by_role
     from napari_finetune.samples.synthetic_em import generate_volume

@@ -273,7 +273,7 @@ def real_rows(
     workdir : Path
         Where the fine-tuned checkpoints are written.
     """
-    from napari_finetune.cli.demo import predict_all
+    from napari_finetune.cli.simulate import predict_all
     from napari_finetune.loading import load_checkpoint
     from napari_finetune.objects import instances_of, roles_from_metadata
     from napari_finetune.samples.synthetic_em import sample_checkpoint_path

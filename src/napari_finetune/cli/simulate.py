@@ -13,8 +13,15 @@ for a seed, and never more than the voxel budget.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+    from napari_finetune.arrays import VolumeArray
+    from napari_finetune.model.checkpoint_format import Checkpoint
 
 ERROR_SHARE = 0.7  # of each slice's budget spent on strokes over errors
 BRUSH_RADIUS = 2
@@ -132,3 +139,15 @@ def foreground_iou(probabilities: np.ndarray, truth: np.ndarray, region: slice) 
         union = np.logical_or(pred, gt).sum()
         scores.append(float(np.logical_and(pred, gt).sum() / union) if union else 1.0)
     return scores
+
+
+def predict_all(
+    model: torch.nn.Module, image: VolumeArray, checkpoint: Checkpoint, device: str = "auto"
+) -> np.ndarray:
+    """Probabilities ``(C, *spatial)`` of the whole volume, blockwise."""
+    from napari_finetune.config import PredictConfig
+    from napari_finetune.data.normalization import intensity_range
+    from napari_finetune.predict import predict_volume
+
+    low_high = intensity_range(image, checkpoint.normalization)
+    return predict_volume(model, image, low_high, PredictConfig(device=device))
