@@ -67,3 +67,10 @@ def test_words_and_the_line_before_any_timing():
     assert duration_words(5400) == "about 1 h 30 min"
     assert "15-20 min" in unknown_text(200, "auto")
     assert "15-20" not in unknown_text(200, "cuda")
+
+
+def test_the_line_before_the_click_follows_the_settings_asked(session):
+    session.record_step_time(6.0, device="cpu", mode="full")
+    assert session.estimate_line(200, "cpu", "full").startswith("200 steps: about 20 min")
+    assert "the first steps" in session.estimate_line(200, "cpu", "lora")
+    assert "the first steps" in session.estimate_line(200, "scheduler", "full")

@@ -75,7 +75,7 @@ class RunEstimate:
             name = "LoRA on" if self.faster_mode == "lora" else "LoRA off (full fine-tune)"
             ways.append(f"{name}: {duration_words(self.steps * self.faster_mode_seconds)}")
         if self.on_cpu:
-            ways.append("a GPU (Device, or Run on a dask scheduler) is many times faster")
+            ways.append("a GPU (Device, or Run on) is many times faster")
         return ways
 
     @property

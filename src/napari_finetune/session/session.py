@@ -31,7 +31,7 @@ from psygnal import Signal, SignalGroup
 from napari_finetune.config import FinetuneConfig
 from napari_finetune.errors import first_line
 from napari_finetune.session import derived, jobs
-from napari_finetune.session.estimate import RunEstimate, StepTimes, estimate
+from napari_finetune.session.estimate import RunEstimate, StepTimes, estimate, unknown_text
 from napari_finetune.session.events import Event, Preview, RunStatus, TrainerReady
 from napari_finetune.session.runner import JobCallbacks, JobHandle, JobRunner
 from napari_finetune.session.viewer import LayerKind, ViewerPort
@@ -474,11 +474,29 @@ class Session:
         self.step_times.record(device or self._where(), mode or self.config.mode, seconds,
                                "a timed step", resolved)
 
-    def run_estimate(self, steps: int | None = None) -> RunEstimate | None:
-        """How long a run of :attr:`config` (``steps`` steps, its own by default) takes
-        here, from the last run's or a timed step's seconds; None before any was timed."""
+    def run_estimate(self, steps: int | None = None, device: str | None = None,
+                     mode: str | None = None) -> RunEstimate | None:
+        """How long a run takes here, from the last run's or a timed step's seconds; None
+        before a step of that device and mode was timed.
+
+        Parameters
+        ----------
+        steps, device, mode : optional
+            The run's (``device`` "scheduler" for a dask worker); by default
+            :attr:`config`'s, and "scheduler" when :attr:`scheduler` is set.
+        """
         return estimate(self.step_times, self.config.steps if steps is None else steps,
-                        self._where(), self.config.mode)
+                        device or self._where(), mode or self.config.mode)
+
+    def estimate_line(self, steps: int | None = None, device: str | None = None,
+                      mode: str | None = None) -> str:
+        """The line a front end shows before the click: how long the run takes here and,
+        when long on the CPU, what is faster; before any timing, that the first steps tell."""
+        found = self.run_estimate(steps, device, mode)
+        if found is not None:
+            return found.text
+        return unknown_text(self.config.steps if steps is None else steps,
+                            device or self._where())
 
     # -- helpers -------------------------------------------------------------------------
     def _channel(self, index: int) -> str:
