@@ -66,12 +66,18 @@ def test_this_machine_is_the_default_and_the_address_waits_for_a_scheduler(qtbot
     assert form.scheduler() is None and form.security_files() is None
     assert not run_on.address.enabled
     assert not any(box.enabled for box in run_on.tls.values())
+    # Training here: the scheduler's rows are not shown at all (the form stays short).
+    form.advanced_box.expand(animate=False)
+    shown = [run_on.address, *run_on.tls.values()]
+    assert not any(box.native.isVisibleTo(form) for box in shown)
     _pick_scheduler(qtbot, form)
     assert run_on.address.enabled and all(box.enabled for box in run_on.tls.values())
+    assert all(box.native.isVisibleTo(form) for box in shown)
     _type(qtbot, run_on.address, "tcp://gpu-server:8786")
     assert form.scheduler() == "tcp://gpu-server:8786"
     qtbot.keyClick(run_on.where.native, Qt.Key_Up)  # back to this machine
     assert form.scheduler() is None and not run_on.address.enabled
+    assert not run_on.address.native.isVisibleTo(form)
 
 
 def test_the_choice_address_and_tls_files_come_back_in_a_new_form(qtbot, store, tmp_path):

@@ -55,7 +55,8 @@ def test_panel_shows_validation_scores_plots_and_logs_them_once(qtbot):
     line = "step 10/20: loss 0.3; validation at step 10 (IoU on held-out strokes): ..."
     panel.show_status(_status(step=10, validation=scores, message=line))
     panel.show_status(_status(step=11, validation=scores, message="step 11/20: loss 0.2"))
-    assert panel.validation_label.text() == "membrane 0.86, mitochondria 0.70"
+    assert panel.validation_label.text() == (
+        "IoU membrane 0.86, mitochondria 0.70 on held-out strokes (0–1)")
     assert panel.log.toPlainText() == line  # the check's step is logged, the next is not
     assert panel.loss_plot.scores == [(10, (0.861 + 0.7) / 2)]
     panel.loss_plot.resize(300, 80)

@@ -456,9 +456,9 @@ class Controller:
         last = s.statuses[-1] if s.statuses else None
         if stopped and s.trainer is not None:
             total = last.total_steps if last is not None else "?"
+            # On the status line only: the run's own "stopped" status is in the log.
             s.run_summary = (f"stopped after step {s.trainer.steps_done} of {total}; "
                              "the weights of that step are kept")
-            self.w.status_panel.append_log(s.run_summary)
         elif stopped:
             s.run_summary = "stopped before the first step"
         else:

@@ -28,7 +28,8 @@ from qtpy.QtCore import QSettings
 from qtpy.QtWidgets import QAbstractSpinBox, QComboBox, QLabel, QVBoxLayout, QWidget
 from superqt import QCollapsible
 
-from napari_finetune._qt.run_on import RunOnChoice
+from napari_finetune._qt.parts import tight
+from napari_finetune._qt.run_on import SCHEDULER, RunOnChoice
 from napari_finetune.config import FinetuneConfig
 from napari_finetune.config_fields import DEVICES, FIELDS, field_docs
 
@@ -39,6 +40,33 @@ PERCENT_FIELDS = ("validation_fraction",)
 EXPLICIT_FIELDS = ("batch_size", "distillation", "hold_other_channels", "mixed_precision")
 DEFAULT_SNAPSHOT = str(Path.home() / "napari-finetune-memory-snapshot.pickle")
 AUTOBATCH_CHOICES = [("auto (on for GPUs)", None), ("on", True), ("off", False)]
+# Tooltips in a biologist's words where the config's docstring (the CLI's help) speaks the
+# engine's (teacher, AdamW, PEFT, None); the other fields keep their docstring's sentence.
+PLAIN_TIPS = {
+    "learning_rate": "How big a change each step makes to the model (the default suits "
+                     "both modes)",
+    "mode": "LoRA trains a few small added weights (the model changes less); full "
+            "fine-tune changes every weight",
+    "distillation": "Where you did not paint, keep the model's answers close to the "
+                    "original model's; 0 turns this off",
+    "hold_other_channels": "Classes you did not paint stay as the original model "
+                           "predicted them, everywhere",
+    "mixed_precision": "Faster, slightly less exact arithmetic on a GPU, checked against "
+                       "full precision before the first step; the CPU always computes "
+                       "in full precision",
+    "autobatch": "Measure the GPU's free memory before the first step and pick how many "
+                 "patches fit at once (the learning is the same); auto: on for GPUs, off "
+                 "on the CPU",
+    "memory_snapshot": "Write a record of the GPU's memory use to this file when it runs "
+                       "out and at the end of the run, for a bug report",
+    "max_grad_norm": "Limit how big one step's change may be (off: no limit); it helps "
+                     "when the loss jumps",
+}
+
+
+def tip_of(name: str) -> str:
+    """A field's tooltip: its plain words here, else its docstring's first sentence."""
+    return PLAIN_TIPS.get(name) or field_docs(FinetuneConfig).get(name, "")
 
 
 def field_input(name: str, value: str | float) -> ValueWidget:
@@ -47,7 +75,7 @@ def field_input(name: str, value: str | float) -> ValueWidget:
     ``value`` is the field's default: a choice's string, a switch or a number (``bool``
     and ``int`` are ``float`` to a type checker).
     """
-    spec, tip = FIELDS[name], field_docs(FinetuneConfig).get(name, "")
+    spec, tip = FIELDS[name], tip_of(name)
     label = spec.label
     if spec.choices:
         return ComboBox(value=value, choices=[(text, v) for text, v in spec.choices],
@@ -108,7 +136,7 @@ class SettingsForm(QWidget):
             i["hold_other_channels"], i["mixed_precision"])
         self.device = ComboBox(value=d.device if d.device in DEVICES else "auto",
                                choices=list(DEVICES), label="Device",
-                               tooltip=field_docs(FinetuneConfig)["device"])
+                               tooltip=tip_of("device"))
         self.preview_interval = FloatSpinBox(
             value=DEFAULT_PREVIEW_INTERVAL_S, min=0.0, max=3600.0, step=0.5, label="Preview",
             tooltip="Refresh the prediction in view every so many seconds while training "
@@ -118,7 +146,7 @@ class SettingsForm(QWidget):
         self.preview_interval.native.setDecimals(1)
         self.preview_interval.native.setButtonSymbols(QAbstractSpinBox.NoButtons)
         self.resume_degraded = CheckBox(
-            value=d.resume_degraded, text="start from the checkpoint's degraded state",
+            value=d.resume_degraded, text="resume degraded state",
             tooltip="A checkpoint from a run that stepped down (smaller batch, fp32, "
                     "distillation dropped) starts there again, so it does not run out of "
                     "memory the same way. Settings you change here always win; unticked, "
@@ -126,9 +154,9 @@ class SettingsForm(QWidget):
         # Advanced: each None-able field gets an explicit "off"/"auto" value.
         self.autobatch = ComboBox(value=d.autobatch, choices=AUTOBATCH_CHOICES,
                                   label=FIELDS["autobatch"].label,
-                                  tooltip=field_docs(FinetuneConfig)["autobatch"])
+                                  tooltip=tip_of("autobatch"))
         self.memory_fraction = i["memory_fraction"]
-        tip = field_docs(FinetuneConfig)["memory_snapshot"]
+        tip = tip_of("memory_snapshot")
         self.record_memory = CheckBox(value=d.memory_snapshot is not None,
                                       text=FIELDS["memory_snapshot"].label, tooltip=tip)
         self.memory_snapshot = LineEdit(value=d.memory_snapshot or DEFAULT_SNAPSHOT,
@@ -141,7 +169,7 @@ class SettingsForm(QWidget):
         self.lora_alpha, self.seed = i["lora_alpha"], i["seed"]
         self.patch_shape = LineEdit(value=" ".join(str(n) for n in d.patch_shape),
                                     label=FIELDS["patch_shape"].label,
-                                    tooltip=field_docs(FinetuneConfig)["patch_shape"])
+                                    tooltip=tip_of("patch_shape"))
         self.inputs.update(autobatch=self.autobatch, memory_snapshot=self.memory_snapshot,
                            max_grad_norm=self.max_grad_norm, patch_shape=self.patch_shape,
                            device=self.device)
@@ -162,19 +190,25 @@ class SettingsForm(QWidget):
             _pair(self.lora_rank, self.distillation), _pair(self.device, self.preview_interval),
             _pair(self.validation, self.hold_other_channels),
             _pair(self.mixed_precision, self.resume_degraded),
-            _pair(self.run_on.where, self.run_on.address),
+            _pair(self.run_on.where), address := _pair(self.run_on.address),
         ], labels=False)
+        tls = tuple(_pair(box) for box in self.run_on.tls.values())
+        # Rows narrow enough for a dock of at most 420 px.
         self.advanced = Container(widgets=[
-            _pair(self.autobatch, self.memory_fraction),
-            _pair(self.record_memory, self.memory_snapshot),
-            _pair(self.max_grad_norm, self.lora_alpha), _pair(self.patch_shape, self.seed),
-            _pair(self.run_on.tls["tls_ca_file"]),
-            _pair(self.run_on.tls["tls_cert"], self.run_on.tls["tls_key"]),
+            _pair(self.autobatch), _pair(self.memory_fraction, self.seed),
+            _pair(self.record_memory), _pair(self.memory_snapshot),
+            _pair(self.max_grad_norm), _pair(self.lora_alpha, self.patch_shape),
+            *tls,
         ], labels=False)
+        # The scheduler's address and TLS files only when "Run on" is a scheduler.
+        self.scheduler_rows = (address, *tls)
+        self.run_on.where.changed.connect(self._run_on_changed)
+        self._run_on_changed(self.run_on.where.value)
         for box in (self.main, self.advanced):
             box.margins = (0, 0, 0, 0)
             box.native.layout().setSpacing(2)
         self.advanced_box = QCollapsible("Advanced")
+        tight(self.advanced_box)
         self.advanced_box.addWidget(self.advanced.native)
         self.advanced_box.collapse(animate=False)
         layout = QVBoxLayout(self)
@@ -185,6 +219,10 @@ class SettingsForm(QWidget):
         for combo in (self.mode, self.device, self.autobatch, self.run_on.where):
             # The whole choice is read ("Full fine-tune", not "Full fine-tur").
             combo.native.setSizeAdjustPolicy(QComboBox.AdjustToContents)
+
+    def _run_on_changed(self, where: str) -> None:
+        for box in self.scheduler_rows:
+            box.visible = where == SCHEDULER
 
     def _mode_changed(self, mode: str) -> None:
         self.lora_rank.enabled = self.lora_alpha.enabled = mode == "lora"

@@ -18,6 +18,7 @@ from qtpy.QtWidgets import (
 )
 
 from napari_finetune._qt.loss_plot import LossPlot, recovery_marks
+from napari_finetune._qt.parts import WrapLabel
 from napari_finetune.trainer.precision import precision_words
 from napari_finetune.trainer.status import Status
 
@@ -56,8 +57,14 @@ def format_seconds(seconds: float) -> str:
 
 
 def validation_text(scores: dict[str, float]) -> str:
-    """"membrane 0.86, mitochondria 0.71" (IoU on the held-out strokes)."""
-    return ", ".join(f"{name} {iou:.2f}" for name, iou in scores.items())
+    """"IoU membrane 0.86, mitochondria 0.71 on held-out strokes (0–1)".
+
+    The score of ``trainer/validation.py``: per channel, the intersection over
+    union of the model's decisions with the painted voxels kept out of
+    training (1 is perfect, 0 no overlap).
+    """
+    scores_text = ", ".join(f"{name} {iou:.2f}" for name, iou in scores.items())
+    return f"IoU {scores_text} on held-out strokes (0–1)"
 
 
 def progress_text(done: int, total: int, what: str) -> str:
@@ -91,8 +98,9 @@ class StatusPanel(QWidget):
         self._start_batch: int | None = None
         self.validation_label.setWordWrap(True)
         self.validation_label.setToolTip(
-            "IoU per channel on painted voxels held out of training (validation fraction)"
-        )
+            "How well the model agrees with painted strokes it was not trained on (the "
+            "held-out share): per class, the overlap of what it predicts with what you "
+            "painted (intersection over union), from 0 (none) to 1 (perfect)")
         labels = (
             self.dtype_label,
             self.batch_label,
@@ -107,12 +115,17 @@ class StatusPanel(QWidget):
         form.addRow("Batch:", self.batch_label)
         form.addRow("Distillation:", self.distillation_label)
         form.addRow("Hold:", self.hold_label)
-        form.addRow("Validation:", self.validation_label)
+        form.addRow("Score:", self.validation_label)
         self.progress = QProgressBar()
         self.progress.setRange(0, 1)
         self.progress.setValue(0)
         self.progress.setFormat("idle")
-        self.progress.setTextVisible(True)
+        # The words go in the line below, wrapped and whole: a bar's text is elided at
+        # both ends ("topped after step 4 … prediction update") in a narrow dock.
+        self.progress.setTextVisible(False)
+        self.progress.setMaximumHeight(8)
+        self.line = WrapLabel("idle")
+        self.line.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.loss_plot = LossPlot()
         self.log = QPlainTextEdit()
         self.log.setReadOnly(True)
@@ -123,6 +136,7 @@ class StatusPanel(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addLayout(form)
         layout.addWidget(self.progress)
+        layout.addWidget(self.line)
         layout.addWidget(self.loss_plot)
         layout.addWidget(self.log)
 
@@ -141,6 +155,8 @@ class StatusPanel(QWidget):
             bar.setFormat(text)
         finally:
             bar.setUpdatesEnabled(True)  # schedules one ordinary update()
+        if self.line.text() != text:
+            self.line.setText(text)  # schedules a paint too (and a relayout if it wraps)
 
     def start_run(self, total_steps: int, batch_size: int | None = None) -> None:
         """Reset for a new run of ``total_steps`` steps starting at ``batch_size``."""

@@ -33,14 +33,17 @@ from napari_finetune._qt.corrections import METADATA_KEY, is_corrections_candida
 from napari_finetune._qt.layers import camera_of, visible_region
 from napari_finetune._qt.parts import (
     PathEdit,
+    SideScroll,
+    WrapLabel,
     default_checkpoint,
     disconnect,
-    group,
     layer_combo,
     qt_app,
     row,
+    section,
 )
 from napari_finetune._qt.roles_editor import RolesEditor
+from napari_finetune._qt.run_on import SCHEDULER
 from napari_finetune._qt.settings import SettingsForm
 from napari_finetune._qt.shutdown import CLOSE_WAIT_S, WindowCloseWatcher
 from napari_finetune._qt.state import WidgetState, shut_down, stop
@@ -50,6 +53,8 @@ from napari_finetune.session.session import Busy
 
 if TYPE_CHECKING:
     from napari import Viewer
+
+MAX_WIDTH = 400  # the dock's content, scroll bar aside: the panel stays within 420 px
 
 
 class FinetuneWidget(QWidget):
@@ -83,6 +88,7 @@ class FinetuneWidget(QWidget):
             "Count the objects of the last prediction: one layer per channel with a role "
             "(cells from the membranes, mitochondria), each object its own colour")
         self.roles_editor = RolesEditor()
+        self.roles_editor.title.setWordWrap(True)  # its one line set the dock's width
         self.objects_label = QLabel("")
         self.objects_label.setWordWrap(True)
         self.corrections_combo = layer_combo(napari_viewer, Labels, is_corrections_candidate)
@@ -110,26 +116,39 @@ class FinetuneWidget(QWidget):
         self.output_label = QLabel("")
         self.output_label.setWordWrap(True)
 
-        model_box = group("Data and model", [
+        # What a run will take here (the Session's estimate), read before the click.
+        self.estimate_label = WrapLabel("")
+        self.estimate_label.setToolTip(
+            "From the seconds a step took on this computer (the last run)")
+
+        # Sections that fold (a laptop shows ~700 px of dock): the one in use is open, and
+        # a run folds the model and the settings, then opens the Results when it ends.
+        self.model_section = section("Data and model", [
             row(QLabel("Image:"), self.image_combo.native),
             row(QLabel("Model:"), self.checkpoint_edit, browse),
             self.checkpoint_label, row(self.predict_button, self.objects_button),
-            self.roles_editor, self.objects_label,
+            SideScroll(self.roles_editor), self.objects_label,
         ])
-        paint_box = group("Corrections", [
+        self.corrections_section = section("Corrections", [
             row(QLabel("Layer:"), self.corrections_combo.native),
             row(self.new_corrections_button, self.paint_next_button), self.autosave_label,
         ])
-        train_box = group("Fine-tune", [
-            self.settings, row(self.finetune_button, self.stop_button), self.status_panel,
+        self.settings_section = section("Settings", [self.settings], indent=6)
+        self.train_section = section("Fine-tune", [
+            self.settings_section, self.estimate_label,
+            row(self.finetune_button, self.stop_button), self.status_panel,
         ])
-        out_box = group("Results", [
+        self.results_section = section("Results", [
             row(self.export_button, self.save_predictions_button), self.bioimageio_button,
             self.output_label,
-        ])
+        ], expanded=False)
+        self._run_seen = False  # a run began: the Results open when the work ends
         content = QWidget()
         layout = QVBoxLayout(content)
-        for box in (model_box, paint_box, train_box, out_box):
+        layout.setContentsMargins(2, 2, 2, 2)
+        layout.setSpacing(2)
+        for box in (self.model_section, self.corrections_section, self.train_section,
+                    self.results_section):
             layout.addWidget(box)
         layout.addStretch(1)
         # A scroll area: on a short screen the status rows keep their height.
@@ -165,7 +184,12 @@ class FinetuneWidget(QWidget):
                 a.warm_up(lora=True)
 
         self.settings.mode.changed.connect(mode_changed)
+        for setting in (self.settings.steps, self.settings.mode, self.settings.device,
+                        self.settings.run_on.where):
+            setting.changed.connect(self._show_estimate)
         self.state.events.all.connect(self._sync_buttons)  # the one place buttons follow
+        self.state.events.busy.connect(self._fold_sections)
+        self._refit_pending = True  # the canvas is refit once the dock is shown
         layers = self.viewer.layers.events
         self._viewer_hooks = [(self.viewer.events.theme, self._theme_changed),
                               (self.viewer.dims.events.current_step, self._update_region),
@@ -196,6 +220,7 @@ class FinetuneWidget(QWidget):
         self._corrections_changed(self.corrections_combo.value)
         self._image_changed()
         self._theme_changed()
+        self._show_estimate()
         if self.checkpoint_edit.text():
             self.state.reading = True  # on its way: a Predict clicked meanwhile is kept
         # The jobs start in the next event-loop turn, after napari has docked the widget:
@@ -219,8 +244,11 @@ class FinetuneWidget(QWidget):
         bar, inner = self._scroll.verticalScrollBar(), self._scroll.widget()
         if bar is None or inner is None:  # Qt's stubs allow None; both are set in __init__
             return hint
-        return QSize(max(hint.width(), inner.sizeHint().width() + bar.sizeHint().width() + 4),
-                     hint.height())
+        # At most MAX_WIDTH (a laptop's canvas keeps its room): the rows then shrink to
+        # their minimum, which still shows every input whole.
+        want = max(inner.minimumSizeHint().width(),
+                   min(inner.sizeHint().width(), MAX_WIDTH)) + bar.sizeHint().width() + 2
+        return QSize(max(min(hint.width(), MAX_WIDTH), want), hint.height())
 
     def event(self, event: QEvent | None) -> bool:  # noqa: D102 (Qt override)
         # napari's remove_dock_widget unparents the widget: end the run then, without
@@ -233,6 +261,15 @@ class FinetuneWidget(QWidget):
     def showEvent(self, event: QShowEvent | None) -> None:  # noqa: N802, D102 (Qt override)
         self._window_watcher.follow(self)  # docked: watch that window's close
         super().showEvent(event)
+        if self._refit_pending:
+            # The dock took the canvas' width: fit the image to what is left, once napari
+            # has laid the window out (the next event-loop turn).
+            self._refit_pending = False
+            QTimer.singleShot(0, self._refit_canvas)
+
+    def _refit_canvas(self) -> None:
+        if not self.state.closed:
+            self.viewer.reset_view()
 
     def close_work(self, wait_s: float) -> bool:
         """Save the pending painting, end the run, wait up to ``wait_s`` s; no events after.
@@ -246,6 +283,7 @@ class FinetuneWidget(QWidget):
         for emitter, slot in self._viewer_hooks:
             emitter.disconnect(slot)
         self.state.events.all.disconnect(self._sync_buttons)
+        self.state.events.busy.disconnect(self._fold_sections)
         disconnect(qt_app().aboutToQuit, self._quit_hook)
         return shut_down(self.state, wait_s)
 
@@ -277,6 +315,34 @@ class FinetuneWidget(QWidget):
         self.paint_next_button.setEnabled(idle and ready)
         self.bioimageio_button.setEnabled(idle and ready)
         self.finetune_button.setText("Fine-tuning…" if s.busy is Busy.TRAIN else "Fine-tune")
+
+    def _fold_sections(self, busy: Busy | None) -> None:
+        """A run folds the model and its settings; its end opens the Results, in view."""
+        if self.state.closed:
+            return
+        if busy not in (Busy.TRAIN, Busy.PREDICT, Busy.SHOW, None):
+            self._run_seen = False  # another action: the user has moved on
+        if busy is Busy.TRAIN:
+            self._run_seen = True
+            self.model_section.collapse(animate=False)
+            self.settings_section.collapse(animate=False)
+            self.train_section.expand(animate=False)
+        elif busy is None and self._run_seen:  # the run, or the prediction after it, ended
+            self.results_section.expand(animate=False)
+            self._show_estimate()  # the run just timed its steps
+            # After the new layout is in place (the next event-loop turn).
+            QTimer.singleShot(0, self._scroll_to_results)
+
+    def _scroll_to_results(self) -> None:
+        if not self.state.closed:
+            self._scroll.ensureWidgetVisible(self.output_label, 0, 4)
+
+    def _show_estimate(self, *_: object) -> None:
+        """How long the run set up now takes here (the Session says; shown as is)."""
+        s = self.settings
+        device = "scheduler" if s.run_on.where.value == SCHEDULER else s.device_name()
+        self.estimate_label.setText(self.controller.session.estimate_line(
+            int(s.steps.value), device, str(s.mode.value)))
 
     def _theme_changed(self, *_: object) -> None:
         from napari.utils.theme import get_theme

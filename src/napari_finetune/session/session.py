@@ -31,6 +31,7 @@ from psygnal import Signal, SignalGroup
 from napari_finetune.config import FinetuneConfig
 from napari_finetune.errors import first_line
 from napari_finetune.session import derived, jobs
+from napari_finetune.session.estimate import RunEstimate, StepTimes, estimate, unknown_text
 from napari_finetune.session.events import Event, Preview, RunStatus, TrainerReady
 from napari_finetune.session.runner import JobCallbacks, JobHandle, JobRunner
 from napari_finetune.session.viewer import LayerKind, ViewerPort
@@ -139,6 +140,8 @@ class Session:
     saved: list[str] = field(default_factory=list)  # the labels the last save wrote
     package: str | None = None  # the last bioimage.io package written
     last_end: ActionEnd | None = None
+    # Seconds per step measured here (the last runs, a timed step): the next run's estimate.
+    step_times: StepTimes = field(default_factory=StepTimes)
     events: SessionEvents = field(default_factory=SessionEvents, init=False, repr=False)
     _busy: Busy | None = field(default=None, init=False, repr=False)
     _handle: JobHandle | None = field(default=None, init=False, repr=False)
@@ -146,6 +149,7 @@ class Session:
     _stop_asked: bool = field(default=False, init=False, repr=False)
     _uncertainty: tuple[tuple[str, int, int], np.ndarray] | None = field(
         default=None, init=False, repr=False)
+    _run_key: tuple[str, str] = field(default=("auto", "full"), init=False, repr=False)
 
     @property
     def busy(self) -> Busy | None:
@@ -283,6 +287,7 @@ class Session:
         if snapshot is None:  # the job reads it in another thread: a copy it alone holds
             corrections, snapshot = np.array(corrections, copy=True), next_snapshot()
         self.trainer, self.status, self.history = None, None, []
+        self._run_key = (self._where(), self.config.mode)
         job = jobs.train_job(
             str(self.checkpoint), self.image, corrections, self.store,
             self.channel_names, self.config, self.preview_interval_s, self._shown_region,
@@ -303,6 +308,10 @@ class Session:
         elif isinstance(event, RunStatus):
             self.status = event.status
             self.history.append(event.status)
+            if event.status.kind in ("step", "finished", "stopped"):
+                device = getattr(getattr(self.trainer, "device", None), "type", None)
+                self.step_times.record_run(*self._run_key, event.status.step,
+                                           event.status.elapsed_s, resolved=device)
             self.events.status.emit(event.status)
         elif isinstance(event, Preview) and self.viewer is not None:
             for i, probs in enumerate(event.probs):
@@ -486,6 +495,42 @@ class Session:
 
     def _packaged(self, path: str) -> None:
         self.package = path
+
+    # -- how long a run takes ------------------------------------------------------------
+    def _where(self) -> str:
+        """Where a run of the current settings trains: the device asked, or "scheduler"."""
+        return "scheduler" if self.scheduler else self.config.device
+
+    def record_step_time(self, seconds: float, device: str | None = None,
+                         mode: str | None = None, resolved: str | None = None) -> None:
+        """Keep the seconds one optimizer step took here, timed outside a run (a warm-up),
+        for ``device`` as asked and ``mode`` (the current settings' when None)."""
+        self.step_times.record(device or self._where(), mode or self.config.mode, seconds,
+                               "a timed step", resolved)
+
+    def run_estimate(self, steps: int | None = None, device: str | None = None,
+                     mode: str | None = None) -> RunEstimate | None:
+        """How long a run takes here, from the last run's or a timed step's seconds; None
+        before a step of that device and mode was timed.
+
+        Parameters
+        ----------
+        steps, device, mode : optional
+            The run's (``device`` "scheduler" for a dask worker); by default
+            :attr:`config`'s, and "scheduler" when :attr:`scheduler` is set.
+        """
+        return estimate(self.step_times, self.config.steps if steps is None else steps,
+                        device or self._where(), mode or self.config.mode)
+
+    def estimate_line(self, steps: int | None = None, device: str | None = None,
+                      mode: str | None = None) -> str:
+        """The line a front end shows before the click: how long the run takes here and,
+        when long on the CPU, what is faster; before any timing, that the first steps tell."""
+        found = self.run_estimate(steps, device, mode)
+        if found is not None:
+            return found.text
+        return unknown_text(self.config.steps if steps is None else steps,
+                            device or self._where())
 
     # -- helpers -------------------------------------------------------------------------
     def _channel(self, index: int) -> str:
