@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # torch is imported lazily: the CLI's --help must not load it
     import torch
 
+    from napari_finetune.arrays import AxesImage
+
 
 class DeviceUnavailableError(ValueError):
     """A device was asked for that this machine (or this PyTorch build) lacks."""
@@ -115,6 +117,34 @@ def on_device(model: torch.nn.Module, device: torch.device | str) -> Iterator[No
     finally:
         if moved:
             model.to(home)
+
+
+def model_in_channels(model: torch.nn.Module) -> int:
+    """The input channels ``model`` takes: its recorded ``in_channels``, else its first
+    convolution's; 1 when neither says (every earlier checkpoint took one)."""
+    import torch
+
+    kwargs = getattr(model, "init_kwargs", None)
+    if isinstance(kwargs, dict) and isinstance(kwargs.get("in_channels"), int):
+        return int(kwargs["in_channels"])
+    for module in model.modules():
+        if isinstance(module, torch.nn.Conv1d | torch.nn.Conv2d | torch.nn.Conv3d):
+            return int(module.in_channels)
+    return 1
+
+
+def check_input_channels(model: torch.nn.Module, image: AxesImage) -> None:
+    """Refuse an image whose channels are not the model's input channels, in one line."""
+    wanted, got = model_in_channels(model), image.channels
+    if wanted != got:
+        fix = (
+            "take one of its channels (AxesImage.channel, --channel on the command line)"
+            if wanted == 1 else f"give it an image of {wanted} channels"
+        )
+        raise ValueError(
+            f"the model takes {wanted} input channel{'s' * (wanted != 1)} but the image "
+            f"(axes {image.axes.upper()}) has {got}; {fix}."
+        )
 
 
 def check_model_fits_image(model: torch.nn.Module, shape: tuple[int, ...]) -> None:

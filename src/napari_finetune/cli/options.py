@@ -23,8 +23,18 @@ if TYPE_CHECKING:  # the trainer (torch) is imported when a run starts, not with
     from napari_finetune.trainer.status import Status
 
 __all__ = [
-    "add_config_options", "config_from_args", "field_docs", "given_options", "voxel_size_option",
+    "add_channel_option", "add_config_options", "config_from_args", "field_docs", "given_options",
+    "voxel_size_option",
 ]
+
+
+def add_channel_option(parser: argparse.ArgumentParser) -> None:
+    """``--channel N``: the store's channel a single-channel model trains or predicts on."""
+    parser.add_argument(
+        "--channel", type=int, metavar="N", default=None,
+        help="for a store with several channels and a model that takes one: the channel "
+        "(0, 1, ...) it works on; a model taking as many channels as the store takes them all",
+    )
 
 
 def voxel_size_option(text: str) -> VoxelSize:

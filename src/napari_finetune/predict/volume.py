@@ -76,10 +76,13 @@ def predict_block(model: torch.nn.Module, block: np.ndarray, device: str = "cpu"
     return predict_batch(model, block[None], device)[0]
 
 
-def predict_batch(model: torch.nn.Module, blocks: np.ndarray, device: str) -> np.ndarray:
-    """``(n, *spatial)`` normalised blocks -> ``(n, C, *spatial)`` probabilities."""
+def predict_batch(
+    model: torch.nn.Module, blocks: np.ndarray, device: str, channels: bool = False
+) -> np.ndarray:
+    """``(n, *spatial)`` normalised blocks -> ``(n, C, *spatial)`` probabilities;
+    with ``channels`` the blocks are ``(n, C_in, *spatial)`` (every input channel)."""
     with on_device(model, device), inference_mode(model):
-        return launch_batch(model, blocks, device).result()
+        return launch_batch(model, blocks, device, channels).result()
 
 
 @contextmanager
@@ -113,9 +116,11 @@ class PendingProbs:
         return self._probs.numpy()
 
 
-def launch_batch(model: torch.nn.Module, blocks: np.ndarray, device: str) -> PendingProbs:
+def launch_batch(
+    model: torch.nn.Module, blocks: np.ndarray, device: str, channels: bool = False
+) -> PendingProbs:
     """Start the model on ``(n, *spatial)`` normalised blocks; the model is on ``device``,
-    in :func:`inference_mode`.
+    in :func:`inference_mode`. With ``channels`` the blocks are ``(n, C_in, *spatial)``.
 
     The far side is padded up to the pooling multiple with reflection (not
     zeros: intensities stay plausible) and cropped off again. On CUDA the
@@ -124,13 +129,15 @@ def launch_batch(model: torch.nn.Module, blocks: np.ndarray, device: str) -> Pen
     """
     import torch
 
-    spatial = blocks.shape[1:]
+    lead = 2 if channels else 1
+    spatial = blocks.shape[lead:]
     multiple = spatial_multiple(model, len(spatial))
-    pad = [(0, 0)] + [(0, (-s) % m) for s, m in zip(spatial, multiple, strict=True)]
+    pad = [(0, 0)] * lead + [(0, (-s) % m) for s, m in zip(spatial, multiple, strict=True)]
     if any(p[1] for p in pad):
         blocks = np.pad(blocks, pad, mode="reflect")
     cuda = torch.device(device).type == "cuda"
-    x = torch.from_numpy(np.ascontiguousarray(blocks, dtype=np.float32)).unsqueeze(1)
+    x = torch.from_numpy(np.ascontiguousarray(blocks, dtype=np.float32))
+    x = x if channels else x.unsqueeze(1)
     if cuda:
         x = x.pin_memory()
     x = x.to(device, non_blocking=cuda)
