@@ -211,8 +211,7 @@ def train(args: argparse.Namespace) -> int:
     elif args.scheduler is not None:
         outcome = _train_remotely(ckpt, volume.data, corrections, config, args)
     else:  # the default patch is fitted as the widget fits its patch; a given one is kept
-        outcome = run_finetune(ckpt, image.array if image.is_plain else image, corrections,
-                               config, args.out, quiet=args.quiet,
+        outcome = run_finetune(ckpt, image, corrections, config, args.out, quiet=args.quiet,
                                fit_patch=args.patch_shape is None)
     line = describe_outcome(outcome, config.steps, args.out)
     if (outcome.stopped or outcome.exit_code == 0) and outcome.speaks:

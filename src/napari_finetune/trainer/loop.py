@@ -146,11 +146,12 @@ class Finetuner:
         self.corrections = corrections
         self.config = config
         self.metadata = dict(metadata or {})
+        # Which channels, in which order, the model was trained on: kept in the export
+        # (one channel of several, taken with AxesImage.channel, is named too).
         if not self.axes_image.is_plain:
-            # Which channels, in which order, the model was trained on: kept in the export.
             self.metadata["input_axes"] = self.axes_image.axes
-            if self.axes_image.channel_names:
-                self.metadata["input_channels"] = list(self.axes_image.channel_names)
+        if self.axes_image.channel_names:
+            self.metadata["input_channels"] = list(self.axes_image.channel_names)
         self.source_sha256 = source_sha256
         self.device = torch.device(resolve_device(config.device))
         self.precision = Precision(self.device, config.mixed_precision, config.cpu_bf16)
