@@ -8,12 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ngff_validation import assert_napari_ome_zarr_reads_labels, assert_valid_ngff
-from test_cli import TRAIN_FAST, assert_one_line_error, run_cli
 
 from napari_finetune.io.omezarr import open_volume, save_corrections
 from napari_finetune.model.checkpoint import load_checkpoint, save_checkpoint
 from napari_finetune.model.unet import UNet
+from ngff_validation import assert_napari_ome_zarr_reads_labels, assert_valid_ngff
+from test_cli import TRAIN_FAST, assert_one_line_error, run_cli
 
 SPATIAL = (16, 40, 40)
 NAMES = ["a", "b"]

@@ -84,6 +84,17 @@ def intensity_ranges(image: AxesImage, spec: dict[str, Any]) -> list[tuple[float
     return [intensity_range(image.channel(c).array, spec) for c in range(image.channels)]
 
 
+def image_range(
+    image: VolumeArray | AxesImage, spec: dict[str, Any]
+) -> tuple[float, float] | list[tuple[float, float]]:
+    """The range of a plain volume or of one channel (over its time points), or each
+    channel's range (:func:`intensity_ranges`): what prediction normalises with."""
+    if not isinstance(image, AxesImage):
+        return intensity_range(image, spec)
+    return intensity_ranges(image, spec) if "c" in image.axes else intensity_range(
+        image.array, spec)
+
+
 def normalize_channels(block: np.ndarray, ranges: list[tuple[float, float]]) -> np.ndarray:
     """``(C, *spatial)`` raw values normalised channel by channel (:func:`normalize`)."""
     if len(ranges) != block.shape[0]:

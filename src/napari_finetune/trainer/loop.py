@@ -710,6 +710,12 @@ class Finetuner:
         from napari_finetune.predict.volume import predict_batch
 
         if isinstance(region, tuple) and all(isinstance(r, slice) for r in region):
+            if len(region) != len(self.axes_image.labels_shape):
+                raise ValueError(
+                    f"a region of this image has {len(self.axes_image.labels_shape)} slices "
+                    f"(axes {self.axes_image.labels_axes.upper()}: a time point first), "
+                    f"not {len(region)}"
+                )
             raw = self.axes_image.read(region)
         else:
             raw = np.asarray(region)
