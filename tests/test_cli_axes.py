@@ -12,6 +12,7 @@ import pytest
 from napari_finetune.io.omezarr import open_volume, save_corrections
 from napari_finetune.model.checkpoint import load_checkpoint, save_checkpoint
 from napari_finetune.model.unet import UNet
+from ngff_stores import omero_metadata
 from ngff_validation import assert_napari_ome_zarr_reads_labels, assert_valid_ngff
 from test_cli import TRAIN_FAST, assert_one_line_error, run_cli
 
@@ -32,7 +33,7 @@ def write_store(path: Path, image: np.ndarray, axes: str,
     write_image(image, group, axes=axes, scaler=None)
     if channel_labels:
         ome = dict(group.attrs["ome"])
-        ome["omero"] = {"channels": [{"label": label} for label in channel_labels]}
+        ome["omero"] = omero_metadata(channel_labels)
         group.attrs["ome"] = ome
     return path
 

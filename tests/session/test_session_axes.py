@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 from tests.session.conftest import RecordingViewer, tiny_config
-from test_cli_axes import SPATIAL, image_of, model_file, painted, write_store
 
 from napari_finetune.io.omezarr import load_corrections, open_volume, save_corrections
 from napari_finetune.session.runner import InlineRunner
 from napari_finetune.session.session import Busy, Session
+from test_cli_axes import SPATIAL, image_of, model_file, painted, write_store
 
 
 def session_on(store, checkpoint) -> Session:
