@@ -170,3 +170,25 @@ def test_workers_refuse_a_time_series_in_one_line(capsys, tmp_path):
                            "--workers", "2", *PREDICT_FAST)
     assert_one_line_error(code, err, expected=2)
     assert "TZYX" in err
+
+
+def test_a_2d_time_series_with_channels_trains_and_predicts(capsys, tmp_path):
+    frames = image_of((3, 2, 48, 48))
+    store = write_store(tmp_path / "tcyx.zarr", frames, "tcyx")
+    corrections = np.zeros((3, 48, 48), np.uint8)
+    corrections[0, 5:15, 5:15] = 1
+    corrections[2, 20:30, 20:30] = 2
+    save_corrections(store, corrections)
+    model = save_checkpoint(tmp_path / "m.pt", UNet(dims=2, in_channels=2, depth=2, features=4,
+                                                     out_channels=2), {"channel_names": NAMES})
+    out = tmp_path / "tuned.pt"
+    code, _, err = run_cli(capsys, "train", store, "-c", model, "-o", out, "--steps", "2",
+                           "--patch-shape", "16", "16", "--batch-size", "2", "--device", "cpu",
+                           "-q")
+    assert code == 0, err
+    assert load_checkpoint(out).metadata["input_axes"] == "tcyx"
+    code, _, err = run_cli(capsys, "predict", out, store, *PREDICT_FAST)
+    assert code == 0, err
+    labels = open_volume(store / "labels" / "prediction-a", keep_axes=True)
+    assert labels.axes == ["t", "y", "x"] and labels.shape == (3, 48, 48)
+    assert_valid_ngff(store)
