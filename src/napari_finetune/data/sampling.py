@@ -161,6 +161,8 @@ class PatchSampler:
         For previews and predictions during a run: a region the run already
         holds is not read from the store again; any other region is, and the
         cache is never filled from here (that happens in the sampling thread).
+        An image with channels or time points gives ``(C, *spatial)`` of ``box``
+        over its painting (a time point first).
         """
         box = tuple(
             slice(*b.indices(s)[:2]) for b, s in zip(box, self.shape, strict=True)

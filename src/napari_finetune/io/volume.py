@@ -66,8 +66,7 @@ class Volume:
         Level 0 with its time points and channels, opened with ``keep_axes``
         (:attr:`input`); ``levels`` then keep a time axis (the labels have it)
         but no channel axis (labels have one value per voxel, not per channel).
-    channel_names : list of str
-        The channels' labels from the store's ``omero`` metadata (``keep_axes``).
+        Its ``channel_names`` are the store's ``omero`` channel labels.
     """
 
     levels: list[da.Array]
@@ -82,7 +81,6 @@ class Volume:
     full_axes: list[str] = field(default_factory=list)
     axis_units: dict[str, str] = field(default_factory=dict)
     image: AxesImage | None = None
-    channel_names: list[str] = field(default_factory=list)
 
     @property
     def data(self) -> da.Array:
@@ -278,8 +276,8 @@ def open_volume(
             kind = {"c": "channels", "t": "time points"}.get(axis, f"entries on axis {axis!r}")
             raise VolumeError(
                 f"{p} has {size} {kind} (axes {''.join(full_axes).upper()}, shape {shape0}) "
-                "and this works on a single-channel volume of one time point; the "
-                "command line (napari-finetune train/predict) takes channels and time points, "
+                "but the dock widget works on one channel of one time point; use "
+                "napari-finetune train/predict on the command line (channels, time points), "
                 "or save the channel (and time point) to correct as its own OME-Zarr image."
             )
     index = tuple(slice(None) if i in keep else 0 for i in range(len(shape0)))
@@ -315,7 +313,6 @@ def open_volume(
         full_axes=full_axes,
         axis_units={k: v for k, v in units.items() if k in SPATIAL_AXES},
         image=image,
-        channel_names=_channel_names(attrs) if image is not None else [],
     )
     if volume.ndim not in (2, 3):
         raise VolumeError(
