@@ -44,3 +44,11 @@ def ngff_store(path: Path, version: str, scale_factors: tuple[int, ...]) -> Path
     write_image(image, root, axes="zyx", fmt=fmt, scale_factors=list(scale_factors),
                 scale={"z": 1.0, "y": 0.5, "x": 0.5})
     return path
+
+
+def omero_metadata(labels: list[str]) -> dict[str, list[dict[str, object]]]:
+    """NGFF ``omero`` metadata naming channels ``labels`` (what bioformats2raw writes;
+    colour and window are required by ome-zarr-models)."""
+    window = {"min": 0.0, "max": 255.0, "start": 0.0, "end": 255.0}
+    return {"channels": [{"label": label, "color": "FFFFFF", "window": window,
+                          "active": True} for label in labels]}

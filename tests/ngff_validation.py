@@ -51,7 +51,7 @@ def level_geometry(group: Path) -> list[tuple[tuple[int, ...], list[float], list
     """Per level of a multiscale group: spatial shape, composed scale and translation."""
     from napari_finetune.io.omezarr import open_volume
 
-    volume = open_volume(group)
+    volume = open_volume(group, keep_axes=True)  # a time series: labels keep the t axis
     return [
         (tuple(int(s) for s in level.shape), list(scale), list(translation))
         for level, scale, translation in zip(

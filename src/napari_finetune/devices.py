@@ -117,6 +117,36 @@ def on_device(model: torch.nn.Module, device: torch.device | str) -> Iterator[No
             model.to(home)
 
 
+def model_in_channels(model: torch.nn.Module) -> int:
+    """The input channels ``model`` takes: its recorded ``in_channels``, else its first
+    convolution's; 1 when neither says (every earlier checkpoint took one)."""
+    import torch
+
+    kwargs = getattr(model, "init_kwargs", None)
+    if isinstance(kwargs, dict) and isinstance(kwargs.get("in_channels"), int):
+        return int(kwargs["in_channels"])
+    for module in model.modules():
+        if isinstance(module, torch.nn.Conv1d | torch.nn.Conv2d | torch.nn.Conv3d):
+            return int(module.in_channels)
+    return 1
+
+
+def check_input_channels(model: torch.nn.Module, channels: int, axes: str) -> None:
+    """Refuse an image of ``channels`` channels (its ``axes``, e.g. "czyx") that are not
+    the model's input channels, in one line. Counts, not the image type: this floor is
+    beside the arrays', not above it."""
+    wanted, got = model_in_channels(model), channels
+    if wanted != got:
+        fix = (
+            "take one of its channels (AxesImage.channel, --channel on the command line)"
+            if wanted == 1 else f"give it an image of {wanted} channels"
+        )
+        raise ValueError(
+            f"the model takes {wanted} input channel{'s' * (wanted != 1)} but the image "
+            f"(axes {axes.upper()}) has {got}; {fix}."
+        )
+
+
 def check_model_fits_image(model: torch.nn.Module, shape: tuple[int, ...]) -> None:
     """Refuse a 2D model on a 3D image (and the reverse) with one line.
 

@@ -58,7 +58,7 @@ def test_the_widget_trains_on_a_dask_worker_with_status_labels_and_a_preview(
     panel = widget.status_panel
     log = panel.log.toPlainText()
     assert f"to the dask scheduler at {cluster_address}" in log  # what went over the wire
-    assert panel.dtype_label.text() == "float32"
+    assert panel.dtype_label.text() == "fp32 (mixed precision off)"
     assert panel.batch_label.text() == "batch 1 × accumulation 1 (effective 1)"
     assert len(panel.loss_plot.losses) == 6
     assert widget.state.previews >= 1

@@ -87,7 +87,7 @@ def test_finetune_refreshes_prediction_and_status_without_freezing(docked, qtbot
     kinds = [st.kind for st in widget.state.statuses]
     assert kinds[0] == "probe" and kinds[-1] == "finished", kinds
     assert widget.state.statuses[-1].step == 6
-    assert widget.status_panel.dtype_label.text() == "float32"  # CPU: mixed precision off
+    assert widget.status_panel.dtype_label.text() == "fp32 (mixed precision off)"  # CPU
     assert widget.status_panel.batch_label.text() == "batch 2 × accumulation 1 (effective 2)"
     assert widget.status_panel.distillation_label.text() == "on (weight 0.5)"
     assert widget.status_panel.hold_label.text() == "on"

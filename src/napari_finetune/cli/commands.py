@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from napari_finetune.cli import bioimageio_export, multi, predict_cluster, train_remote
 from napari_finetune.cli.options import (
     DEVICE_METAVAR,
+    add_channel_option,
     add_config_options,
     add_predict_options,
     config_from_args,
@@ -31,7 +32,7 @@ from napari_finetune.voxel_size import mismatch_line, trained_voxel_size
 if TYPE_CHECKING:  # torch, numpy and zarr are imported when a command runs, not with --help
     import numpy as np
 
-    from napari_finetune.arrays import VolumeArray
+    from napari_finetune.arrays import AxesImage, VolumeArray
     from napari_finetune.cli.run import RunOutcome
     from napari_finetune.io.volume import Volume
     from napari_finetune.model.checkpoint import Checkpoint
@@ -59,6 +60,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="name of the labels image holding the corrections (default: %(default)s)",
     )
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    add_channel_option(p)
     add_trust_option(p)
     p.add_argument(
         "--fresh",
@@ -99,6 +101,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "the store's scale): --instances measures distances in it, and a model trained at "
         "another voxel size is warned about",
     )
+    add_channel_option(p)
     add_trust_option(p)
     add_predict_options(p)
     predict_cluster.add_options(p)
@@ -193,9 +196,17 @@ def train(args: argparse.Namespace) -> int:
     if not snapshot_dir.is_dir():
         raise FileNotFoundError(2, "folder of --memory-snapshot does not exist", str(snapshot_dir))
     ckpt = load_checkpoint(args.checkpoint, trust=args.trust_factory)
-    volume = open_volume(args.volume)
+    volume = open_volume(args.volume, keep_axes=True)
+    image = _model_input(volume, ckpt, args.channel)
+    if not image.is_plain and (world_size > 1 or args.scheduler is not None):
+        from napari_finetune.cli import UsageError
+
+        raise UsageError(
+            f"--nproc and --scheduler train on a single-channel volume of one time point; "
+            f"{args.volume} is {image.axes.upper()}: leave them out."
+        )
     corrections = load_corrections(args.volume, args.corrections)
-    _say_missing(volume)
+    _say_missing(image)
     if config.voxel_size is None and volume.voxel_size is not None:  # --voxel-size wins
         config = dataclasses.replace(config, voxel_size=volume.voxel_size)
     if world_size > 1:
@@ -203,7 +214,7 @@ def train(args: argparse.Namespace) -> int:
     elif args.scheduler is not None:
         outcome = _train_remotely(ckpt, volume.data, corrections, config, args)
     else:  # the default patch is fitted as the widget fits its patch; a given one is kept
-        outcome = run_finetune(ckpt, volume.data, corrections, config, args.out, quiet=args.quiet,
+        outcome = run_finetune(ckpt, image, corrections, config, args.out, quiet=args.quiet,
                                fit_patch=args.patch_shape is None)
     line = describe_outcome(outcome, config.steps, args.out)
     if (outcome.stopped or outcome.exit_code == 0) and outcome.speaks:
@@ -256,8 +267,17 @@ def predict(args: argparse.Namespace) -> int:
         ckpt = load_checkpoint(args.checkpoint, trust=args.trust_factory)
         instances = _instance_roles(ckpt, overrides)
     if predict_cluster.wanted(args):  # the default stays in process, below
-        volume = open_volume(args.volume)
-        _say_missing(volume)
+        volume = open_volume(args.volume, keep_axes=True)
+        if not volume.input.is_plain:
+            from napari_finetune.cli import UsageError
+
+            # The cluster's tasks cut spatial regions of one channel; a time series or
+            # channels would need a task per time point: not there yet.
+            raise UsageError(
+                f"--workers and --scheduler predict a single-channel volume of one time "
+                f"point; {args.volume} is {volume.input.axes.upper()}: leave them out."
+            )
+        _say_missing(volume.input)
         if instances is not None:
             _say_voxel_size(ckpt, args.voxel_size or volume.voxel_size)
             instances = _roles_from_painting(ckpt, instances, args.volume,
@@ -265,8 +285,9 @@ def predict(args: argparse.Namespace) -> int:
         return predict_cluster.run(args, config, instances)
     if not args.instances:
         ckpt = load_checkpoint(args.checkpoint, trust=args.trust_factory)
-    volume = open_volume(args.volume)
-    _say_missing(volume)
+    volume = open_volume(args.volume, keep_axes=True)
+    image = _model_input(volume, ckpt, args.channel)
+    _say_missing(image)
     voxel_size = args.voxel_size or volume.voxel_size
     _say_voxel_size(ckpt, voxel_size)
     if instances is not None:
@@ -293,7 +314,7 @@ def predict(args: argparse.Namespace) -> int:
     try:
         names = predict_to_omezarr(
             ckpt, args.volume, args.name, config, progress=progress, log=log,
-            instances=instances, voxel_size=voxel_size,
+            instances=instances, voxel_size=voxel_size, channel=args.channel,
         )
     except PredictOutOfMemoryError as exc:
         from napari_finetune.cli import CLIError
@@ -461,11 +482,24 @@ def _roles_from_painting(
     return found.roles
 
 
-def _say_missing(volume: Volume) -> None:
+def _model_input(volume: Volume, ckpt: Checkpoint, channel: int | None) -> AxesImage:
+    """The store's image as the model takes it (all channels, or ``--channel``); a
+    one-line UsageError naming the choice when the channels do not fit the model."""
+    from napari_finetune.arrays import ChannelChoiceError
+    from napari_finetune.cli import UsageError
+    from napari_finetune.devices import model_in_channels
+
+    try:
+        return volume.input.for_model(model_in_channels(ckpt.model), channel)
+    except ChannelChoiceError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _say_missing(image: AxesImage) -> None:
     """Print the one line on the image's NaN/inf voxels, if it has any."""
     from napari_finetune.data.normalization import describe_missing
 
-    line = describe_missing(volume.data, "".join(volume.axes))
+    line = describe_missing(image.array, image.axes)
     if line:
         print(line)
 

@@ -23,8 +23,8 @@ if TYPE_CHECKING:  # the trainer (torch) is imported when a run starts, not with
     from napari_finetune.trainer.status import Status
 
 __all__ = [
-    "DEVICE_METAVAR", "add_config_options", "config_from_args", "device_option", "field_docs",
-    "given_options", "voxel_size_option",
+    "DEVICE_METAVAR", "add_channel_option", "add_config_options", "config_from_args",
+    "device_option", "field_docs", "given_options", "voxel_size_option",
 ]
 
 # --device's values in the usage and help: the names argparse accepts (cuda:N: GPU N).
@@ -38,6 +38,15 @@ def device_option(text: str) -> str:
             f"unknown device {text!r}: use {', '.join(DEVICE_NAMES[:-1])} or {DEVICE_NAMES[-1]}"
         )
     return text
+
+
+def add_channel_option(parser: argparse.ArgumentParser) -> None:
+    """``--channel N``: the store's channel a single-channel model trains or predicts on."""
+    parser.add_argument(
+        "--channel", type=int, metavar="N", default=None,
+        help="for a store with several channels and a model that takes one: the channel "
+        "(0, 1, ...) it works on; a model taking as many channels as the store takes them all",
+    )
 
 
 def voxel_size_option(text: str) -> VoxelSize:

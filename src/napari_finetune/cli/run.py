@@ -30,7 +30,7 @@ from napari_finetune.config import FinetuneConfig
 from napari_finetune.errors import first_line
 
 if TYPE_CHECKING:
-    from napari_finetune.arrays import VolumeArray
+    from napari_finetune.arrays import AxesImage, VolumeArray
     from napari_finetune.model.checkpoint import Checkpoint
     from napari_finetune.trainer.loop import Finetuner
     from napari_finetune.trainer.sync import LocalSync
@@ -131,7 +131,7 @@ class _SignalGuard:
 
 def run_finetune(
     ckpt: Checkpoint,
-    image: VolumeArray,
+    image: VolumeArray | AxesImage,
     corrections: np.ndarray,
     config: FinetuneConfig,
     out: Path,

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from napari_finetune.arrays import VolumeArray
+from napari_finetune.arrays import AxesImage, VolumeArray
 
 MAX_SAMPLE_VOXELS = 2_000_000
 # What the network sees at a missing voxel: the low end of the range (dark, empty).
@@ -71,6 +71,35 @@ def intensity_range(image: VolumeArray, spec: dict[str, Any]) -> tuple[float, fl
     if not high > low:
         high = low + 1.0  # a constant image: avoid dividing by zero
     return low, high
+
+
+def intensity_ranges(image: AxesImage, spec: dict[str, Any]) -> list[tuple[float, float]]:
+    """:func:`intensity_range` of each channel of ``image`` (over all its time points).
+
+    Channels differ in offset and contrast (a nuclear stain beside a membrane
+    marker), so each is normalised on its own; a single-channel image gives one range.
+    """
+    if image.channels == 1 and "c" not in image.axes:
+        return [intensity_range(image.array, spec)]
+    return [intensity_range(image.channel(c).array, spec) for c in range(image.channels)]
+
+
+def image_range(
+    image: VolumeArray | AxesImage, spec: dict[str, Any]
+) -> tuple[float, float] | list[tuple[float, float]]:
+    """The range of a plain volume or of one channel (over its time points), or each
+    channel's range (:func:`intensity_ranges`): what prediction normalises with."""
+    if not isinstance(image, AxesImage):
+        return intensity_range(image, spec)
+    return intensity_ranges(image, spec) if "c" in image.axes else intensity_range(
+        image.array, spec)
+
+
+def normalize_channels(block: np.ndarray, ranges: list[tuple[float, float]]) -> np.ndarray:
+    """``(C, *spatial)`` raw values normalised channel by channel (:func:`normalize`)."""
+    if len(ranges) != block.shape[0]:
+        raise ValueError(f"{len(ranges)} normalisation ranges for {block.shape[0]} channels")
+    return np.stack([normalize(channel, *r) for channel, r in zip(block, ranges, strict=True)])
 
 
 def normalize(block: np.ndarray, low: float, high: float) -> np.ndarray:

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from napari_finetune.arrays import VolumeArray
+from napari_finetune.arrays import AxesImage, VolumeArray
 from napari_finetune.data.holdout import HeldOut, holdout_tile_shape, split_holdout
-from napari_finetune.data.normalization import missing_mask, normalize
+from napari_finetune.data.normalization import missing_mask, normalize, normalize_channels
 from napari_finetune.data.region_cache import RegionCache, reachable_tiles
 
 # Bounds memory when someone paints with a huge brush: anchors are a sample.
@@ -32,14 +32,20 @@ class PatchSampler:
 
     Parameters
     ----------
-    image : array-like
-        Raw volume (numpy, zarr or dask), ZYX or YX.
+    image : array-like or AxesImage
+        Raw volume (numpy, zarr or dask), ZYX or YX; or an
+        :class:`~napari_finetune.arrays.AxesImage` with channels (every patch holds
+        them all, the model's input channels) and/or time points (a patch is cut
+        from one time point, anchored on a voxel painted at that time).
     corrections : array-like
-        Labels of the same shape: 0 unpainted, 1 background, k >= 2 channel k-2.
+        Labels of the image's shape without its channel axis
+        (:attr:`~napari_finetune.arrays.AxesImage.labels_shape`): 0 unpainted,
+        1 background, k >= 2 channel k-2.
     patch_shape : tuple of int
-        Spatial patch size, one entry per image axis.
-    normalization_range : (float, float)
-        Intensities mapped to 0 and 1 (see ``data.normalization``).
+        Spatial patch size, one entry per spatial axis.
+    normalization_range : (float, float), or a list of them
+        Intensities mapped to 0 and 1 (see ``data.normalization``), one pair per
+        channel of an image with channels.
     seed : int
         Seeds the generator; the same seed gives the same patches.
     augment : bool
@@ -63,31 +69,49 @@ class PatchSampler:
 
     def __init__(
         self,
-        image: VolumeArray,
+        image: VolumeArray | AxesImage,
         corrections: VolumeArray,
         patch_shape: tuple[int, ...],
-        normalization_range: tuple[float, float],
+        normalization_range: tuple[float, float] | list[tuple[float, float]],
         seed: int = 0,
         augment: bool = True,
         max_label: int | None = None,
         cache_bytes: int = 0,
         holdout_fraction: float = 0.0,
     ) -> None:
-        self.image = image
+        self.axes_image = AxesImage.of(image)
+        # A plain volume keeps the path it always took (region cache, held-out voxels).
+        self.plain = self.axes_image.is_plain
+        self.image = self.axes_image.array
         self.corrections = corrections
-        self.shape = tuple(int(s) for s in image.shape)
+        # The painting's shape: the image's without channels, a time axis first if any.
+        self.shape = self.axes_image.labels_shape
         self.patch_shape = tuple(int(s) for s in patch_shape)
         if tuple(corrections.shape) != self.shape:
             raise ValueError(
                 f"the corrections have shape {tuple(corrections.shape)} but the image has "
-                f"shape {self.shape}; paint on a labels layer made for this image."
+                f"shape {self.shape} (axes {self.axes_image.labels_axes.upper()} without "
+                "channels); paint on a labels layer made for this image."
             )
-        if len(self.patch_shape) != len(self.shape):
+        spatial = self.axes_image.spatial_shape
+        if len(self.patch_shape) != len(spatial):
             raise ValueError(
                 f"patch_shape {self.patch_shape} has {len(self.patch_shape)} axes but the "
-                f"image has {len(self.shape)} ({self.shape}); give one size per axis."
+                f"image has {len(spatial)} ({spatial}); give one size per axis."
             )
-        self.low, self.high = (float(v) for v in normalization_range)
+        # A patch spans one time point: its box over the painting has extent 1 there.
+        self._box_patch = (1,) * self.axes_image.has_time + self.patch_shape
+        pairs = (
+            normalization_range if isinstance(normalization_range, list)
+            else [normalization_range]
+        )
+        self.ranges = [(float(lo), float(hi)) for lo, hi in pairs]
+        if len(self.ranges) != self.axes_image.channels:
+            raise ValueError(
+                f"{len(self.ranges)} normalisation ranges for an image of "
+                f"{self.axes_image.channels} channels; give one (low, high) per channel."
+            )
+        self.low, self.high = self.ranges[0]
         self.augment = augment
         self.rng = np.random.default_rng(seed)
         self.anchors, self.class_counts = _find_anchors(corrections, self.rng)
@@ -102,10 +126,12 @@ class PatchSampler:
                 f"{max_label} (1 = background, 2.. = its {max_label - 1} channels); "
                 "repaint those voxels with a valid label."
             )
-        self.caches = self._region_caches(int(cache_bytes))
+        # Channels and time points read each patch from the arrays and keep no voxels
+        # out: the region cache and the held-out check read spatial boxes of one channel.
+        self.caches = self._region_caches(int(cache_bytes)) if self.plain else None
         self.holdout: HeldOut = split_holdout(
-            self.anchors, self.shape, holdout_tile_shape(self.patch_shape), holdout_fraction,
-            seed=seed,
+            self.anchors, self.shape, holdout_tile_shape(self._box_patch),
+            holdout_fraction if self.plain else 0.0, seed=seed,
         )
         if self.holdout:
             # Held-out voxels anchor no patch; _read_patch also unpaints them in patches
@@ -135,10 +161,14 @@ class PatchSampler:
         For previews and predictions during a run: a region the run already
         holds is not read from the store again; any other region is, and the
         cache is never filled from here (that happens in the sampling thread).
+        An image with channels or time points gives ``(C, *spatial)`` of ``box``
+        over its painting (a time point first).
         """
         box = tuple(
             slice(*b.indices(s)[:2]) for b, s in zip(box, self.shape, strict=True)
         )
+        if not self.plain:  # (C, *spatial) of one time point
+            return self.axes_image.read(box)
         if self.caches is not None and self.caches[0].covers(box):
             return self.caches[0].read(box)
         return np.asarray(self.image[box])
@@ -185,12 +215,12 @@ class PatchSampler:
         Returns
         -------
         images : np.ndarray
-            float32, shape ``(n, 1, *patch_shape)``, normalised.
+            float32, shape ``(n, C, *patch_shape)``, normalised (C = 1 without channels).
         labels : np.ndarray
             int64, shape ``(n, *patch_shape)``, the raw correction values.
         """
         classes = self.classes_present
-        images = np.empty((n, 1, *self.patch_shape), dtype=np.float32)
+        images = np.empty((n, len(self.ranges), *self.patch_shape), dtype=np.float32)
         labels = np.empty((n, *self.patch_shape), dtype=np.int64)
         # Classes take turns from a random start so every class appears in
         # every batch of at least len(classes) patches.
@@ -201,41 +231,52 @@ class PatchSampler:
             image, label = self._read_patch(anchor)
             if self.augment:
                 image, label = self._augment(image, label)
-            images[i, 0] = image
+            images[i] = image
             labels[i] = label
         return images, labels
 
     def _read_patch(self, anchor: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         starts = []
-        for a, p, s in zip(anchor, self.patch_shape, self.shape, strict=True):
+        for a, p, s in zip(anchor, self._box_patch, self.shape, strict=True):
             start = int(a) - int(self.rng.integers(p))  # jitter: anchor anywhere in the patch
             starts.append(min(max(start, 0), max(s - p, 0)))
         box = tuple(
             slice(st, min(st + p, s))
-            for st, p, s in zip(starts, self.patch_shape, self.shape, strict=True)
+            for st, p, s in zip(starts, self._box_patch, self.shape, strict=True)
         )
-        if self.caches is None:
-            raw = np.asarray(self.image[box])
+        if not self.plain:
+            raw = self.axes_image.read(box)  # (C, *spatial) of the anchor's time point
             label = np.asarray(self.corrections[box]).astype(np.int64)
+            label = label.reshape(label.shape[-len(self.patch_shape):])
+            image = normalize_channels(raw, self.ranges)
+            per_channel = missing_mask(raw)
+            # One channel without a value is enough.
+            missing = None if per_channel is None else np.asarray(per_channel.any(axis=0))
         else:
-            raw = self.caches[0].read(box)
-            label = self.caches[1].read(box).astype(np.int64)
-        self.holdout.mask_box(label, box)
-        image = normalize(raw, self.low, self.high)
-        missing = missing_mask(raw)
+            if self.caches is None:
+                raw = np.asarray(self.image[box])
+                label = np.asarray(self.corrections[box]).astype(np.int64)
+            else:
+                raw = self.caches[0].read(box)
+                label = self.caches[1].read(box).astype(np.int64)
+            self.holdout.mask_box(label, box)
+            image = normalize(raw, self.low, self.high)[None]
+            missing = missing_mask(raw)
         if missing is not None:
             label[missing] = 0  # a painted voxel without an image value teaches nothing
-        pad = [(0, p - got) for p, got in zip(self.patch_shape, image.shape, strict=True)]
+        pad = [(0, p - got) for p, got in zip(self.patch_shape, label.shape, strict=True)]
         if any(after for _, after in pad):
             # Volume smaller than the patch: mirror the image, leave labels unpainted.
-            image = np.pad(image, pad, mode="reflect" if min(image.shape) > 1 else "edge")
+            image = np.pad(image, [(0, 0), *pad],
+                           mode="reflect" if min(label.shape) > 1 else "edge")
             label = np.pad(label, pad, mode="constant")
         return image, label
 
     def _augment(self, image: np.ndarray, label: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        for axis in range(image.ndim):
+        # ``image`` is (C, *spatial): its spatial axis i is axis i + 1.
+        for axis in range(label.ndim):
             if self.rng.random() < 0.5:
-                image, label = np.flip(image, axis), np.flip(label, axis)
+                image, label = np.flip(image, axis + 1), np.flip(label, axis)
         y, x = image.shape[-2:]
         # A quarter turn only keeps the patch shape when the YX plane is square.
         k = int(self.rng.integers(4)) if y == x else 2 * int(self.rng.integers(2))

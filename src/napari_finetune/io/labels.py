@@ -122,7 +122,7 @@ def write_labels(
         The ``labels/<name>`` directory.
     """
     _check_name(name)
-    volume = open_volume(path)
+    volume = open_volume(path, keep_axes=True)  # a time series has labels per time point
     store = volume.path  # the image group (series 0 of a bioformats2raw store)
     _check_array(volume, array, f"labels {name!r}")
     check_writable(store, name)
@@ -212,7 +212,7 @@ def save_corrections(
 
 def load_corrections(path: str | os.PathLike, name: str = "corrections") -> np.ndarray:
     """Level 0 of ``labels/<name>`` as numpy; :class:`VolumeError` when absent or mismatched."""
-    volume = open_volume(path)
+    volume = open_volume(path, keep_axes=True)  # a time series has labels per time point
     store = volume.path
     try:
         check_writable(store, None)
@@ -225,7 +225,7 @@ def load_corrections(path: str | os.PathLike, name: str = "corrections") -> np.n
             f"{store} has no labels/{name} (labels found: {found}); paint corrections and "
             "save them first, or pick one of the labels found."
         )
-    labels = open_volume(store / "labels" / name)
+    labels = open_volume(store / "labels" / name, keep_axes=True)
     _check_array(volume, labels.data, f"labels/{name}")
     return np.asarray(labels.data)
 
@@ -259,7 +259,7 @@ def create_labels_array(
         Level 0, opened for writing, filled with 0.
     """
     _check_name(name)
-    volume = open_volume(path)
+    volume = open_volume(path, keep_axes=True)  # a time series has labels per time point
     store = volume.path  # the image group (series 0 of a bioformats2raw store)
     _check_array(volume, _Shape(shape, dtype), f"labels {name!r}")
     check_writable(store, name)

@@ -49,10 +49,11 @@ def bounded_chunks(chunks: tuple[int, ...], max_voxels: int = MAX_CHUNK_VOXELS) 
 
 
 def axes_meta(volume: Volume) -> list[dict[str, str]]:
-    """NGFF axes of the volume's spatial axes (labels have no channel or time axis)."""
+    """NGFF axes of the volume's labels: its spatial axes, after its time axis if it has
+    one (labels have no channel axis: one value per voxel)."""
     axes = []
     for a in volume.axes:
-        entry = {"name": a, "type": "space"}
+        entry = {"name": a, "type": "time" if a == "t" else "space"}
         if a in volume.axis_units:
             entry["unit"] = volume.axis_units[a]
         axes.append(entry)

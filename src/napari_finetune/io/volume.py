@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import dask.array as da
 
+from napari_finetune.arrays import AxesImage
 from napari_finetune.io.ngff import ngff_format, zarr_format_of, zarr_kind
 from napari_finetune.io.ome_zarr_log import quiet_ome_zarr
 
@@ -61,6 +62,11 @@ class Volume:
         The axes as stored, before squeezing (labels are written with ``axes``).
     axis_units : dict
         Units of the spatial axes, when the store records them.
+    image : AxesImage, optional
+        Level 0 with its time points and channels, opened with ``keep_axes``
+        (:attr:`input`); ``levels`` then keep a time axis (the labels have it)
+        but no channel axis (labels have one value per voxel, not per channel).
+        Its ``channel_names`` are the store's ``omero`` channel labels.
     """
 
     levels: list[da.Array]
@@ -74,6 +80,7 @@ class Volume:
     zarr_format: int = 3
     full_axes: list[str] = field(default_factory=list)
     axis_units: dict[str, str] = field(default_factory=dict)
+    image: AxesImage | None = None
 
     @property
     def data(self) -> da.Array:
@@ -81,8 +88,19 @@ class Volume:
         return self.levels[0]
 
     @property
+    def input(self) -> AxesImage:
+        """Level 0 with its axes named: channels and time points included when kept."""
+        return self.image if self.image is not None else AxesImage(self.data, "".join(self.axes))
+
+    @property
+    def spatial_axes(self) -> list[str]:
+        """``axes`` without a time axis."""
+        return [a for a in self.axes if a in SPATIAL_AXES]
+
+    @property
     def ndim(self) -> int:
-        return len(self.axes)
+        """Number of spatial axes."""
+        return len(self.spatial_axes)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -100,10 +118,12 @@ class Volume:
         given no scale stores (NGFF requires one). Axes in different units (z in
         micrometer, y and x in nanometer) are converted to nanometers.
         """
-        scale = [float(s) for s in (self.scale[0] if self.scale else [])]
+        spatial = [i for i, a in enumerate(self.axes) if a in SPATIAL_AXES]
+        scale = [float(s) for i, s in enumerate(self.scale[0] if self.scale else [])
+                 if i in spatial]
         if len(scale) != self.ndim or (all(s == 1.0 for s in scale) and not self.axis_units):
             return None
-        units = [self.axis_units.get(axis) for axis in self.axes]
+        units = [self.axis_units.get(axis) for axis in self.spatial_axes]
         if len(set(units)) > 1 and all(u in _NANOMETERS for u in units):
             scale = [s * _NANOMETERS[str(u)] for s, u in zip(scale, units, strict=True)]
         return tuple(scale) if all(s > 0 for s in scale) else None
@@ -182,7 +202,9 @@ def list_labels(path: str | os.PathLike) -> list[str]:
     return [n for n in dict.fromkeys(names) if zarr_kind(labels_dir / str(n)) == "group"]
 
 
-def open_volume(path: str | os.PathLike, ndim: int | None = None) -> Volume:
+def open_volume(
+    path: str | os.PathLike, ndim: int | None = None, *, keep_axes: bool = False
+) -> Volume:
     """Open an OME-Zarr image lazily.
 
     Parameters
@@ -191,12 +213,16 @@ def open_volume(path: str | os.PathLike, ndim: int | None = None) -> Volume:
         The image group (the store root, or e.g. ``store.zarr/labels/name``).
     ndim : int, optional
         Require this many spatial axes (3 for ZYX) after squeezing t/c.
+    keep_axes : bool
+        Keep time points and channels (more than one of either): the image goes
+        to :attr:`Volume.image`, the levels keep the time axis and take the first
+        channel (the labels' geometry). Without it such a store is refused.
 
     Raises
     ------
     VolumeError
         Missing path, not zarr, zarr without NGFF multiscales, more than one
-        channel or time point, or the wrong dimensionality.
+        channel or time point (without ``keep_axes``), or the wrong dimensionality.
     """
     from ome_zarr.reader import Multiscales, Reader
 
@@ -204,7 +230,8 @@ def open_volume(path: str | os.PathLike, ndim: int | None = None) -> Volume:
     is_array = zarr_kind(p) == "array"
     attrs = {} if is_array else (loc := open_location(p)).root_attrs
     if "bioformats2raw.layout" in attrs and zarr_kind(p / "0") == "group":
-        return open_volume(p / "0", ndim)  # bioformats2raw output: the image is series 0
+        # bioformats2raw output: the image is series 0
+        return open_volume(p / "0", ndim, keep_axes=keep_axes)
     if "plate" in attrs or "well" in attrs:
         raise VolumeError(
             f"{p} is an HCS {'plate' if 'plate' in attrs else 'well'}, not one image; open "
@@ -238,15 +265,20 @@ def open_volume(path: str | os.PathLike, ndim: int | None = None) -> Volume:
         full_axes = ["t", "c", "z", "y", "x"][-len(shape0):]
 
     keep: list[int] = []
+    kept_image: list[int] = []  # the axes of Volume.image: the labels' and a channel axis
     for i, (axis, size) in enumerate(zip(full_axes, shape0, strict=True)):
-        if axis in SPATIAL_AXES:
+        if axis in SPATIAL_AXES or (keep_axes and axis == "t" and size != 1):
             keep.append(i)
+            kept_image.append(i)
+        elif keep_axes and axis == "c" and size != 1:
+            kept_image.append(i)
         elif size != 1:
             kind = {"c": "channels", "t": "time points"}.get(axis, f"entries on axis {axis!r}")
             raise VolumeError(
                 f"{p} has {size} {kind} (axes {''.join(full_axes).upper()}, shape {shape0}) "
-                "but napari-finetune works on a single-channel volume; save the channel "
-                "(and time point) to correct as its own OME-Zarr image."
+                "but the dock widget works on one channel of one time point; use "
+                "napari-finetune train/predict on the command line (channels, time points), "
+                "or save the channel (and time point) to correct as its own OME-Zarr image."
             )
     index = tuple(slice(None) if i in keep else 0 for i in range(len(shape0)))
 
@@ -261,6 +293,13 @@ def open_volume(path: str | os.PathLike, ndim: int | None = None) -> Volume:
         translations.append([trans[i] for i in keep])
 
     name = multiscale.get("name") or p.name.removesuffix(".zarr").removesuffix(".ome")
+    image = None
+    if len(kept_image) > len(keep) or any(full_axes[i] == "t" for i in keep):
+        level0 = node.data[0] if isinstance(node.data[0], da.Array) else da.asarray(node.data[0])
+        image = AxesImage(level0[tuple(slice(None) if i in kept_image else 0
+                                       for i in range(len(shape0)))],
+                          "".join(full_axes[i] for i in kept_image),
+                          tuple(_channel_names(attrs)))
     volume = Volume(
         levels=[lv if isinstance(lv, da.Array) else da.asarray(lv) for lv in levels],
         axes=[full_axes[i] for i in keep],
@@ -273,6 +312,7 @@ def open_volume(path: str | os.PathLike, ndim: int | None = None) -> Volume:
         zarr_format=int(loc.fmt.zarr_format),
         full_axes=full_axes,
         axis_units={k: v for k, v in units.items() if k in SPATIAL_AXES},
+        image=image,
     )
     if volume.ndim not in (2, 3):
         raise VolumeError(
@@ -281,3 +321,10 @@ def open_volume(path: str | os.PathLike, ndim: int | None = None) -> Volume:
     if ndim is not None:
         require_ndim(volume, ndim)
     return volume
+
+
+def _channel_names(attrs: dict[str, Any]) -> list[str]:
+    """The channels' labels in the store's ``omero`` metadata (NGFF 0.5: inside ``ome``)."""
+    omero = attrs.get("omero") or (attrs.get("ome") or {}).get("omero") or {}
+    channels = omero.get("channels") if isinstance(omero, dict) else None
+    return [str(c.get("label", "")) for c in channels or [] if isinstance(c, dict)]

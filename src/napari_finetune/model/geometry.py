@@ -220,10 +220,10 @@ def _size_at(start: int, level: int) -> int:
 
 def _run(model: nn.Module, shape: tuple[int, ...]) -> tuple[int | None, str]:
     """(output channels, "") when ``model`` maps ``shape`` to ``shape``, else (None, why)."""
-    from napari_finetune.devices import model_device
+    from napari_finetune.devices import model_device, model_in_channels
     from napari_finetune.errors import is_oom_error
 
-    x = torch.zeros((1, 1, *shape), device=model_device(model))
+    x = torch.zeros((1, model_in_channels(model), *shape), device=model_device(model))
     try:
         with torch.no_grad():
             out = model(x)

@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from napari_finetune.arrays import VolumeArray
+from napari_finetune.arrays import AxesImage, VolumeArray
 from napari_finetune.data.normalization import (
     background_where_missing,
     missing_mask,
     normalize,
+    normalize_channels,
 )
 from napari_finetune.devices import empty_device_cache
 
@@ -51,33 +52,43 @@ class RegionPredictor:
     ----------
     model : torch.nn.Module
         Already on ``device``.
-    image : array-like
-        The whole volume; only core + halo is read per tile.
+    image : array-like or AxesImage
+        The whole volume; only core + halo is read per tile. An image with
+        channels (one time point) is read with all of them.
     low, high : float
-        Normalisation range.
+        Normalisation range (of a single-channel image).
     halo : tuple of int
         Context on each side, trimmed from the output.
     device : str
         Where the model runs.
     log : callable, optional
         Receives one line per step down.
+    ranges : list of (float, float), optional
+        One normalisation range per channel of an image with channels.
     """
 
     def __init__(
         self,
         model: torch.nn.Module,
-        image: VolumeArray,
+        image: VolumeArray | AxesImage,
         low: float,
         high: float,
         halo: Sequence[int],
         device: str,
         log: Log | None = None,
+        ranges: list[tuple[float, float]] | None = None,
     ) -> None:
-        self.model, self.image, self.low, self.high = model, image, low, high
+        axes_image = AxesImage.of(image)
+        if axes_image.has_time:
+            raise ValueError("predict one time point at a time (AxesImage.at_time)")
+        # A plain volume takes the path it always took; channels go through read().
+        self.channels = None if axes_image.is_plain else axes_image
+        self.ranges = ranges or [(low, high)]
+        self.model, self.image, self.low, self.high = model, axes_image.array, low, high
         self.halo = tuple(int(h) for h in halo)
         self.device = device
         self.log = log or (lambda _line: None)
-        self.shape = tuple(int(s) for s in image.shape)
+        self.shape = axes_image.spatial_shape
         self.multiple = spatial_multiple(model, len(self.shape))
         self.block: tuple[int, ...] | None = None  # None: a whole region per call
 
@@ -93,10 +104,18 @@ class RegionPredictor:
             ]
             read = tuple(r for r, _ in spans)
             inner = tuple(i for _, i in spans)
-            raw = np.asarray(self.image[read])
-            probs = predict_batch(self.model, normalize(raw, self.low, self.high)[None],
-                                  self.device)[0]
-            background_where_missing(probs[(slice(None),) + inner], missing_mask(raw[inner]))
+            if self.channels is None:
+                raw = np.asarray(self.image[read])
+                probs = predict_batch(self.model, normalize(raw, self.low, self.high)[None],
+                                      self.device)[0]
+                missing = missing_mask(raw[inner])
+            else:
+                raw = self.channels.read(read)
+                probs = predict_batch(self.model, normalize_channels(raw, self.ranges)[None],
+                                      self.device, channels=True)[0]
+                per_channel = missing_mask(raw[(slice(None),) + inner])
+                missing = None if per_channel is None else np.asarray(per_channel.any(axis=0))
+            background_where_missing(probs[(slice(None),) + inner], missing)
             if out is None:
                 out = np.empty((probs.shape[0], *sizes), np.float32)
             where = tuple(

@@ -30,11 +30,11 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from napari_finetune.arrays import ArrayTarget, VolumeArray
+from napari_finetune.arrays import ArrayTarget, AxesImage, AxisTaken, WritableVolume
 from napari_finetune.config import PredictConfig
 from napari_finetune.devices import check_model_fits_image, on_device, resolve_device
 from napari_finetune.objects import ChannelRole, blockwise_instances
@@ -56,6 +56,7 @@ def predict_to_omezarr(
     log: Log | None = None,
     instances: Mapping[str, ChannelRole] | None = None,
     voxel_size: Sequence[float] | None = None,
+    channel: int | None = None,
 ) -> list[str]:
     """Predict an OME-Zarr volume and write one NGFF label image per channel.
 
@@ -86,6 +87,14 @@ def predict_to_omezarr(
     voxel_size : sequence of float, optional
         The volume's voxel size for the objects' distances; default the store's
         NGFF scale (:attr:`~napari_finetune.io.volume.Volume.voxel_size`).
+    channel : int, optional
+        The store's channel a single-channel model predicts, for a store with
+        several (:meth:`~napari_finetune.arrays.AxesImage.for_model`); a model
+        with as many input channels as the store takes them all.
+
+    A store with time points is predicted one time point at a time (one block per
+    time point and region); its labels have the store's axes without ``c``, and the
+    objects are numbered per time point.
 
     Returns the label names written (the masks', then the objects').
 
@@ -96,7 +105,8 @@ def predict_to_omezarr(
     """
     import zarr
 
-    from napari_finetune.data.normalization import intensity_range
+    from napari_finetune.data.normalization import intensity_ranges
+    from napari_finetune.devices import model_in_channels
     from napari_finetune.io.labels import prediction_metadata
     from napari_finetune.io.omezarr import create_labels_array, open_volume
     from napari_finetune.io.pyramid import fill_pyramid
@@ -105,49 +115,66 @@ def predict_to_omezarr(
 
     # The public path, not napari_finetune.loading, which sits above the predictor.
     ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else load_checkpoint(checkpoint)
-    volume = open_volume(Path(store_path))
-    image = volume.data
+    volume = open_volume(Path(store_path), keep_axes=True)
+    image = volume.input.for_model(model_in_channels(ckpt.model), channel)
+    spatial = image.spatial_shape
     config = config or PredictConfig()
-    check_model_fits_image(ckpt.model, tuple(image.shape))
-    block_shape, halo = spatial_config(config, image.ndim)
-    chunks = tuple(min(b, s) for b, s in zip(block_shape, image.shape, strict=True))
+    check_model_fits_image(ckpt.model, spatial)
+    block_shape, halo = spatial_config(config, len(spatial))
+    chunks = tuple(min(b, s) for b, s in zip(block_shape, spatial, strict=True))
+    # Labels have the image's axes without channels: one chunk per time point.
+    shape = image.labels_shape
+    label_chunks = (1,) * image.has_time + chunks
     names = [f"{name_prefix}-{channel}" for channel in ckpt.channel_names]
     roles = instance_roles(instances, ckpt.channel_names)
     object_names = objects_names(name_prefix, list(roles))
-    low, high = intensity_range(image, ckpt.normalization)
+    ranges = intensity_ranges(image, ckpt.normalization)
     device = resolve_device(config.device)
-    regions = region_grid(image.shape, chunks)
+    regions = region_grid(spatial, chunks)
 
     with ExitStack() as stack:
         # Entered in order, left in reverse: all are swapped in only after the body.
         targets: list[ArrayTarget] = []
         pyramids: list[Path] = []
         classes = zip(names, ckpt.channel_names, ckpt.channel_colors, strict=True)
-        for name, channel, color in classes:
+        for name, channel_name, color in classes:
             staging = stack.enter_context(staged_replace(volume.path, name))
             targets.append(create_labels_array(
-                store_path, name, tuple(image.shape), np.uint8, chunks,
-                *prediction_metadata(channel, color), staging=staging,
+                store_path, name, shape, np.uint8, label_chunks,
+                *prediction_metadata(channel_name, color), staging=staging,
             ))
             pyramids.append(staging / "labels" / name)
         objects = []
-        for name, channel in zip(object_names, roles, strict=True):
+        for name, channel_name in zip(object_names, roles, strict=True):
             staging = stack.enter_context(staged_replace(volume.path, name))
             objects.append(create_labels_array(
-                store_path, name, tuple(image.shape), np.uint32, chunks, staging=staging,
+                store_path, name, shape, np.uint32, label_chunks, staging=staging,
             ))
             pyramids.append(staging / "labels" / name)
             # Beside the staged image, so it goes when the staging folder does.
             prob = zarr.open_array(str(staging / "probability"), mode="w", zarr_format=3,
-                                   shape=tuple(image.shape), chunks=chunks, dtype=np.float32)
-            index = ckpt.channel_names.index(channel)
+                                   shape=shape, chunks=label_chunks, dtype=np.float32)
+            index = ckpt.channel_names.index(channel_name)
             targets[index] = MaskAndProbability(targets[index], prob)
-        _predict_regions(ckpt.model, image, (low, high), halo, device, regions, targets,
-                         progress, log)
-        for role, target, out in zip(roles.values(), [t for t in targets
-                                     if isinstance(t, MaskAndProbability)], objects, strict=True):
-            blockwise_instances(target.probability, role, chunks, out,
-                                voxel_size=voxel_size or volume.voxel_size)
+        total = len(regions) * image.time_points
+        for t in range(image.time_points):
+            def step(done: int, _of: int, before: int = t * len(regions)) -> None:
+                if progress is not None:
+                    progress(before + done, total)
+
+            _predict_regions(ckpt.model, image.at_time(t), ranges, halo, device, regions,
+                             [_at_time(target, t, image.has_time) for target in targets],
+                             step, log)
+        probabilities = [t for t in targets if isinstance(t, MaskAndProbability)]
+        for role, target, out in zip(roles.values(), probabilities, objects, strict=True):
+            for t in range(image.time_points):  # ids are numbered per time point
+                blockwise_instances(
+                    AxisTaken(target.probability, 0, t) if image.has_time
+                    else target.probability,
+                    role, chunks,
+                    AxisTaken(out, 0, t) if image.has_time else out,
+                    voxel_size=voxel_size or volume.voxel_size,
+                )
         for labels_image in pyramids:  # the image's smaller levels, before the swap
             fill_pyramid(zarr.open_group(str(labels_image), mode="r+"))
     return names + object_names
@@ -183,10 +210,21 @@ def instance_roles(
     return roles
 
 
+def _at_time(target: ArrayTarget, t: int, has_time: bool) -> ArrayTarget:
+    """``target`` at time point ``t`` (a view that writes there); itself without time."""
+    if not has_time:
+        return target
+    # The labels and probability arrays made above are zarr arrays: read and written alike.
+    if isinstance(target, MaskAndProbability):
+        return MaskAndProbability(AxisTaken(cast(WritableVolume, target.mask), 0, t),
+                                  AxisTaken(cast(WritableVolume, target.probability), 0, t))
+    return AxisTaken(cast(WritableVolume, target), 0, t)
+
+
 def _predict_regions(
     model: torch.nn.Module,
-    image: VolumeArray,
-    low_high: tuple[float, float],
+    image: AxesImage,
+    ranges: list[tuple[float, float]],
     halo: tuple[int, ...],
     device: str,
     regions: list[tuple[slice, ...]],
@@ -195,7 +233,7 @@ def _predict_regions(
     log: Log | None,
 ) -> None:
     with on_device(model, device):  # once for the whole volume, not per region
-        predictor = RegionPredictor(model, image, *low_high, halo, device, log)
+        predictor = RegionPredictor(model, image, *ranges[0], halo, device, log, ranges=ranges)
         for done, core in enumerate(regions, start=1):
             write_probs(targets, core, predictor(core))
             if progress is not None:

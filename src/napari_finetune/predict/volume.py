@@ -22,16 +22,25 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Generic, TypeVar, overload
+from typing import TYPE_CHECKING, Generic, TypeVar, cast, overload
 
 import numpy as np
 
-from napari_finetune.arrays import ArrayTarget, Index, Targets, VolumeArray
+from napari_finetune.arrays import (
+    ArrayTarget,
+    AxesImage,
+    AxisTaken,
+    Index,
+    Targets,
+    VolumeArray,
+    WritableVolume,
+)
 from napari_finetune.config import PredictConfig
 from napari_finetune.data.normalization import (
     background_where_missing,
     missing_mask,
     normalize,
+    normalize_channels,
 )
 from napari_finetune.devices import check_model_fits_image, on_device, resolve_device
 
@@ -76,10 +85,13 @@ def predict_block(model: torch.nn.Module, block: np.ndarray, device: str = "cpu"
     return predict_batch(model, block[None], device)[0]
 
 
-def predict_batch(model: torch.nn.Module, blocks: np.ndarray, device: str) -> np.ndarray:
-    """``(n, *spatial)`` normalised blocks -> ``(n, C, *spatial)`` probabilities."""
+def predict_batch(
+    model: torch.nn.Module, blocks: np.ndarray, device: str, channels: bool = False
+) -> np.ndarray:
+    """``(n, *spatial)`` normalised blocks -> ``(n, C, *spatial)`` probabilities;
+    with ``channels`` the blocks are ``(n, C_in, *spatial)`` (every input channel)."""
     with on_device(model, device), inference_mode(model):
-        return launch_batch(model, blocks, device).result()
+        return launch_batch(model, blocks, device, channels).result()
 
 
 @contextmanager
@@ -113,9 +125,11 @@ class PendingProbs:
         return self._probs.numpy()
 
 
-def launch_batch(model: torch.nn.Module, blocks: np.ndarray, device: str) -> PendingProbs:
+def launch_batch(
+    model: torch.nn.Module, blocks: np.ndarray, device: str, channels: bool = False
+) -> PendingProbs:
     """Start the model on ``(n, *spatial)`` normalised blocks; the model is on ``device``,
-    in :func:`inference_mode`.
+    in :func:`inference_mode`. With ``channels`` the blocks are ``(n, C_in, *spatial)``.
 
     The far side is padded up to the pooling multiple with reflection (not
     zeros: intensities stay plausible) and cropped off again. On CUDA the
@@ -124,13 +138,15 @@ def launch_batch(model: torch.nn.Module, blocks: np.ndarray, device: str) -> Pen
     """
     import torch
 
-    spatial = blocks.shape[1:]
+    lead = 2 if channels else 1
+    spatial = blocks.shape[lead:]
     multiple = spatial_multiple(model, len(spatial))
-    pad = [(0, 0)] + [(0, (-s) % m) for s, m in zip(spatial, multiple, strict=True)]
+    pad = [(0, 0)] * lead + [(0, (-s) % m) for s, m in zip(spatial, multiple, strict=True)]
     if any(p[1] for p in pad):
         blocks = np.pad(blocks, pad, mode="reflect")
     cuda = torch.device(device).type == "cuda"
-    x = torch.from_numpy(np.ascontiguousarray(blocks, dtype=np.float32)).unsqueeze(1)
+    x = torch.from_numpy(np.ascontiguousarray(blocks, dtype=np.float32))
+    x = x if channels else x.unsqueeze(1)
     if cuda:
         x = x.pin_memory()
     x = x.to(device, non_blocking=cuda)
@@ -210,11 +226,15 @@ def write_probs(out: Targets, core: tuple[slice, ...], probs: np.ndarray) -> Non
         out[(slice(None),) + core] = _as_target(probs, out.dtype)
 
 
+# One (low, high) for a single-channel image, or one per channel.
+Ranges = tuple[float, float] | list[tuple[float, float]]
+
+
 @overload
 def predict_volume(
     model: torch.nn.Module,
-    image: VolumeArray,
-    normalization_range: tuple[float, float],
+    image: VolumeArray | AxesImage,
+    normalization_range: Ranges,
     config: PredictConfig | None = None,
     out: None = None,
     progress: Progress | None = None,
@@ -224,8 +244,8 @@ def predict_volume(
 @overload
 def predict_volume(
     model: torch.nn.Module,
-    image: VolumeArray,
-    normalization_range: tuple[float, float],
+    image: VolumeArray | AxesImage,
+    normalization_range: Ranges,
     config: PredictConfig | None = None,
     *,
     out: T,
@@ -235,8 +255,8 @@ def predict_volume(
 
 def predict_volume(
     model: torch.nn.Module,
-    image: VolumeArray,
-    normalization_range: tuple[float, float],
+    image: VolumeArray | AxesImage,
+    normalization_range: Ranges,
     config: PredictConfig | None = None,
     out: Targets | None = None,
     progress: Progress | None = None,
@@ -247,10 +267,15 @@ def predict_volume(
     ----------
     model : torch.nn.Module
         Spatial dims must match the image's.
-    image : array-like
-        numpy, zarr or dask, ZYX or YX; read one block (plus halo) at a time.
-    normalization_range : (float, float)
-        Intensities mapped to 0 and 1 (:func:`~napari_finetune.data.normalization.intensity_range`).
+    image : array-like or AxesImage
+        numpy, zarr or dask, ZYX or YX; read one block (plus halo) at a time. An
+        :class:`~napari_finetune.arrays.AxesImage` with channels gives the model all
+        of them; one with time points is predicted one time point after the other,
+        into outputs with its time axis (``(C, T, *spatial)`` or one ``(T, *spatial)``
+        per channel).
+    normalization_range : (float, float), or one per channel
+        Intensities mapped to 0 and 1 (:func:`~napari_finetune.data.normalization.intensity_range`,
+        ``intensity_ranges`` for channels).
     config : PredictConfig, optional
         Block, halo, batch and device; its last ``image.ndim`` axes are used.
     out : array or list of arrays, optional
@@ -263,16 +288,24 @@ def predict_volume(
     Returns the ``out`` array(s), filled.
     """
     config = config or PredictConfig()
-    shape = tuple(int(s) for s in image.shape)
+    axes_image = AxesImage.of(image)
+    if axes_image.has_time:
+        return _predict_time_points(model, axes_image, normalization_range, config, out,
+                                    progress)
+    ranges = normalization_range if isinstance(normalization_range, list) else [
+        normalization_range]
+    # A plain volume is read as it always was; channels through AxesImage.read.
+    source: VolumeArray | AxesImage = axes_image.array if axes_image.is_plain else axes_image
+    shape = axes_image.spatial_shape
     check_model_fits_image(model, shape)
     block_shape, halo = spatial_config(config, len(shape))
     device = resolve_device(config.device)
-    low, high = normalization_range
     grid = block_grid(shape, block_shape, halo, spatial_multiple(model, len(shape)))
     if out is None:
         out = np.zeros((out_channels(model, len(shape)), *shape), dtype=np.float32)
 
-    blocks = read_batches(image, grid, (low, high), config.batch_size)
+    blocks = read_batches(source, grid, ranges, config.batch_size)
+    channels = not axes_image.is_plain
     # Three stages overlap: a thread reads and normalises the next batch, the
     # device computes this one, and the previous one is written out while it
     # computes (on CUDA the launch returns at once).
@@ -283,7 +316,7 @@ def predict_volume(
         while (batch := coming.result()) is not None:
             coming = reader.submit(next, blocks, None)
             places, stacked = batch
-            launched = launch_batch(model, stacked, device)
+            launched = launch_batch(model, stacked, device, channels)
             if previous is not None:
                 done += write_batch(out, *previous)
                 if progress is not None:
@@ -296,32 +329,78 @@ def predict_volume(
     return out
 
 
+def _predict_time_points(
+    model: torch.nn.Module,
+    image: AxesImage,
+    normalization_range: Ranges,
+    config: PredictConfig,
+    out: Targets | None,
+    progress: Progress | None,
+) -> Targets:
+    """:func:`predict_volume` of each time point of ``image`` into its place in ``out``."""
+    time_points = image.time_points
+    if out is None:
+        first = image.at_time(0)
+        channels = out_channels(model, len(first.spatial_shape))
+        out = np.zeros((channels, time_points, *first.spatial_shape), dtype=np.float32)
+    for t in range(time_points):
+        # A view of each target at time point t (the time axis is first after channels).
+        here: Targets = (
+            [AxisTaken(_writable(target), 0, t) for target in out]
+            if isinstance(out, Sequence) else AxisTaken(_writable(out), 1, t)
+        )
+
+        def step(done: int, total: int, before: int = t) -> None:
+            if progress is not None:
+                progress(before * total + done, time_points * total)
+
+        predict_volume(model, image.at_time(t), normalization_range, config, out=here,
+                       progress=step)
+    return out
+
+
+def _writable(target: ArrayTarget) -> WritableVolume:
+    """``target`` as the numpy or zarr array it is (read and written alike)."""
+    return cast(WritableVolume, target)
+
+
 # Where a block's probabilities go: its core in the volume, the core inside the
 # block, and its missing voxels (None when every voxel has a value).
 BlockPlace = tuple[tuple[slice, ...], tuple[slice, ...], np.ndarray | None]
 
 
 def read_batches(
-    image: VolumeArray,
+    image: VolumeArray | AxesImage,
     grid: list[tuple[tuple[slice, ...], tuple[slice, ...], tuple[slice, ...]]],
-    normalization_range: tuple[float, float],
+    normalization_range: Ranges,
     batch_size: int,
 ) -> Iterator[tuple[list[BlockPlace], np.ndarray]]:
     """Read, normalise and stack the grid's blocks, ``batch_size`` at a time.
 
     Only same-shaped blocks share a batch (a border block of another shape
-    starts a new one).
+    starts a new one). An :class:`~napari_finetune.arrays.AxesImage` (channels,
+    one time point) gives ``(C, *block)`` blocks, each channel normalised with its
+    range; a voxel is missing when any channel lacks a value there.
     """
-    low, high = normalization_range
+    ranges = normalization_range if isinstance(normalization_range, list) else [
+        normalization_range]
     places: list[BlockPlace] = []
     stack: list[np.ndarray] = []
     for core, read, inner in grid:
-        raw = np.asarray(image[read])
-        block = normalize(raw, low, high)
+        missing: np.ndarray | None
+        if isinstance(image, AxesImage):
+            raw = image.read(read)
+            block = normalize_channels(raw, ranges)
+            per_channel = missing_mask(raw[(slice(None),) + inner])
+            missing = None if per_channel is None else np.asarray(per_channel.any(axis=0))
+        else:
+            raw = np.asarray(image[read])
+            block = normalize(raw, *ranges[0])
+            missing = missing_mask(raw[inner])
         if stack and (stack[0].shape != block.shape or len(stack) >= batch_size):
             yield places, np.stack(stack)
             places, stack = [], []
-        places.append((core, inner, missing_mask(raw[inner])))
+        places.append((core, inner, missing))
         stack.append(block)
     if stack:
         yield places, np.stack(stack)

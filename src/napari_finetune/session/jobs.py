@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from napari_finetune.arrays import AxesImage
 from napari_finetune.errors import one_line
 from napari_finetune.session.events import (
     Preview,
@@ -71,13 +72,14 @@ def warm_up_job(lora: bool) -> Job[None]:
 
 
 def model_to_predict(
-    checkpoint_path: str, image: VolumeArray, channel_count: int | None,
+    checkpoint_path: str, image: VolumeArray | AxesImage, channel_count: int | None,
     model: nn.Module | None = None, normalization: dict | None = None,
     trust: Sequence[str] = (),
-) -> tuple[nn.Module, tuple[float, float], int]:
-    """(model, intensity range of ``image``, channels): the given model (a fine-tuned one,
-    with the checkpoint's normalisation) or the checkpoint's, loaded here in the worker."""
-    from napari_finetune.data.normalization import intensity_range
+) -> tuple[nn.Module, tuple[float, float] | list[tuple[float, float]], int]:
+    """(model, intensity range of ``image`` (one per channel of an image with channels),
+    channels): the given model (a fine-tuned one, with the checkpoint's normalisation) or
+    the checkpoint's, loaded here in the worker."""
+    from napari_finetune.data.normalization import image_range
     from napari_finetune.model.checkpoint_format import DEFAULT_NORMALIZATION
 
     if model is None:
@@ -89,9 +91,10 @@ def model_to_predict(
     elif channel_count is None:  # a model without its names: as many as it outputs
         from napari_finetune.model.geometry import model_geometry
 
-        channel_count = model_geometry(model, len(np.shape(image))).out_channels
+        spatial = AxesImage.of(image).spatial_shape
+        channel_count = model_geometry(model, len(spatial)).out_channels
     # A model's run without a saved normalisation trained with the default one.
-    return model, intensity_range(image, normalization or DEFAULT_NORMALIZATION), channel_count
+    return model, image_range(image, normalization or DEFAULT_NORMALIZATION), channel_count
 
 
 @dataclasses.dataclass
@@ -104,8 +107,8 @@ class Prediction:
 
 
 def predict_job(
-    checkpoint_path: str, image: VolumeArray, channel_count: int | None, device: str,
-    model: nn.Module | None = None, normalization: dict | None = None,
+    checkpoint_path: str, image: VolumeArray | AxesImage, channel_count: int | None,
+    device: str, model: nn.Module | None = None, normalization: dict | None = None,
     trust: Sequence[str] = (),
     keep: Sequence[int] = (),
 ) -> Job[Prediction]:
@@ -118,7 +121,8 @@ def predict_job(
     model, low_high, channel_count = model_to_predict(
         checkpoint_path, image, channel_count, model, normalization, trust
     )
-    shape = tuple(int(s) for s in image.shape)
+    # Channels and time points (an AxesImage): masks have the axes without channels.
+    shape = AxesImage.of(image).labels_shape
     masks = [np.zeros(shape, dtype=np.uint8) for _ in range(channel_count or 1)]
     targets: list[Any] = [
         MaskAndProbability(mask, np.zeros(shape, np.float32)) if i in keep else mask

@@ -102,7 +102,8 @@ class Session:
 
     runner: JobRunner
     viewer: ViewerPort | None = None
-    image: Any = None  # the raw volume (numpy, zarr or dask), ZYX or YX
+    # The raw volume (numpy, zarr or dask), ZYX or YX; an AxesImage with channels or time.
+    image: Any = None
     checkpoint: str | None = None  # the starting model's path
     trust: tuple[str, ...] = ()  # factories the user trusted for that file
     corrections: np.ndarray | None = None  # 0 unpainted, 1 background, k >= 2 channel k - 2
@@ -277,7 +278,10 @@ class Session:
             return self._refuse(reason)
         corrections = self.corrections
         assert corrections is not None  # _missing(corrections=True) refused None above
-        image_shape = tuple(int(n) for n in np.shape(self.image))
+        from napari_finetune.arrays import AxesImage
+
+        # Channels and time points come as an AxesImage: paint has its axes without c.
+        image_shape = AxesImage.of(self.image).labels_shape
         if tuple(corrections.shape) != image_shape:
             return self._refuse(
                 f"Cannot fine-tune: corrections {tuple(corrections.shape)} and image "

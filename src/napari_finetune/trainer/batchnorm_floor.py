@@ -81,7 +81,9 @@ def batchnorm_floor(
     was_training = model.training
     try:
         model.eval()
-        x = torch.zeros((1, 1, *patch_shape), device=device)
+        from napari_finetune.devices import model_in_channels
+
+        x = torch.zeros((1, model_in_channels(model), *patch_shape), device=device)
         with torch.no_grad():
             model(x)
     except _FoundNarrowest:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, TypedDict
 import numpy as np
 import torch
 
-from napari_finetune.arrays import VolumeArray
+from napari_finetune.arrays import AxesImage, VolumeArray
 from napari_finetune.config import FinetuneConfig
 from napari_finetune.data.sampling import PatchSampler
 from napari_finetune.trainer.batchnorm_floor import (
@@ -34,10 +34,10 @@ if TYPE_CHECKING:
 
 
 def make_sampler(
-    image: VolumeArray,
+    image: VolumeArray | AxesImage,
     corrections: VolumeArray,
     config: FinetuneConfig,
-    normalization_range: tuple[float, float],
+    normalization_range: tuple[float, float] | list[tuple[float, float]],
     out_channels: int,
     rank: int = 0,
 ) -> PatchSampler:

@@ -41,7 +41,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from napari_finetune.arrays import VolumeArray
+from napari_finetune.arrays import AxesImage, VolumeArray
 from napari_finetune.config import FinetuneConfig
 from napari_finetune.errors import RecoveryError, is_oom_error
 from napari_finetune.model.lora import describe_adapters
@@ -124,21 +124,34 @@ class Finetuner:
     def __init__(
         self,
         model: torch.nn.Module,
-        image: VolumeArray,
+        image: VolumeArray | AxesImage,
         corrections: VolumeArray,
         config: FinetuneConfig,
         metadata: dict[str, Any] | None = None,
         source_sha256: str | None = None,
         sync: LocalSync | None = None,
     ) -> None:
-        from napari_finetune.devices import check_model_fits_image, resolve_device
+        from napari_finetune.devices import (
+            check_input_channels,
+            check_model_fits_image,
+            resolve_device,
+        )
 
-        check_model_fits_image(model, tuple(np.shape(image)))
+        self.axes_image = AxesImage.of(image)
+        check_model_fits_image(model, self.axes_image.spatial_shape)
+        check_input_channels(model, self.axes_image.channels, self.axes_image.axes)
         self.model = model
-        self.image = image
+        # The array as given: a plain volume is what it always was.
+        self.image = self.axes_image.array
         self.corrections = corrections
         self.config = config
         self.metadata = dict(metadata or {})
+        # Which channels, in which order, the model was trained on: kept in the export
+        # (one channel of several, taken with AxesImage.channel, is named too).
+        if not self.axes_image.is_plain:
+            self.metadata["input_axes"] = self.axes_image.axes
+        if self.axes_image.channel_names:
+            self.metadata["input_channels"] = list(self.axes_image.channel_names)
         self.source_sha256 = source_sha256
         self.device = torch.device(resolve_device(config.device))
         self.precision = Precision(self.device, config.mixed_precision, config.cpu_bf16)
@@ -161,6 +174,7 @@ class Finetuner:
         self._stop = threading.Event()
         self._released = False
         self._normalization_range: tuple[float, float] | None = None
+        self._normalization_ranges: list[tuple[float, float]] | None = None
         self._start_time = time.perf_counter()
         self._resumed = record.apply_previous_run(
             self.state, self.precision, config, self.metadata.get("run")
@@ -206,6 +220,19 @@ class Finetuner:
         self._normalization_range = (low, high)
 
     @property
+    def normalization_ranges(self) -> list[tuple[float, float]]:
+        """(low, high) of each input channel (one pair for a single-channel image)."""
+        if self.axes_image.channels == 1:
+            return [self.normalization_range]
+        if self._normalization_ranges is None:
+            from napari_finetune.data.normalization import intensity_ranges
+            from napari_finetune.model.checkpoint import DEFAULT_NORMALIZATION
+
+            spec = self.metadata.get("normalization") or DEFAULT_NORMALIZATION
+            self._normalization_ranges = intensity_ranges(self.axes_image, spec)
+        return self._normalization_ranges
+
+    @property
     def out_channels(self) -> int:
         """Output channels of the model, once the patch is checked to fit it.
 
@@ -226,10 +253,11 @@ class Finetuner:
             from napari_finetune.trainer.build import make_sampler
 
             self.sampler = make_sampler(
-                self.image,
+                self.axes_image if not self.axes_image.is_plain else self.image,
                 self.corrections,
                 self.config,
-                self.normalization_range,
+                self.normalization_ranges if self.axes_image.channels > 1
+                else self.normalization_range,
                 self.out_channels,
                 rank=self.sync.rank,
             )
@@ -278,7 +306,7 @@ class Finetuner:
 
     @classmethod
     def from_checkpoint(
-        cls, checkpoint: Checkpoint, image: VolumeArray, corrections: VolumeArray,
+        cls, checkpoint: Checkpoint, image: VolumeArray | AxesImage, corrections: VolumeArray,
         config: FinetuneConfig,
         sync: LocalSync | None = None, fit_patch: bool = True,
     ) -> Finetuner:
@@ -296,7 +324,9 @@ class Finetuner:
             As :func:`napari_finetune.loading.load_checkpoint` returns it (its
             model, metadata and hash go into the run and its record).
         image, corrections : array-like
-            The raw volume and its corrections, same spatial shape.
+            The raw volume and its corrections, same spatial shape; an image with
+            channels or time points comes as an :class:`~napari_finetune.arrays.AxesImage`
+            and its corrections have its axes without ``c``.
         config : FinetuneConfig
             The run's settings; not changed (the fitted patch goes into a copy).
         sync : LocalSync, optional
@@ -311,7 +341,7 @@ class Finetuner:
 
     @staticmethod
     def fitted_config(
-        model: torch.nn.Module, image: VolumeArray, config: FinetuneConfig
+        model: torch.nn.Module, image: VolumeArray | AxesImage, config: FinetuneConfig
     ) -> FinetuneConfig:
         """A copy of ``config`` whose patch fits ``image`` and ``model``'s spatial multiple
         (:func:`~napari_finetune.data.patch_shape.fit_patch_shape`), as every front end's
@@ -321,7 +351,7 @@ class Finetuner:
         from napari_finetune.data.patch_shape import fit_patch_shape
         from napari_finetune.model.geometry import shape_multiple, spatial_multiple
 
-        shape = tuple(int(n) for n in np.shape(image))
+        shape = AxesImage.of(image).spatial_shape
         # A known voxel size shapes the patch per axis (a model pooling z less, fewer z
         # voxels), unless the user set the patch; unknown: as before, one multiple for all.
         reshape = config.voxel_size is not None and "patch_shape" not in config.explicit_settings
@@ -662,6 +692,8 @@ class Finetuner:
         from napari_finetune.data.normalization import normalize
         from napari_finetune.predict import predict_block
 
+        if not self.axes_image.is_plain:
+            return self._predict_channels(region)
         if isinstance(region, tuple) and all(isinstance(r, slice) for r in region):
             # Through the run's in-memory region when it holds this one (live previews
             # of the painted area then never touch the store).
@@ -670,6 +702,27 @@ class Finetuner:
         block = normalize(np.asarray(region), *self.normalization_range)
         with self.lock:
             return predict_block(self.model, block, device=str(self.device))
+
+    def _predict_channels(self, region: tuple[slice, ...] | npt.ArrayLike) -> np.ndarray:
+        """:meth:`predict` of an image with channels or time points: ``region`` indexes
+        its painting (a time axis first, one time point), or is a raw ``(C, *spatial)``."""
+        from napari_finetune.data.normalization import normalize_channels
+        from napari_finetune.predict.volume import predict_batch
+
+        if isinstance(region, tuple) and all(isinstance(r, slice) for r in region):
+            if len(region) != len(self.axes_image.labels_shape):
+                raise ValueError(
+                    f"a region of this image has {len(self.axes_image.labels_shape)} slices "
+                    f"(axes {self.axes_image.labels_axes.upper()}: a time point first), "
+                    f"not {len(region)}"
+                )
+            raw = self.axes_image.read(region)
+        else:
+            raw = np.asarray(region)
+            raw = raw if raw.ndim == len(self.axes_image.spatial_shape) + 1 else raw[None]
+        block = normalize_channels(raw, self.normalization_ranges)
+        with self.lock:
+            return predict_batch(self.model, block[None], str(self.device), channels=True)[0]
 
     def export(
         self, path: str | os.PathLike, ended: str | None = None,

@@ -1,0 +1,51 @@
+"""A Session given an ``AxesImage`` (channels, time points) predicts and fine-tunes as the
+command line does, on real stores written by ome-zarr-py."""
+
+from __future__ import annotations
+
+import numpy as np
+from tests.session.conftest import RecordingViewer, tiny_config
+
+from napari_finetune.io.omezarr import load_corrections, open_volume, save_corrections
+from napari_finetune.session.runner import InlineRunner
+from napari_finetune.session.session import Busy, Session
+from test_cli_axes import SPATIAL, image_of, model_file, painted, write_store
+
+
+def session_on(store, checkpoint) -> Session:
+    volume = open_volume(store, keep_axes=True)
+    return Session(InlineRunner(), viewer=RecordingViewer(), image=volume.input,
+                   checkpoint=str(checkpoint), corrections=load_corrections(store),
+                   store=str(store), channel_names=["a", "b"], config=tiny_config())
+
+
+def test_a_two_channel_image_predicts_and_fine_tunes(tmp_path):
+    store = write_store(tmp_path / "czyx.zarr",
+                        np.stack([image_of(SPATIAL, 0), image_of(SPATIAL, 1)]), "czyx")
+    save_corrections(store, painted())
+    session = session_on(store, model_file(tmp_path / "m.pt", in_channels=2))
+    assert session.predict() is True
+    assert [m.shape for m in session.prediction.masks] == [SPATIAL, SPATIAL]
+    assert session.finetune() is True
+    assert session.trainer is not None and session.trainer.steps_done == 2
+    assert session.trainer.metadata["input_axes"] == "czyx"
+
+
+def test_a_time_series_is_predicted_at_every_time_point(tmp_path):
+    frames = np.stack([image_of(SPATIAL, seed) for seed in range(2)])
+    store = write_store(tmp_path / "tzyx.zarr", frames, "tzyx")
+    corrections = np.zeros((2, *SPATIAL), np.uint8)
+    corrections[1] = painted()
+    save_corrections(store, corrections)
+    checkpoint = model_file(tmp_path / "m.pt")
+    session = session_on(store, checkpoint)
+    assert session.predict() is True
+    masks = session.prediction.masks
+    assert masks[0].shape == (2, *SPATIAL)
+    for t in range(2):  # each time point as that frame alone
+        alone = Session(InlineRunner(), image=frames[t], checkpoint=str(checkpoint),
+                        channel_names=["a", "b"], config=tiny_config())
+        assert alone.predict() is True
+        np.testing.assert_array_equal(masks[0][t], alone.prediction.masks[0])
+    assert session.finetune() is True
+    assert session.busy is not Busy.TRAIN and session.trainer.steps_done == 2
