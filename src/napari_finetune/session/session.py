@@ -20,6 +20,7 @@ Session is only ever changed from one thread.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -31,7 +32,13 @@ from psygnal import Signal, SignalGroup
 from napari_finetune.config import FinetuneConfig
 from napari_finetune.errors import first_line
 from napari_finetune.session import derived, jobs
-from napari_finetune.session.events import Event, Preview, RunStatus, TrainerReady
+from napari_finetune.session.events import (
+    Event,
+    Preview,
+    RegionPredicted,
+    RunStatus,
+    TrainerReady,
+)
 from napari_finetune.session.runner import JobCallbacks, JobHandle, JobRunner
 from napari_finetune.session.viewer import LayerKind, ViewerPort
 
@@ -138,6 +145,9 @@ class Session:
     _handle: JobHandle | None = field(default=None, init=False, repr=False)
     _action: int = field(default=0, init=False, repr=False)  # which start is the latest
     _stop_asked: bool = field(default=False, init=False, repr=False)
+    # Set by Stop during a prediction: its job ends between batches, keeping what it did.
+    _predict_stop: threading.Event = field(default_factory=threading.Event, init=False,
+                                           repr=False)
     _uncertainty: tuple[tuple[str, int, int], np.ndarray] | None = field(
         default=None, init=False, repr=False)
 
@@ -202,10 +212,15 @@ class Session:
         return True
 
     def _run_stopped(self, action: Busy) -> bool:
+        if action is Busy.PREDICT:
+            return self._predict_stop.is_set()
         return (action is Busy.TRAIN and self.status is not None
                 and self.status.kind == "stopped")
 
     def _stopped_reason(self, action: Busy) -> str:
+        if action is Busy.PREDICT and self.prediction is not None \
+                and not self.prediction.complete:
+            return "prediction stopped; the blocks predicted so far are kept"
         if action is not Busy.TRAIN:
             return f"{action.value} stopped before its end; nothing of it was kept"
         if self.trainer is None or self.trainer.steps_done == 0:
@@ -226,12 +241,19 @@ class Session:
         self._stop_asked = True
         if self._busy is Busy.TRAIN and self.trainer is not None:
             self.trainer.stop()  # the run yields "stopped" and ends on its own
+        elif self._busy is Busy.PREDICT:
+            self._predict_stop.set()  # ends between batches; what was predicted is kept
         elif self._handle is not None:
             self._handle.stop()
 
     # -- the actions ---------------------------------------------------------------------
     def predict(self) -> bool:
-        """Predict the whole image: with the last run's weights, else the checkpoint's."""
+        """Predict the whole image: with the last run's weights, else the checkpoint's.
+
+        The region on screen comes first (shown as soon as it is there), then the
+        rest of the volume with its progress; :meth:`stop` ends it between blocks,
+        keeping what was predicted (the action ends stopped, its prediction kept).
+        """
         if reason := self._free(Busy.PREDICT) or self._missing(image=True, checkpoint=True):
             return self._refuse(reason)
         trainer = self.trainer
@@ -240,10 +262,17 @@ class Session:
         count = len(self.channel_names) or None
         keep = [i for i, name in enumerate(self.channel_names)
                 if name in self.roles and self.roles[name].role is not None]
+        self._predict_stop = threading.Event()  # a new one: a late Stop of an old job stays there
         job = jobs.predict_job(str(self.checkpoint), self.image, count, self.config.device,
                                model=model, normalization=normalization, trust=self.trust,
-                               keep=keep)
-        return self._start(Busy.PREDICT, job, self._predicted)
+                               keep=keep, first=self._shown_region(),
+                               stop=self._predict_stop.is_set)
+        return self._start(Busy.PREDICT, job, self._predicted, on_event=self._region_shown)
+
+    def _region_shown(self, event: Event) -> None:
+        if isinstance(event, RegionPredicted) and self.viewer is not None:
+            for i, mask in enumerate(event.masks):
+                self.viewer.show_layer(f"prediction-{self._channel(i)}", mask, LayerKind.LABELS)
 
     def _predicted(self, prediction: jobs.Prediction) -> None:
         self.prediction = prediction
