@@ -82,6 +82,8 @@ class Controller:
         events.job_event.connect(self._session_event)
         events.refused.connect(self._refused)
         events.ended.connect(self._ended)
+        events.warmed.connect(self._warmed)
+        events.failed.connect(self._background_failed)
         # What to do when the action started last ends done, or failed (its one line shown).
         self._done: Callable[[], None] = _nothing
         self._failed: Callable[[], None] = _nothing
@@ -221,15 +223,23 @@ class Controller:
         A Predict clicked meanwhile waits for it (:meth:`run_queued`): its job would
         import torch's modules in a second thread beside this one.
         """
-        s = self.state
+        if self.state.closed:
+            return  # closing: no new work
+        self.session.warm_up(lora)  # through the Session's runner, with its other jobs
+        self.state.warming = self.session.warming
 
-        def warmed() -> None:
-            s.warming -= 1
+    def _warmed(self) -> None:
+        s = self.state
+        s.warming = self.session.warming
+        if not s.closed:
             self.run_queued()
 
-        s.warming += 1
-        self.run_job(jobs.warm_up_job, lora, what="Loading the fine-tuning engine failed",
-                     on_finished=warmed)
+    def _background_failed(self, line: str) -> None:
+        s = self.state
+        s.errors.append(line)
+        if not s.closed:
+            self.w.status_panel.append_log(line)
+            show_error(line)
 
     def load_info(self, path: str, trust: tuple[str, ...] = ()) -> None:
         """Read the checkpoint's channels in a worker (a bad file -> notification)."""

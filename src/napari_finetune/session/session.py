@@ -52,6 +52,10 @@ if TYPE_CHECKING:
 R = TypeVar("R")  # what a job returns, handed to its on_result
 
 
+def _nothing() -> None:
+    """A job's body that does nothing (see :meth:`Session.release_trainer`)."""
+
+
 class Busy(Enum):
     """The action a session is busy with (one at a time)."""
 
@@ -92,6 +96,8 @@ class SessionEvents(SignalGroup):
     status = Signal(object)  # each Status of a run (probe, step, recovery, end)
     refused = Signal(str)  # an action asked while another ran, or without its inputs
     ended = Signal(object)  # ActionEnd, after every action that was started
+    warmed = Signal()  # a warm-up ended (done or failed: its failure came through failed)
+    failed = Signal(str)  # a background job's failure, one line (no action's)
 
 
 @dataclass
@@ -141,6 +147,7 @@ class Session:
     package: str | None = None  # the last bioimage.io package written
     last_end: ActionEnd | None = None
     events: SessionEvents = field(default_factory=SessionEvents, init=False, repr=False)
+    warming: int = field(default=0, init=False)  # warm-ups under way (see warm_up)
     _busy: Busy | None = field(default=None, init=False, repr=False)
     _handle: JobHandle | None = field(default=None, init=False, repr=False)
     _action: int = field(default=0, init=False, repr=False)  # which start is the latest
@@ -246,6 +253,49 @@ class Session:
         elif self._handle is not None:
             self._handle.stop()
 
+    # -- background jobs: no action, never busy, never refused -----------------------------
+    def _background(
+        self, job: Job[R], what: str, on_result: Callable[[R], None] | None = None,
+        on_finished: Callable[[], None] | None = None,
+    ) -> None:
+        """Run ``job`` through the runner beside the actions (so a closing front end ends
+        and waits for it with theirs); a failure's one line comes through ``failed``."""
+        def failed(exc: Exception) -> None:
+            self.events.failed.emit(f"{what}: {first_line(exc)}")
+
+        self.runner.start(job, JobCallbacks(
+            on_event=self.events.job_event.emit,
+            on_result=on_result if on_result is not None else (lambda _: None),
+            on_error=failed,
+            on_finished=lambda _stopped: on_finished() if on_finished is not None else None,
+        ))
+
+    def warm_up(self, lora: bool = False) -> None:
+        """Import the engine (PEFT too when ``lora``) through the runner, while the user
+        looks and paints; ``warming`` counts those under way, ``events.warmed`` says one
+        ended. An action is not refused meanwhile: a front end that waits for it (a
+        prediction would import torch's modules in a second thread) reads ``warming``."""
+        def warmed() -> None:
+            self.warming -= 1
+            self.events.warmed.emit()
+
+        self.warming += 1
+        self._background(jobs.warm_up_job(lora), "Loading the fine-tuning engine failed",
+                         on_finished=warmed)
+
+    def release_trainer(self) -> None:
+        """Drop the last run's trainer (a new model or run: its weights no longer apply)
+        and give its device memory back in the runner's thread: the ``gc.collect()``
+        of that release is no click's to pay (0.3 s with the sample open)."""
+        if self.trainer is None:
+            return
+        self.trainer = None
+        self._uncertainty = None
+        from napari_finetune.session.work import call_job
+
+        # The job does nothing itself: the runner's guard releases memory as a job ends.
+        self._background(call_job(_nothing), "Releasing memory failed")
+
     # -- the actions ---------------------------------------------------------------------
     def predict(self) -> bool:
         """Predict the whole image: with the last run's weights, else the checkpoint's.
@@ -338,6 +388,8 @@ class Session:
         if self.trainer is None or self.trainer.steps_done == 0:
             return self._refuse("Cannot export: no fine-tuning step was applied yet; "
                                 "fine-tune first.")
+        if self.roles_error:  # the file would carry roles nobody chose
+            return self._refuse(f"Cannot export: {self.roles_error}")
         job = jobs.export_job(self.trainer, path, dict(self.roles) or None)
         return self._start(Busy.EXPORT, job, self._exported)
 
