@@ -30,6 +30,9 @@ COMPLETE_KEY = "napari_finetune_sample"
 # is written again.
 STORE_LAYOUT = 3
 CHUNKS = (32, 128, 128)
+# The sample's store is written this long after its layers were returned (see
+# sample_in_memory); whoever needs it sooner waits for it (io/pending.py).
+WRITE_DELAY_S = 3.0
 
 
 def store_name(domain: str, shape: tuple[int, int, int], seed: int) -> str:
@@ -234,8 +237,14 @@ def sample_in_memory(
                 failure = exc
             ended(failure)
 
-        # A daemon: a store cut short by the app's exit is a temporary, removed later.
-        threading.Thread(target=write, name="napari-finetune sample store", daemon=True).start()
+        # Started a moment later: napari's first image layer imports modules (dask among
+        # them) that the writer's imports of zarr and ome-zarr hold the import locks of,
+        # and both share the GIL; the opening took 7.0 s with the writer at once, 5.1 s
+        # without it (2 loaded cores). A daemon: a store cut short by the app's exit is a
+        # temporary, removed later.
+        timer = threading.Timer(WRITE_DELAY_S, write)
+        timer.name, timer.daemon = "napari-finetune sample store", True
+        timer.start()
     return final, image, truth
 
 
