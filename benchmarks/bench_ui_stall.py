@@ -238,8 +238,19 @@ def walk(args: argparse.Namespace) -> int:
     s.preview_interval.value, s.device.value = args.preview, args.device
     step("Fine-tune (click to the first step)", w.finetune_button.click,
          lambda: any(st.kind == "step" for st in w.state.statuses))
+    region_at: list[float] = []
+
+    def region_seen(event) -> None:  # the region in view, predicted before the rest
+        if type(event).__name__ == "RegionPredicted":
+            region_at.append(time.perf_counter())
+
+    w.controller.session.events.job_event.connect(region_seen)
+    clicked = time.perf_counter()
     step("Stop (to the weights kept and the prediction redone)", w.stop_button.click,
          lambda: w.state.busy is None and w.state.running == 0, 1.0)
+    if region_at:  # a build that predicts the view first
+        rows[-1] = (rows[-1][0] + f" [view shown after {region_at[0] - clicked:.2f} s]",
+                    *rows[-1][1:])
     from napari_finetune._qt import results
 
     target = str(tmp / "exported.pt")

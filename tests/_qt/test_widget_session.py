@@ -57,3 +57,35 @@ def test_the_runs_statuses_and_failed_previews_reach_the_panel(make_napari_viewe
     assert widget.status_panel.log.toPlainText().splitlines() == [
         "batch 2 → 1", "Preview failed, the run goes on: MemoryError: no room for the preview"]
     wait_idle(qtbot, widget)
+
+
+def test_stop_during_a_prediction_keeps_what_was_predicted(docked, qtbot):
+    """Stop of a prediction (the one after a run took a minute on a real crop): the region
+    in view is shown first, the Stop button ends the rest, and what was predicted stays
+    in the prediction layers."""
+    from napari_finetune.session.events import RegionPredicted
+
+    viewer, widget, image = docked
+    session = widget.controller.session
+    seen = []
+
+    def stop_once_the_view_is_there(event):
+        if isinstance(event, RegionPredicted):
+            seen.append(event)
+            assert widget.stop_button.isEnabled()
+            qtbot.mouseClick(widget.stop_button, Qt.LeftButton)
+
+    session.events.job_event.connect(stop_once_the_view_is_there)
+    qtbot.mouseClick(widget.predict_button, Qt.LeftButton)
+    wait_idle(qtbot, widget)
+    session.events.job_event.disconnect(stop_once_the_view_is_there)
+    assert seen, "no region was predicted first"
+    assert session.last_end is not None and session.last_end.outcome is Outcome.STOPPED
+    assert "kept" in session.last_end.reason
+    prediction = session.prediction
+    assert prediction is not None and not prediction.complete
+    layers = [viewer.layers[f"{c} prediction"] for c in ("membrane", "mitochondria")]
+    region = seen[0].region
+    for layer, mask in zip(layers, prediction.masks, strict=True):
+        assert (layer.data[region] == mask[region]).all()
+    assert not widget.stop_button.isEnabled() and widget.predict_button.isEnabled()

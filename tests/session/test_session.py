@@ -18,7 +18,7 @@ def test_predict_fills_the_session_and_shows_a_layer_per_channel(session, record
     assert session.busy is None
     masks = session.prediction.masks
     assert len(masks) == len(CHANNELS) and masks[0].shape == session.image.shape
-    assert session.viewer.shown == [f"prediction-{c}" for c in CHANNELS]
+    assert session.viewer.shown[-2:] == [f"prediction-{c}" for c in CHANNELS]  # view first
     assert session.viewer.layers["prediction-membrane"][1] is LayerKind.LABELS
 
 
@@ -151,15 +151,53 @@ def test_suggest_shows_the_uncertainty_once_and_moves_on(session, record):
     assert [e.outcome for e in record["ended"]] == [Outcome.DONE, Outcome.DONE]
 
 
-def test_stop_ends_a_prediction_at_its_next_event(session, record):
-    def stop_at_the_first_block(event):
-        session.stop()
+def test_predict_shows_the_region_in_view_first_then_the_rest_with_progress(session, record):
+    """Stop after a run re-predicted the whole volume before anything showed (70 s on a
+    real crop): the region on screen comes first, shown at once, then the rest."""
+    from napari_finetune.session.events import Progress, RegionPredicted
 
-    session.events.job_event.connect(stop_at_the_first_block)
+    events = []
+    session.events.job_event.connect(events.append)
+    assert session.predict() is True
+    assert record["ended"] == [ActionEnd(Busy.PREDICT, Outcome.DONE, "")]
+    kinds = [type(e).__name__ for e in events]
+    assert "RegionPredicted" in kinds, kinds
+    first = kinds.index("RegionPredicted")
+    seen = events[first]
+    assert isinstance(seen, RegionPredicted)
+    assert seen.region == (slice(0, 16), slice(0, 32), slice(0, 32))
+    assert any(isinstance(e, Progress) for e in events[:first])  # the region's own blocks
+    rest = [e for e in events[first + 1:] if isinstance(e, Progress)]
+    assert rest and rest[-1].done == rest[-1].total and rest[-1].what == "predict"
+    # Shown twice: the region, then the whole volume (the same arrays, filled).
+    assert session.viewer.shown == [f"prediction-{c}" for c in CHANNELS] * 2
+    assert session.prediction is not None and session.prediction.complete
+
+
+def test_stop_ends_a_prediction_and_keeps_what_was_predicted(session, record):
+    from napari_finetune.session.events import RegionPredicted
+
+    def stop_once_the_view_is_there(event):
+        if isinstance(event, RegionPredicted):
+            session.stop()
+
+    session.events.job_event.connect(stop_once_the_view_is_there)
     assert session.predict() is True
     assert record["ended"] == [ActionEnd(
-        Busy.PREDICT, Outcome.STOPPED, "predict stopped before its end; nothing of it was kept")]
-    assert session.prediction is None and session.busy is None
+        Busy.PREDICT, Outcome.STOPPED, "prediction stopped; the blocks predicted so far are kept")]
+    prediction = session.prediction
+    assert prediction is not None and not prediction.complete and session.busy is None
+    region = (slice(0, 16), slice(0, 32), slice(0, 32))
+    for mask in prediction.masks:  # the rest was never predicted: left 0
+        outside = mask.copy()
+        outside[region] = 0
+        assert not outside.any()
+    # Shown: the region, then the stopped prediction as it is.
+    assert session.viewer.shown == [f"prediction-{c}" for c in CHANNELS] * 2
+    session.events.job_event.disconnect(stop_once_the_view_is_there)
+    assert session.predict() is True  # the next prediction starts afresh, not stopped
+    assert record["ended"][-1] == ActionEnd(Busy.PREDICT, Outcome.DONE, "")
+    assert session.prediction.complete
 
 
 def test_predict_is_the_checkpoints_own_and_keeps_the_probability_of_role_channels(

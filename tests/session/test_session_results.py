@@ -223,3 +223,15 @@ def test_a_failed_bioimageio_export_ends_failed_with_one_line(session, record, m
         Busy.BIOIMAGEIO, Outcome.FAILED,
         "bioimage.io export failed: the package failed bioimage.io's test")]
     assert session.busy is None and session.package is None
+
+
+def test_export_is_refused_while_the_roles_are_invalid(session, record, tmp_path):
+    """The widget refused an export with invalid roles and the Session did not: the rule
+    lives once, in the Session."""
+    assert session.finetune() is True and session.trainer.steps_done == 2
+    session.roles_error = "mitochondria: min_size must be a whole number >= 0; type one."
+    target = tmp_path / "finetuned.pt"
+    assert session.export(str(target)) is False
+    assert record["refused"][-1] == (
+        "Cannot export: mitochondria: min_size must be a whole number >= 0; type one.")
+    assert not target.exists() and session.exported is None

@@ -43,6 +43,7 @@ from napari_finetune.session.events import (
     Preview,
     PreviewFailed,
     Progress,
+    RegionPredicted,
     RunStatus,
     Saved,
     TrainerReady,
@@ -81,6 +82,8 @@ class Controller:
         events.job_event.connect(self._session_event)
         events.refused.connect(self._refused)
         events.ended.connect(self._ended)
+        events.warmed.connect(self._warmed)
+        events.failed.connect(self._background_failed)
         # What to do when the action started last ends done, or failed (its one line shown).
         self._done: Callable[[], None] = _nothing
         self._failed: Callable[[], None] = _nothing
@@ -204,6 +207,8 @@ class Controller:
             s.statuses.append(event.status)
             s.mark("first_status_s")
             panel.show_status(event.status)
+        elif isinstance(event, RegionPredicted):
+            self._show_region(event)
         elif isinstance(event, PreviewFailed):
             panel.append_log(f"Preview failed, the run goes on: {event.line}")
         elif isinstance(event, Preview) and s.info is not None:
@@ -218,15 +223,23 @@ class Controller:
         A Predict clicked meanwhile waits for it (:meth:`run_queued`): its job would
         import torch's modules in a second thread beside this one.
         """
-        s = self.state
+        if self.state.closed:
+            return  # closing: no new work
+        self.session.warm_up(lora)  # through the Session's runner, with its other jobs
+        self.state.warming = self.session.warming
 
-        def warmed() -> None:
-            s.warming -= 1
+    def _warmed(self) -> None:
+        s = self.state
+        s.warming = self.session.warming
+        if not s.closed:
             self.run_queued()
 
-        s.warming += 1
-        self.run_job(jobs.warm_up_job, lora, what="Loading the fine-tuning engine failed",
-                     on_finished=warmed)
+    def _background_failed(self, line: str) -> None:
+        s = self.state
+        s.errors.append(line)
+        if not s.closed:
+            self.w.status_panel.append_log(line)
+            show_error(line)
 
     def load_info(self, path: str, trust: tuple[str, ...] = ()) -> None:
         """Read the checkpoint's channels in a worker (a bad file -> notification)."""
@@ -309,8 +322,14 @@ class Controller:
         session.roles = dict(s.roles)
         session.trainer = s.trainer  # the last run's weights, else the checkpoint's
         session.config = replace(session.config, device=self.w.settings.device_name())
+        def stopped(end: ActionEnd) -> None:  # Stop keeps what was predicted: shown too
+            if end.outcome is Outcome.STOPPED:
+                self.w.status_panel.append_log(end.reason)
+                self._show_prediction(session.prediction)
+
         if self.start_action(session.predict,
-                             done=lambda: self._show_prediction(session.prediction)):
+                             done=lambda: self._show_prediction(session.prediction),
+                             ended=stopped):
             # At once, not at the first block's end: the model is still being loaded.
             self.w.status_panel.say("predicting…")
 
@@ -329,6 +348,19 @@ class Controller:
         if s.queued:
             s.queued = False
             self.w.status_panel.say(f"Predict not started: {why}")
+
+    def _show_region(self, event: RegionPredicted) -> None:
+        """The region in view, predicted first: into the prediction layers that are there
+        (a run made them), only that region copied, so the main thread's share is small."""
+        info = self.state.info
+        if info is None:
+            return
+        for name, mask in zip(info.channel_names, event.masks, strict=False):
+            layer = prediction_layers(self.w.viewer, [name])
+            if layer and layer[0].data.shape == mask.shape:
+                layer[0].data[event.region] = mask[event.region]
+                layer[0].refresh()
+        self.w.status_panel.say("the view is predicted; predicting the rest…")
 
     def _show_prediction(self, prediction: jobs.Prediction | None) -> None:
         s, image = self.state, self.w.image_layer()

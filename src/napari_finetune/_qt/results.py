@@ -67,9 +67,7 @@ def export_bioimageio(c: Controller, path: str) -> None:
     s, layer, session = c.state, c.w.image_layer(), c.session
     if layer is None or s.info is None or s.busy is not None:
         return
-    if s.roles_error:  # the editor shows a value the package could not keep
-        c.fail(ValueError(s.roles_error), "Cannot export")
-        return
+    # The Session refuses invalid roles (the editor shows a value the package could not keep).
     session.image, session.checkpoint, session.trust = (
         corr.image_level0(layer), s.info.path, s.info.trust)
     session.trainer = s.trainer  # the last run's weights, else the checkpoint's
@@ -101,12 +99,10 @@ def export(c: Controller, path: str) -> None:
     s = c.state
     if s.trainer is None or s.busy is not None:
         return
-    if s.roles_error:  # the editor shows a value the file could not keep
-        c.fail(ValueError(s.roles_error), "Cannot export")
-        return
-    # The Session's action; the Controller shows where it was written when it ends.
+    # The Session's action (it refuses invalid roles: the editor shows a value the file
+    # could not keep); the Controller shows where it was written when it ends.
     session = c.session
-    session.trainer, session.roles = s.trainer, dict(s.roles)
+    session.trainer, session.roles, session.roles_error = s.trainer, dict(s.roles), s.roles_error
     c.start_action(lambda: session.export(path), done=lambda: _exported(c))
 
 

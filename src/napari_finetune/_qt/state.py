@@ -20,8 +20,6 @@ from psygnal import evented
 from napari_finetune._qt.corrections import Autosaver
 from napari_finetune._qt.runner import ThreadRunner
 from napari_finetune._qt.shutdown import JobWorker, end_jobs
-from napari_finetune._qt.worker import start_job
-from napari_finetune.session import work
 from napari_finetune.session.session import Busy, Session
 
 if TYPE_CHECKING:
@@ -165,27 +163,10 @@ def shut_down(s: WidgetState, wait_s: float) -> bool:
 
 def release_trainer(s: WidgetState) -> None:
     """Drop the previous run's trainer and give its device memory back."""
-    if s.session is not None:
-        s.session.trainer = None  # the Session must not keep it alive either
-    if s.trainer is not None:
-        s.trainer = None
-        release_memory_later(s)
+    if s.session is not None and s.session.trainer is None:
+        s.session.trainer = s.trainer  # the widget's (a run's), for the Session to release
+    s.trainer = None
+    if s.session is not None:  # its memory given back in the Session's runner
+        s.session.release_trainer()
 
 
-def release_memory_later(s: WidgetState) -> None:
-    """Give device memory back in a worker: its ``gc.collect()`` is no click's to pay.
-
-    The job does nothing itself: :func:`~napari_finetune.session.work.guarded`
-    releases the memory as every job ends, in the job's thread.
-    """
-    def finished() -> None:
-        if worker in s.jobs:
-            s.jobs.remove(worker)
-
-    worker = start_job(work.call_job, _nothing, on_finished=finished,
-                       on_error=lambda exc: s.errors.append(f"Releasing memory failed: {exc}"))
-    s.jobs.append(worker)
-
-
-def _nothing() -> None:
-    """The job of :func:`release_memory_later`: its end is what releases."""

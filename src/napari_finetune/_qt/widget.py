@@ -98,7 +98,8 @@ class FinetuneWidget(QWidget):
         self.settings = SettingsForm()
         self.finetune_button = QPushButton("Fine-tune")
         self.stop_button = QPushButton("Stop")
-        self.stop_button.setToolTip("End the run after the current step; the weights are kept")
+        self.stop_button.setToolTip("End the run after the current step (the weights are "
+                                    "kept), or the prediction (what it predicted is kept)")
         self.status_panel = StatusPanel()
         self.export_button = QPushButton("Export checkpoint…")
         self.paint_next_button = QPushButton("Paint here next")
@@ -309,7 +310,9 @@ class FinetuneWidget(QWidget):
                                        and s.predicted_image is self.image_layer())
         self.new_corrections_button.setEnabled(ready)
         self.finetune_button.setEnabled(idle and ready and self.corrections_layer() is not None)
-        self.stop_button.setEnabled(s.busy is Busy.TRAIN)
+        # A prediction stops too (the one after a run takes a minute on a real crop): what
+        # it predicted is kept.
+        self.stop_button.setEnabled(s.busy in (Busy.TRAIN, Busy.PREDICT))
         self.export_button.setEnabled(idle and s.trainer is not None)
         self.save_predictions_button.setEnabled(idle and s.info is not None)
         self.paint_next_button.setEnabled(idle and ready)

@@ -291,7 +291,8 @@ def predict(args: argparse.Namespace) -> int:
     voxel_size = args.voxel_size or volume.voxel_size
     _say_voxel_size(ckpt, voxel_size)
     if instances is not None:
-        instances = _roles_from_painting(ckpt, instances, args.volume, voxel_size)
+        instances = _roles_from_painting(ckpt, instances, args.volume, voxel_size,
+                                         time_series="t" in image.axes)
     bars: list = []  # made at the first block, so an early error prints no empty bar
 
     def progress(done: int, total: int) -> None:
@@ -458,11 +459,14 @@ def _instance_roles(
 
 def _roles_from_painting(
     ckpt: Checkpoint, roles: dict[str, ChannelRole], store: Path,
-    voxel_size: tuple[float, ...] | None,
+    voxel_size: tuple[float, ...] | None, time_series: bool = False,
 ) -> dict[str, ChannelRole]:
     """``roles`` with each object channel's seed distance and min size from the objects
     painted in the store's ``labels/corrections``, if it has them; a value the checkpoint
-    records as set by the user stays. One line per channel says where its values came from."""
+    records as set by the user stays. One line per channel says where its values came from.
+    A time series (``time_series``: the corrections' first axis is time) is measured on
+    its most painted time point: objects of one structure keep their size over time, and
+    time points stacked as one volume would join objects across them."""
     from napari_finetune.io.omezarr import VolumeError, load_corrections
     from napari_finetune.objects import roles_from_painting, sources_from_metadata
     from napari_finetune.objects.from_painting import DEFAULT, user_set_from_sources
@@ -471,6 +475,11 @@ def _roles_from_painting(
         corrections = load_corrections(store, "corrections")
     except VolumeError:  # none painted (or of another shape): the roles as they are
         return roles
+    if time_series:
+        import numpy as np
+
+        painted = [int(np.count_nonzero(np.asarray(frame))) for frame in corrections]
+        corrections = np.asarray(corrections[int(np.argmax(painted))])
     user_set = user_set_from_sources(sources_from_metadata(ckpt.metadata))
     found = roles_from_painting(roles, corrections, ckpt.channel_names, voxel_size, user_set)
     for channel, sources in found.sources.items():

@@ -192,6 +192,9 @@ def save_corrections(
     """
     import dask.array as da
 
+    from napari_finetune.io.pending import wait_written
+
+    wait_written(path)  # the sample's store may still be on its way (io/pending.py)
     array = labels if hasattr(labels, "dtype") and hasattr(labels, "shape") else (
         np.asarray(labels))
     if not (np.issubdtype(array.dtype, np.integer) or array.dtype == np.bool_):

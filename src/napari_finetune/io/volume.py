@@ -226,6 +226,9 @@ def open_volume(
     """
     from ome_zarr.reader import Multiscales, Reader
 
+    from napari_finetune.io.pending import wait_written
+
+    wait_written(path)  # the sample's store may still be on its way (io/pending.py)
     p = check_store(path)
     is_array = zarr_kind(p) == "array"
     attrs = {} if is_array else (loc := open_location(p)).root_attrs

@@ -238,6 +238,8 @@ def predict_volume(
     config: PredictConfig | None = None,
     out: None = None,
     progress: Progress | None = None,
+    skip: Sequence[slice] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> np.ndarray: ...
 
 
@@ -250,6 +252,8 @@ def predict_volume(
     *,
     out: T,
     progress: Progress | None = None,
+    skip: Sequence[slice] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> T: ...
 
 
@@ -260,6 +264,8 @@ def predict_volume(
     config: PredictConfig | None = None,
     out: Targets | None = None,
     progress: Progress | None = None,
+    skip: Sequence[slice] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> Targets:
     """Probabilities of a whole volume, computed block by block.
 
@@ -284,6 +290,12 @@ def predict_volume(
         bool arrays ``prob > 0.5`` as 0/1. Default: a new float32 numpy array.
     progress : callable, optional
         Called as ``progress(done, total)`` after each block.
+    skip : sequence of slice, optional
+        A region already predicted (the one in view, first): the blocks whose
+        core lies inside it are left out (``total`` counts the others).
+    stop : callable, optional
+        Asked before each batch; True ends the prediction there, the blocks
+        written so far kept (the rest of ``out`` untouched).
 
     Returns the ``out`` array(s), filled.
     """
@@ -301,6 +313,8 @@ def predict_volume(
     block_shape, halo = spatial_config(config, len(shape))
     device = resolve_device(config.device)
     grid = block_grid(shape, block_shape, halo, spatial_multiple(model, len(shape)))
+    if skip is not None:
+        grid = [block for block in grid if not _inside(block[0], skip, shape)]
     if out is None:
         out = np.zeros((out_channels(model, len(shape)), *shape), dtype=np.float32)
 
@@ -314,6 +328,8 @@ def predict_volume(
         previous: tuple[list[BlockPlace], PendingProbs] | None = None
         done = 0
         while (batch := coming.result()) is not None:
+            if stop is not None and stop():
+                break
             coming = reader.submit(next, blocks, None)
             places, stacked = batch
             launched = launch_batch(model, stacked, device, channels)
@@ -362,6 +378,15 @@ def _predict_time_points(
 def _writable(target: ArrayTarget) -> WritableVolume:
     """``target`` as the numpy or zarr array it is (read and written alike)."""
     return cast(WritableVolume, target)
+
+
+def _inside(core: Sequence[slice], region: Sequence[slice], shape: Sequence[int]) -> bool:
+    """Whether the block ``core`` lies inside ``region`` (slices of a volume of ``shape``)."""
+    for c, r, n in zip(core, region, shape, strict=True):
+        start, stop, _ = r.indices(n)
+        if c.start < start or c.stop > stop:
+            return False
+    return True
 
 
 # Where a block's probabilities go: its core in the volume, the core inside the

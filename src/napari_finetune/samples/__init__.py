@@ -11,6 +11,8 @@ import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import zarr
 
 SHAPE_ENV = "NAPARI_FINETUNE_SAMPLE_SHAPE"
@@ -35,28 +37,30 @@ def sample_shape() -> tuple[int, int, int]:
 def synthetic_em_layers() -> list[tuple[Any, dict[str, Any], str]]:
     """napari sample ``synthetic-em``: the target-domain volume, ready for prediction.
 
-    The image is a lazy multiscale layer read from the cached OME-Zarr store,
-    whose path is in ``metadata["ome_zarr_path"]`` (corrections are saved
-    there). The ground truth comes as a hidden labels layer: showing it by
-    default would give the answer away in the demo.
+    The store's path is in ``metadata["ome_zarr_path"]`` (corrections are
+    saved there). Cached, the image is a lazy multiscale layer read from it. On
+    the first opening the layers come from the volume generated in memory and
+    the store is written by a background thread (:func:`~napari_finetune.
+    samples.store.sample_in_memory`): writing it here, on napari's main thread,
+    froze the viewer for seconds. The ground truth comes as a hidden labels
+    layer: showing it by default would give the answer away in the demo.
     """
-    import dask.array as da
-    import zarr
+    from napari_finetune.samples.store import sample_in_memory
 
-    from napari_finetune.samples.store import ensure_sample
-
-    path = ensure_sample("target", sample_shape())
-    root = zarr.open_group(str(path), mode="r")
-    levels = [da.from_zarr(root[d["path"]]) for d in _datasets(root)]
-    truth_group = zarr.open_group(str(path / "labels" / "ground_truth"), mode="r")
-    truth = da.from_zarr(truth_group[_datasets(truth_group)[0]["path"]])
+    found = sample_in_memory("target", sample_shape())
+    if isinstance(found, tuple):
+        path, image, truth = found
+        levels: Any = image
+    else:
+        path = found
+        levels, truth = _read_store(path)
     meta = {"ome_zarr_path": str(path)}
     return [
         (
             levels,
             {
                 "name": "synthetic-em (target)",
-                "multiscale": True,
+                "multiscale": isinstance(levels, list),
                 "contrast_limits": [0, 255],
                 "metadata": meta,
             },
@@ -64,6 +68,17 @@ def synthetic_em_layers() -> list[tuple[Any, dict[str, Any], str]]:
         ),
         (truth, {"name": "ground truth", "visible": False, "metadata": dict(meta)}, "labels"),
     ]
+
+
+def _read_store(path: Path) -> tuple[list[Any], Any]:
+    """The cached store's levels and ground truth, lazily (dask over zarr)."""
+    import dask.array as da
+    import zarr
+
+    root = zarr.open_group(str(path), mode="r")
+    levels = [da.from_zarr(root[d["path"]]) for d in _datasets(root)]
+    truth_group = zarr.open_group(str(path / "labels" / "ground_truth"), mode="r")
+    return levels, da.from_zarr(truth_group[_datasets(truth_group)[0]["path"]])
 
 
 def _datasets(group: zarr.Group) -> list[dict[str, Any]]:

@@ -8,10 +8,12 @@ Two processes asking at once each generate, and the first rename wins.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,9 @@ COMPLETE_KEY = "napari_finetune_sample"
 # is written again.
 STORE_LAYOUT = 3
 CHUNKS = (32, 128, 128)
+# The sample's store is written this long after its layers were returned (see
+# sample_in_memory); whoever needs it sooner waits for it (io/pending.py).
+WRITE_DELAY_S = 3.0
 
 
 def store_name(domain: str, shape: tuple[int, int, int], seed: int) -> str:
@@ -140,16 +145,38 @@ def ensure_sample(
     seed : int, optional
         Defaults to ``DEFAULT_SEEDS[domain]``.
     """
-    shape = gen._check(shape, domain)
-    seed = gen.DEFAULT_SEEDS[domain] if seed is None else int(seed)
-    folder = gen.cache_dir()
-    final = folder / store_name(domain, shape, seed)
-    record = _record(domain, shape, seed)
+    final, record = _place(domain, shape, seed)
     if is_complete(final, record):
         return final
+    image, truth, instances = _generate(domain, record)
+    return _write_final(final, record, image, truth, instances)
+
+
+def _place(
+    domain: str, shape: tuple[int, int, int], seed: int | None,
+) -> tuple[Path, dict[str, Any]]:
+    """The store's final path in the cache folder and its completion record."""
+    shape = gen._check(shape, domain)
+    seed = gen.DEFAULT_SEEDS[domain] if seed is None else int(seed)
+    return gen.cache_dir() / store_name(domain, shape, seed), _record(domain, shape, seed)
+
+
+def _generate(
+    domain: str, record: dict[str, Any],
+) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    shape = tuple(int(n) for n in record["shape"])
+    return gen.generate_volume((shape[0], shape[1], shape[2]), record["seed"], domain,
+                               instances=True)
+
+
+def _write_final(
+    final: Path, record: dict[str, Any], image: np.ndarray, truth: np.ndarray,
+    instances: dict[str, np.ndarray],
+) -> Path:
+    """Write the store under a temporary name beside ``final``, then rename it there."""
+    folder = final.parent
     folder.mkdir(parents=True, exist_ok=True)
     _remove_stale_temporaries(folder, final.name)
-    image, truth, instances = gen.generate_volume(shape, seed, domain, instances=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=folder))
     try:
         write_store(tmp / "store.zarr", image, truth, record, instances)
@@ -163,6 +190,62 @@ def ensure_sample(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def looks_complete(path: Path, record: dict[str, Any]) -> bool:
+    """:func:`is_complete` read from the root's JSON alone, without importing zarr (0.3 s
+    or more on the main thread, where the napari sample asks)."""
+    for name, inside in (("zarr.json", "attributes"), (".zattrs", None)):
+        try:
+            attrs = json.loads((path / name).read_text())
+        except (OSError, ValueError):
+            continue
+        if inside is not None:
+            attrs = attrs.get(inside) or {}
+        return isinstance(attrs, dict) and attrs.get(COMPLETE_KEY) == record
+    return False
+
+
+def sample_in_memory(
+    domain: str = "target",
+    shape: tuple[int, int, int] = gen.DEFAULT_SHAPE,
+    seed: int | None = None,
+) -> tuple[Path, np.ndarray, np.ndarray] | Path:
+    """The sample for a caller that must not wait for its store (napari's main thread).
+
+    Returns the store's path when the cache holds it complete; else the volume
+    and its truth generated in memory, with the path the store will have: it is
+    written there by a background thread, announced to
+    :mod:`napari_finetune.io.pending`, so whoever reads or writes it first
+    (an autosave, a run) waits for it there, in a job's thread.
+    """
+    final, record = _place(domain, shape, seed)
+    if looks_complete(final, record):
+        return final
+    from napari_finetune.io.pending import announce, is_pending
+
+    image, truth, instances = _generate(domain, record)
+    if not is_pending(final):  # opened twice at once: the first write serves both
+        ended = announce(final)
+
+        def write() -> None:
+            failure: BaseException | None = None
+            try:
+                _write_final(final, record, image, truth, instances)
+            except BaseException as exc:  # handed to whoever waits for the store
+                logger.warning("the sample store %s could not be written: %s", final, exc)
+                failure = exc
+            ended(failure)
+
+        # Started a moment later: napari's first image layer imports modules (dask among
+        # them) that the writer's imports of zarr and ome-zarr hold the import locks of,
+        # and both share the GIL; the opening took 7.0 s with the writer at once, 5.1 s
+        # without it (2 loaded cores). A daemon: a store cut short by the app's exit is a
+        # temporary, removed later.
+        timer = threading.Timer(WRITE_DELAY_S, write)
+        timer.name, timer.daemon = "napari-finetune sample store", True
+        timer.start()
+    return final, image, truth
 
 
 def _remove_stale_temporaries(folder: Path, name: str, age_s: float = 3600.0) -> None:

@@ -63,7 +63,16 @@ class PreviewFailed:
     line: str
 
 
-Event = Progress | Saved | TrainerReady | RunStatus | Preview | PreviewFailed
+@dataclass(frozen=True)
+class RegionPredicted:
+    """The region in view is predicted, before the rest of the volume: ``masks`` are the
+    prediction's own arrays (one per channel), final inside ``region``."""
+
+    region: tuple[slice, ...]
+    masks: list[np.ndarray]
+
+
+Event = Progress | Saved | TrainerReady | RunStatus | Preview | PreviewFailed | RegionPredicted
 
 
 class JobError(Exception):

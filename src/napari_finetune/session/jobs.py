@@ -26,6 +26,7 @@ from napari_finetune.session.events import (
     Preview,
     PreviewFailed,
     Progress,
+    RegionPredicted,
     RunStatus,
     Saved,
     TrainerReady,
@@ -100,10 +101,12 @@ def model_to_predict(
 @dataclasses.dataclass
 class Prediction:
     """A whole-volume prediction: one uint8 mask per channel (1 where prob > 0.5) and the
-    float32 probability of the channels asked for, by channel index."""
+    float32 probability of the channels asked for, by channel index. ``complete`` is
+    False when it was stopped: the blocks done are kept, the others are 0."""
 
     masks: list[np.ndarray]
     probabilities: dict[int, np.ndarray]
+    complete: bool = True
 
 
 def predict_job(
@@ -111,10 +114,19 @@ def predict_job(
     device: str, model: nn.Module | None = None, normalization: dict | None = None,
     trust: Sequence[str] = (),
     keep: Sequence[int] = (),
+    first: tuple[slice, ...] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> Job[Prediction]:
     """Whole-volume prediction, blockwise: one uint8 mask per channel, and the probability
     of the channels in ``keep`` (indices; the ones with an instance role); ``model`` (a
-    fine-tuned one) skips loading."""
+    fine-tuned one) skips loading.
+
+    With ``first`` (the region in view) that region is predicted first, on its own
+    (read with the blocks' halo around it), and :class:`RegionPredicted` says so: the
+    user sees it in about a second, where the whole of a real crop takes a minute.
+    The blocks then left are those not wholly inside it. ``stop`` is asked between
+    batches: True ends the job there with what was predicted (``complete`` False).
+    """
     from napari_finetune.config import PredictConfig
     from napari_finetune.predict import MaskAndProbability, predict_volume
 
@@ -129,14 +141,76 @@ def predict_job(
         for i, mask in enumerate(masks)
     ]
     config = PredictConfig(device=device)
+    stopped = stop if stop is not None else (lambda: False)
+    axes_image = AxesImage.of(image)
+    # The region in view first on a plain volume (one channel, one time point); a
+    # volume with channels or time points is predicted whole, time point by time point.
+    plain = axes_image.is_plain and isinstance(low_high, tuple)
+    region = _within(first, shape) if first is not None and plain else None
+    offset = 0  # the blocks of the region's own pass, counted before the rest
     with core_left_for_the_ui():
-        yield from with_progress(
-            lambda progress: predict_volume(model, image, low_high, config, out=targets,
-                                            progress=progress),
-            "predict",
-        )
+        if region is not None and isinstance(low_high, tuple) and not stopped():
+            offset = yield from _predict_region(model, axes_image.array, low_high, config,
+                                                targets, region)
+            yield RegionPredicted(region, masks)
+        if not stopped():
+            yield from with_progress(
+                lambda progress: predict_volume(
+                    model, image, low_high, config, out=targets,
+                    progress=lambda d, t: progress(offset + d, offset + t),
+                    skip=region, stop=stopped),
+                "predict",
+            )
     return Prediction(masks, {i: t.probability for i, t in enumerate(targets)
-                              if isinstance(t, MaskAndProbability)})
+                              if isinstance(t, MaskAndProbability)},
+                      complete=not stopped())
+
+
+def _within(region: tuple[slice, ...], shape: tuple[int, ...]) -> tuple[slice, ...] | None:
+    """``region`` clipped to ``shape`` as plain slices (None when empty or of another rank)."""
+    if len(region) != len(shape):
+        return None
+    clipped = tuple(slice(*r.indices(n)[:2]) for r, n in zip(region, shape, strict=True))
+    return clipped if all(c.stop > c.start for c in clipped) else None
+
+
+def _predict_region(
+    model: nn.Module, image: VolumeArray, low_high: tuple[float, float], config: Any,
+    targets: list[Any], region: tuple[slice, ...],
+) -> Job[int]:
+    """Predict ``region`` alone into ``targets``: read with the halo around it (clipped to
+    the image), its core written; the number of blocks it took."""
+    from napari_finetune.predict import MaskAndProbability, predict_volume
+
+    shape = tuple(int(s) for s in image.shape)
+    halo = tuple(config.halo[-len(shape):])
+    read = tuple(slice(max(0, r.start - h), min(n, r.stop + h))
+                 for r, h, n in zip(region, halo, shape, strict=True))
+    inner = tuple(slice(r.start - g.start, r.stop - g.start)
+                  for r, g in zip(region, read, strict=True))
+    part = np.asarray(image[read])
+    local: list[Any] = [
+        MaskAndProbability(np.zeros(part.shape, np.uint8), np.zeros(part.shape, np.float32))
+        if isinstance(t, MaskAndProbability) else np.zeros(part.shape, np.uint8)
+        for t in targets
+    ]
+    count = {"total": 0}
+
+    def run(progress: Callable[[int, int], None]) -> Any:
+        def seen(done: int, total: int) -> None:
+            count["total"] = total
+            progress(done, total)
+
+        return predict_volume(model, part, low_high, config, out=local, progress=seen)
+
+    yield from with_progress(run, "predict")
+    for target, got in zip(targets, local, strict=True):
+        if isinstance(target, MaskAndProbability):
+            target.mask[region] = got.mask[inner]
+            target.probability[region] = got.probability[inner]
+        else:
+            target[region] = got[inner]
+    return count["total"]
 
 
 def train_job(

@@ -20,6 +20,7 @@ Session is only ever changed from one thread.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -32,7 +33,13 @@ from napari_finetune.config import FinetuneConfig
 from napari_finetune.errors import first_line
 from napari_finetune.session import derived, jobs
 from napari_finetune.session.estimate import RunEstimate, StepTimes, estimate, unknown_text
-from napari_finetune.session.events import Event, Preview, RunStatus, TrainerReady
+from napari_finetune.session.events import (
+    Event,
+    Preview,
+    RegionPredicted,
+    RunStatus,
+    TrainerReady,
+)
 from napari_finetune.session.runner import JobCallbacks, JobHandle, JobRunner
 from napari_finetune.session.viewer import LayerKind, ViewerPort
 
@@ -44,6 +51,10 @@ if TYPE_CHECKING:
     from napari_finetune.uncertainty import Suggestion
 
 R = TypeVar("R")  # what a job returns, handed to its on_result
+
+
+def _nothing() -> None:
+    """A job's body that does nothing (see :meth:`Session.release_trainer`)."""
 
 
 class Busy(Enum):
@@ -86,6 +97,8 @@ class SessionEvents(SignalGroup):
     status = Signal(object)  # each Status of a run (probe, step, recovery, end)
     refused = Signal(str)  # an action asked while another ran, or without its inputs
     ended = Signal(object)  # ActionEnd, after every action that was started
+    warmed = Signal()  # a warm-up ended (done or failed: its failure came through failed)
+    failed = Signal(str)  # a background job's failure, one line (no action's)
 
 
 @dataclass
@@ -144,10 +157,14 @@ class Session:
     # Seconds per step measured here (the last runs, a timed step): the next run's estimate.
     step_times: StepTimes = field(default_factory=StepTimes)
     events: SessionEvents = field(default_factory=SessionEvents, init=False, repr=False)
+    warming: int = field(default=0, init=False)  # warm-ups under way (see warm_up)
     _busy: Busy | None = field(default=None, init=False, repr=False)
     _handle: JobHandle | None = field(default=None, init=False, repr=False)
     _action: int = field(default=0, init=False, repr=False)  # which start is the latest
     _stop_asked: bool = field(default=False, init=False, repr=False)
+    # Set by Stop during a prediction: its job ends between batches, keeping what it did.
+    _predict_stop: threading.Event = field(default_factory=threading.Event, init=False,
+                                           repr=False)
     _uncertainty: tuple[tuple[str, int, int], np.ndarray] | None = field(
         default=None, init=False, repr=False)
     _run_key: tuple[str, str] = field(default=("auto", "full"), init=False, repr=False)
@@ -213,10 +230,15 @@ class Session:
         return True
 
     def _run_stopped(self, action: Busy) -> bool:
+        if action is Busy.PREDICT:
+            return self._predict_stop.is_set()
         return (action is Busy.TRAIN and self.status is not None
                 and self.status.kind == "stopped")
 
     def _stopped_reason(self, action: Busy) -> str:
+        if action is Busy.PREDICT and self.prediction is not None \
+                and not self.prediction.complete:
+            return "prediction stopped; the blocks predicted so far are kept"
         if action is not Busy.TRAIN:
             return f"{action.value} stopped before its end; nothing of it was kept"
         if self.trainer is None or self.trainer.steps_done == 0:
@@ -237,12 +259,62 @@ class Session:
         self._stop_asked = True
         if self._busy is Busy.TRAIN and self.trainer is not None:
             self.trainer.stop()  # the run yields "stopped" and ends on its own
+        elif self._busy is Busy.PREDICT:
+            self._predict_stop.set()  # ends between batches; what was predicted is kept
         elif self._handle is not None:
             self._handle.stop()
 
+    # -- background jobs: no action, never busy, never refused -----------------------------
+    def _background(
+        self, job: Job[R], what: str, on_result: Callable[[R], None] | None = None,
+        on_finished: Callable[[], None] | None = None,
+    ) -> None:
+        """Run ``job`` through the runner beside the actions (so a closing front end ends
+        and waits for it with theirs); a failure's one line comes through ``failed``."""
+        def failed(exc: Exception) -> None:
+            self.events.failed.emit(f"{what}: {first_line(exc)}")
+
+        self.runner.start(job, JobCallbacks(
+            on_event=self.events.job_event.emit,
+            on_result=on_result if on_result is not None else (lambda _: None),
+            on_error=failed,
+            on_finished=lambda _stopped: on_finished() if on_finished is not None else None,
+        ))
+
+    def warm_up(self, lora: bool = False) -> None:
+        """Import the engine (PEFT too when ``lora``) through the runner, while the user
+        looks and paints; ``warming`` counts those under way, ``events.warmed`` says one
+        ended. An action is not refused meanwhile: a front end that waits for it (a
+        prediction would import torch's modules in a second thread) reads ``warming``."""
+        def warmed() -> None:
+            self.warming -= 1
+            self.events.warmed.emit()
+
+        self.warming += 1
+        self._background(jobs.warm_up_job(lora), "Loading the fine-tuning engine failed",
+                         on_finished=warmed)
+
+    def release_trainer(self) -> None:
+        """Drop the last run's trainer (a new model or run: its weights no longer apply)
+        and give its device memory back in the runner's thread: the ``gc.collect()``
+        of that release is no click's to pay (0.3 s with the sample open)."""
+        if self.trainer is None:
+            return
+        self.trainer = None
+        self._uncertainty = None
+        from napari_finetune.session.work import call_job
+
+        # The job does nothing itself: the runner's guard releases memory as a job ends.
+        self._background(call_job(_nothing), "Releasing memory failed")
+
     # -- the actions ---------------------------------------------------------------------
     def predict(self) -> bool:
-        """Predict the whole image: with the last run's weights, else the checkpoint's."""
+        """Predict the whole image: with the last run's weights, else the checkpoint's.
+
+        The region on screen comes first (shown as soon as it is there), then the
+        rest of the volume with its progress; :meth:`stop` ends it between blocks,
+        keeping what was predicted (the action ends stopped, its prediction kept).
+        """
         if reason := self._free(Busy.PREDICT) or self._missing(image=True, checkpoint=True):
             return self._refuse(reason)
         trainer = self.trainer
@@ -251,10 +323,17 @@ class Session:
         count = len(self.channel_names) or None
         keep = [i for i, name in enumerate(self.channel_names)
                 if name in self.roles and self.roles[name].role is not None]
+        self._predict_stop = threading.Event()  # a new one: a late Stop of an old job stays there
         job = jobs.predict_job(str(self.checkpoint), self.image, count, self.config.device,
                                model=model, normalization=normalization, trust=self.trust,
-                               keep=keep)
-        return self._start(Busy.PREDICT, job, self._predicted)
+                               keep=keep, first=self._shown_region(),
+                               stop=self._predict_stop.is_set)
+        return self._start(Busy.PREDICT, job, self._predicted, on_event=self._region_shown)
+
+    def _region_shown(self, event: Event) -> None:
+        if isinstance(event, RegionPredicted) and self.viewer is not None:
+            for i, mask in enumerate(event.masks):
+                self.viewer.show_layer(f"prediction-{self._channel(i)}", mask, LayerKind.LABELS)
 
     def _predicted(self, prediction: jobs.Prediction) -> None:
         self.prediction = prediction
@@ -328,6 +407,8 @@ class Session:
         if self.trainer is None or self.trainer.steps_done == 0:
             return self._refuse("Cannot export: no fine-tuning step was applied yet; "
                                 "fine-tune first.")
+        if self.roles_error:  # the file would carry roles nobody chose
+            return self._refuse(f"Cannot export: {self.roles_error}")
         roles, sources = self._roles_to_keep()
         job = jobs.export_job(self.trainer, path, roles, sources)
         return self._start(Busy.EXPORT, job, self._exported)
