@@ -106,3 +106,21 @@ def test_a_run_distils_the_old_channels_and_trains_the_new_one(tmp_path, mode):
     assert tuned.channel_names == ["a", "b", "nuclei"]
     # The export is the next run's teacher for all three channels.
     assert STARTING_CHANNELS_KEY not in tuned.metadata
+
+
+def test_the_new_row_is_fitted_on_the_painting_before_the_first_step(tmp_path):
+    ckpt = _widened_checkpoint(tmp_path)
+    image, corrections = volume()
+    # The bright cube (channel 0's strokes) painted as the new structure instead.
+    corrections[corrections == 2] = 4
+    trainer = make_trainer(model=ckpt.model, metadata=ckpt.metadata, steps=1)
+    trainer.corrections = corrections
+    old_rows = ckpt.model.head.weight[:2].detach().clone()
+    trainer.build()
+    assert any("channel 2 fitted on" in line for line in trainer.recovery_log)
+    head = trainer.model.head
+    assert head.weight[2].abs().sum() > 0  # no longer the zero row
+    torch.testing.assert_close(head.weight[:2].detach(), old_rows, rtol=0, atol=0)
+    probs = trainer.predict(np.s_[:, :, :])
+    # A random 4-feature UNet separates them a little (0.50 vs 0.45); the zero row not at all.
+    assert probs[2][corrections == 4].mean() > probs[2][corrections == 1].mean() + 0.03

@@ -252,6 +252,15 @@ class Finetuner:
         )
         if floor_line:
             state.recovery_log.append(floor_line)
+        taught = self.starting_channels
+        if taught is not None and taught < self.out_channels:
+            # A channel added for a new structure starts from a fit on its painting, not
+            # from zero (trainer/new_channel.py: why the steps alone are too slow).
+            from napari_finetune.trainer.new_channel import fit_new_channels
+
+            fitted = fit_new_channels(self.model, sampler, taught, state.batch_size, self.device)
+            if fitted:
+                state.recovery_log.append(fitted)
         parts, state.teacher = build_parts(
             self.model,
             self.config,
