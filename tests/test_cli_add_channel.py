@@ -120,3 +120,16 @@ def test_a_taken_name_is_one_line(capsys, tmp_path, painted_store, checkpoint):
     assert_one_line_error(code, err, expected=2)
     assert "already has a channel named 'membrane'" in err
     assert not (tmp_path / "o.pt").exists()
+
+
+def test_a_model_that_cannot_have_one_is_one_line(capsys, tmp_path, painted_store):
+    from napari_finetune.model.checkpoint import save_checkpoint
+    from third_party import monai_nets
+
+    # Residual units add a skip path after the last convolution.
+    model = monai_nets().UNet(3, 1, 2, channels=(4, 8, 16), strides=(2, 2), num_res_units=1)
+    ckpt = save_checkpoint(tmp_path / "monai.pt", model)
+    code, _, err = run_cli(capsys, "train", painted_store, "-c", ckpt, "-o", tmp_path / "o.pt",
+                           "--add-channel", "nuclei:object")
+    assert_one_line_error(code, err, expected=2)
+    assert "cannot add a channel to UNet" in err and "num_res_units=0" in err
