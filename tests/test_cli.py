@@ -77,7 +77,7 @@ def test_bad_usage_exits_2(capsys):
 def test_info(capsys, checkpoint):
     code, out, _ = run_cli(capsys, "info", checkpoint)
     assert code == 0
-    assert "membrane, mitochondria" in out and "UNet" in out
+    assert "membrane (boundary), mitochondria (object)" in out and "UNet" in out
 
 
 def test_info_missing_and_corrupt_are_one_line(capsys, tmp_path):

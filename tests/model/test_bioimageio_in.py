@@ -288,7 +288,7 @@ def test_cli_info_reads_a_package(package, capsys):
 
     assert main(["info", str(package)]) == 0
     out = capsys.readouterr().out
-    assert "membrane, mitochondria" in out and "steps: 3" in out
+    assert "membrane (boundary), mitochondria (object)" in out and "steps: 3" in out
 
 
 def test_missing_folder_is_still_not_found(tmp_path):

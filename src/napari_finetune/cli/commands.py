@@ -63,6 +63,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_channel_option(p)
     add_trust_option(p)
     p.add_argument(
+        "--add-channel", action="append", default=[], metavar="NAME:ROLE",
+        help="give the model a channel for a structure it has none for (ROLE object or "
+        "boundary), e.g. nuclei:object; paint it with the next label (2 + the model's channel "
+        "count). The old channels are kept by distillation from the model as it was "
+        "(repeatable)",
+    )
+    p.add_argument(
         "--fresh",
         action="store_true",
         help="do not resume the degraded state (smaller batch, fp32, distillation dropped) "
@@ -196,6 +203,8 @@ def train(args: argparse.Namespace) -> int:
     if not snapshot_dir.is_dir():
         raise FileNotFoundError(2, "folder of --memory-snapshot does not exist", str(snapshot_dir))
     ckpt = load_checkpoint(args.checkpoint, trust=args.trust_factory)
+    for value in args.add_channel:
+        ckpt = _with_new_channel(ckpt, value)
     volume = open_volume(args.volume, keep_axes=True)
     image = _model_input(volume, ckpt, args.channel)
     if not image.is_plain and (world_size > 1 or args.scheduler is not None):
@@ -226,6 +235,35 @@ def train(args: argparse.Namespace) -> int:
 
         raise CLIError(line)
     return outcome.exit_code
+
+
+def _with_new_channel(ckpt: Checkpoint, value: str) -> Checkpoint:
+    """``ckpt`` with the channel ``--add-channel NAME:ROLE`` asks for (one line if it
+    cannot have it); says which label paints it."""
+    from napari_finetune.cli import UsageError
+    from napari_finetune.model.add_channel import (
+        AddChannelError,
+        add_output_channel,
+        parse_add_channel,
+    )
+    from napari_finetune.objects import roles_from_metadata
+
+    try:
+        name, role = parse_add_channel(value)
+    except AddChannelError as exc:
+        raise UsageError(str(exc)) from None
+    names = [str(n) for n in ckpt.channel_names]
+    # The old channels' roles as they read now (the sample model's are defaults, stored
+    # nowhere): written beside the new one, so adding it does not drop them.
+    before = {n: r.to_dict() for n, r in roles_from_metadata(ckpt.metadata, names).items()
+              if r.role}
+    try:
+        wide = add_output_channel(ckpt, name, role, roles_before=before)
+    except AddChannelError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"added channel {name} ({role}): paint it with label {len(names) + 2}; "
+          f"{', '.join(names)} are kept close to the starting model", file=sys.stderr)
+    return wide
 
 
 def _train_remotely(ckpt: Checkpoint, image: VolumeArray, corrections: np.ndarray,
@@ -394,9 +432,15 @@ def info(args: argparse.Namespace) -> int:
         return 0
     from napari_finetune.loading import load_checkpoint
     from napari_finetune.model.checkpoint import describe_checkpoint
+    from napari_finetune.objects import roles_from_metadata
 
     ckpt = load_checkpoint(args.checkpoint, trust=args.trust_factory)
-    print(describe_checkpoint(ckpt))
+    names = [str(n) for n in ckpt.channel_names]
+    try:
+        roles = {n: r.role for n, r in roles_from_metadata(ckpt.metadata, names).items()}
+    except ValueError:  # roles that do not fit the channels: the names alone, as before
+        roles = {}
+    print(describe_checkpoint(ckpt, roles))
     env = (ckpt.metadata.get("run") or {}).get("environment")
     if env:
         print(f"trained with:  {describe_environment(env)}")

@@ -16,7 +16,7 @@ a file must never make the loader run code.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -79,15 +79,23 @@ def load_checkpoint(
     return load(path, device=device, trust=trust)
 
 
-def describe_checkpoint(ckpt: Checkpoint) -> str:
-    """Human-readable summary: architecture, channels, normalisation, the run's record."""
+def describe_checkpoint(ckpt: Checkpoint, roles: Mapping[str, str | None] | None = None) -> str:
+    """Human-readable summary: architecture, channels, normalisation, the run's record.
+
+    ``roles`` (channel name -> instance role or None) puts each channel's role beside
+    its name: ``nuclei (object)``.
+    """
     n_params = sum(p.numel() for p in ckpt.model.parameters())
+    channels = [
+        f"{name} ({roles[name]})" if roles and roles.get(name) else name
+        for name in ckpt.channel_names
+    ]
     lines = [
         f"file:          {ckpt.path}",
         f"sha256:        {ckpt.sha256[:16]}...",
         f"architecture:  {ckpt.architecture.get('factory')} {ckpt.architecture.get('kwargs')}",
         f"parameters:    {n_params:,}",
-        f"channels:      {', '.join(ckpt.channel_names)}",
+        f"channels:      {', '.join(channels)}",
         f"normalization: {ckpt.normalization}",
     ]
     run = ckpt.metadata.get("run")

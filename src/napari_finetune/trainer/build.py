@@ -114,20 +114,25 @@ def build_parts(
     out_channels: int,
     distillation: float,
     hold_other_channels: bool,
+    taught: int | None = None,
 ) -> tuple[TrainingParts, Teacher | None]:
-    """Wrap LoRA adapters (or keep a frozen copy), make the teacher and the optimizer."""
+    """Wrap LoRA adapters (or keep a frozen copy), make the teacher and the optimizer.
+
+    ``taught``: the channels the starting model had, when the model got one for a new
+    structure since (the teacher gives those only); None: every channel.
+    """
     from napari_finetune.trainer.teacher import AdapterOffTeacher, FrozenCopyTeacher
 
     corrected = corrected_channels(classes_present, out_channels)
-    want_teacher = needs_teacher(corrected, distillation, hold_other_channels)
+    want_teacher = needs_teacher(corrected, distillation, hold_other_channels, taught)
     teacher: Teacher | None
     if config.mode == "lora":
         from napari_finetune.model.lora import wrap_lora
 
         model = wrap_lora(model, config.lora_rank, config.lora_alpha, config.seed)
-        teacher = AdapterOffTeacher(model) if want_teacher else None
+        teacher = AdapterOffTeacher(model, taught) if want_teacher else None
     else:
-        teacher = FrozenCopyTeacher(model) if want_teacher else None
+        teacher = FrozenCopyTeacher(model, taught) if want_teacher else None
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(

@@ -280,6 +280,15 @@ class Finetuner:
         )
         if floor_line:
             state.recovery_log.append(floor_line)
+        taught = self.starting_channels
+        if taught is not None and taught < self.out_channels:
+            # A channel added for a new structure starts from a fit on its painting, not
+            # from zero (trainer/new_channel.py: why the steps alone are too slow).
+            from napari_finetune.trainer.new_channel import fit_new_channels
+
+            fitted = fit_new_channels(self.model, sampler, taught, state.batch_size, self.device)
+            if fitted:
+                state.recovery_log.append(fitted)
         parts, state.teacher = build_parts(
             self.model,
             self.config,
@@ -288,12 +297,23 @@ class Finetuner:
             self.out_channels,
             state.distillation,
             state.hold_other_channels,
+            taught=self.starting_channels,
         )
         # Every rank starts from rank 0's weights (LoRA adapters are drawn per process).
         self.sync.align(parts.model)
         self.model, self._parts = parts.model, parts
         for hook in self.after_build:
             hook(self)
+
+    @property
+    def starting_channels(self) -> int | None:
+        """The channels the starting model had, when the checkpoint got one for a new
+        structure since (:mod:`napari_finetune.model.add_channel`); None otherwise.
+        The teacher gives those only: the new channel learns from its painting alone."""
+        from napari_finetune.model.add_channel import STARTING_CHANNELS_KEY
+
+        value = self.metadata.get(STARTING_CHANNELS_KEY)
+        return None if value is None else int(value)
 
     @property
     def channel_names(self) -> list[str]:

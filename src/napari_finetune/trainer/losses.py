@@ -16,6 +16,10 @@ foreground of output channel k - 2. The model gives one logit per channel.
   soft target of the corrected channels, weighted by ``distillation``.
 * **Hold on the other channels**: channels that no correction touches follow
   the teacher everywhere (soft-target BCE, weight ``HOLD_WEIGHT``).
+* **A channel the teacher does not have** (added to the model for a new
+  structure, :mod:`napari_finetune.model.add_channel`): the teacher gives the
+  first ``taught`` channels only, and the channels after them are neither
+  distilled nor held; they learn from the painted voxels alone.
 
 Every term is a sum over (voxel, channel) pairs divided by the number of such
 pairs in the WHOLE optimizer step (:func:`step_normalisers`), so splitting a
@@ -63,8 +67,15 @@ class Normalisers:
     hold: int
 
 
+def taught_channels(n_channels: int, taught: int | None) -> torch.Tensor:
+    """Boolean ``(C,)``: the channels the teacher gives (the first ``taught``; all if None)."""
+    limit = n_channels if taught is None else min(int(taught), n_channels)
+    return torch.arange(n_channels) < limit
+
+
 def step_normalisers(
-    labels: torch.Tensor, corrected: torch.Tensor, distillation: float, hold: bool
+    labels: torch.Tensor, corrected: torch.Tensor, distillation: float, hold: bool,
+    taught: int | None = None,
 ) -> Normalisers:
     """Count the pairs each term averages over, for all samples of the step.
 
@@ -74,21 +85,29 @@ def step_normalisers(
         int64 ``(n, *spatial)``, every sample of the optimizer step.
     corrected : torch.Tensor
         Boolean ``(C,)`` from :func:`corrected_channels`.
+    taught : int, optional
+        The teacher's channels (the model's first ones); None: all of them.
     """
     painted = int(torch.count_nonzero(labels))
     voxels = labels.numel()
-    n_corrected = int(corrected.sum())
-    n_other = corrected.numel() - n_corrected
+    known = taught_channels(corrected.numel(), taught)
+    n_corrected = int((corrected & known).sum())
+    n_other = int((~corrected & known).sum())
     return Normalisers(
-        supervised=painted * n_corrected,
+        supervised=painted * int(corrected.sum()),
         distillation=(voxels - painted) * n_corrected if distillation > 0 else 0,
         hold=voxels * n_other if hold else 0,
     )
 
 
-def needs_teacher(corrected: torch.Tensor, distillation: float, hold: bool) -> bool:
-    """Whether a term uses the teacher's predictions."""
-    return distillation > 0 or (hold and not bool(corrected.all()))
+def needs_teacher(
+    corrected: torch.Tensor, distillation: float, hold: bool, taught: int | None = None
+) -> bool:
+    """Whether a term uses the teacher's predictions (``taught``: the teacher's channels)."""
+    known = taught_channels(corrected.numel(), taught)
+    if not known.any():
+        return False
+    return distillation > 0 or (hold and bool((~corrected & known).any()))
 
 
 def finetune_loss(
@@ -113,7 +132,9 @@ def finetune_loss(
     norms : Normalisers
         Counts over the whole optimizer step.
     teacher_probs : torch.Tensor, optional
-        ``(n, C, *spatial)`` teacher sigmoid; needed for distillation and the hold.
+        ``(n, T, *spatial)`` teacher sigmoid, ``T <= C``: the first ``T`` channels
+        (a model that got channels since has more); needed for distillation and
+        the hold, which cover those ``T`` only.
     distillation : float
         Weight of the teacher on unpainted voxels of corrected channels.
     hold : bool
@@ -132,13 +153,20 @@ def finetune_loss(
     target = positive
     if teacher_probs is not None and (norms.distillation or norms.hold):
         teacher_probs = teacher_probs.float()
+        n_taught = teacher_probs.shape[1]
+        if n_taught < n_channels:
+            # Channels the teacher lacks get weight 0 below; their target there is moot.
+            pad = teacher_probs.new_zeros((teacher_probs.shape[0], n_channels - n_taught,
+                                           *teacher_probs.shape[2:]))
+            teacher_probs = torch.cat([teacher_probs, pad], dim=1)
+        known = taught_channels(n_channels, n_taught).to(logits.device).view(shape)
         target = torch.where(supervised, positive, teacher_probs)
         if norms.distillation and distillation > 0:
-            weight = weight + (~painted & corrected).to(logits.dtype) * (
+            weight = weight + (~painted & corrected & known).to(logits.dtype) * (
                 distillation / norms.distillation
             )
         if norms.hold and hold:
-            weight = weight + (~corrected).to(logits.dtype).expand_as(weight) * (
+            weight = weight + (~corrected & known).to(logits.dtype).expand_as(weight) * (
                 HOLD_WEIGHT / norms.hold
             )
     elementwise = F.binary_cross_entropy_with_logits(logits, target, reduction="none")

@@ -220,7 +220,11 @@ def write_export(
     from napari_finetune.model.lora import merged_copy
 
     plain = merged_copy(model)
+    from napari_finetune.model.add_channel import STARTING_CHANNELS_KEY
+
     metadata = {**metadata, **(metadata_updates or {})}
+    # The exported model is the next run's teacher, for every channel it has.
+    metadata.pop(STARTING_CHANNELS_KEY, None)
     metadata["channel_names"] = channel_names_of(metadata, out_channels)
     metadata["normalization"] = dict(metadata.get("normalization") or DEFAULT_NORMALIZATION)
     previous = metadata.get("run")

@@ -57,11 +57,16 @@ def teacher_terms(state: RunState) -> tuple[float, bool]:
     return float(state.distillation), bool(state.hold_other_channels)
 
 
+def taught(state: RunState) -> int | None:
+    """The channels the teacher gives (fewer than the model's after an added channel)."""
+    return None if state.teacher is None else state.teacher.channels
+
+
 def local_normalisers(parts: TrainingParts, state: RunState, labels: np.ndarray) -> Normalisers:
     """The counts of this process's samples of the step."""
     distillation, hold = teacher_terms(state)
     all_labels = torch.from_numpy(np.ascontiguousarray(labels))
-    return step_normalisers(all_labels, parts.corrected, distillation, hold)
+    return step_normalisers(all_labels, parts.corrected, distillation, hold, taught(state))
 
 
 def accumulate_gradients(
@@ -97,7 +102,7 @@ def accumulate_gradients(
     teacher = state.teacher
     distillation, hold = teacher_terms(state)
     if norms is None:
-        norms = step_normalisers(all_labels, parts.corrected, distillation, hold)
+        norms = step_normalisers(all_labels, parts.corrected, distillation, hold, taught(state))
     use_teacher = teacher is not None and (norms.distillation > 0 or norms.hold > 0)
     total = torch.zeros((), device=device)
     start = 0

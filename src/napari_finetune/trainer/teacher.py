@@ -23,11 +23,23 @@ if TYPE_CHECKING:  # for the type only: importing peft takes seconds
 
 
 class Teacher:
-    """Base: :meth:`forward` without autograd."""
+    """Base: :meth:`forward` without autograd.
+
+    Attributes
+    ----------
+    channels : int or None
+        How many leading output channels the teacher gives: those the starting
+        model had, when the student got a channel for a new structure since
+        (its old rows are the starting model's, so the first ``channels``
+        outputs are the starting model's exactly). None: all of them.
+    """
+
+    channels: int | None = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
-            return self.forward(x)
+            out = self.forward(x)
+        return out if self.channels is None else out[:, : self.channels]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -36,7 +48,8 @@ class Teacher:
 class FrozenCopyTeacher(Teacher):
     """A frozen deep copy of the starting model (full fine-tune)."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, channels: int | None = None) -> None:
+        self.channels = channels
         self.module = copy.deepcopy(model).eval()
         for param in self.module.parameters():
             param.requires_grad_(False)
@@ -48,7 +61,8 @@ class FrozenCopyTeacher(Teacher):
 class AdapterOffTeacher(Teacher):
     """The LoRA student with its adapters disabled (PEFT ``disable_adapter``)."""
 
-    def __init__(self, peft_model: PeftModel) -> None:
+    def __init__(self, peft_model: PeftModel, channels: int | None = None) -> None:
+        self.channels = channels
         self.module = peft_model
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,148 @@
+"""add_output_channel: one more output channel, the old ones bit for bit, a file that reloads."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from napari_finetune.model.add_channel import (
+    NEW_CHANNEL_BIAS,
+    ROLES,
+    ROLES_KEY,
+    STARTING_CHANNELS_KEY,
+    AddChannelError,
+    add_output_channel,
+    parse_add_channel,
+)
+from napari_finetune.model.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from napari_finetune.model.unet import UNet
+from third_party import monai_nets, torch_em_model
+
+
+def _trained_like(model: torch.nn.Module) -> torch.nn.Module:
+    # Non-zero everywhere (a freshly initialised bias of 0 would hide a wrong copy).
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return model.eval()
+
+
+def _same_old_channels(old: torch.nn.Module, new: torch.nn.Module, shape) -> torch.Tensor:
+    x = torch.randn(2, 1, *shape, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before, after = old.eval()(x), new.eval()(x)
+    assert after.shape[1] == before.shape[1] + 1
+    torch.testing.assert_close(after[:, : before.shape[1]], before, rtol=0, atol=0)
+    return after
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+def test_unet_keeps_its_channels_exactly_and_the_new_one_starts_absent(dims):
+    model = _trained_like(UNet(dims=dims, out_channels=2, depth=2, features=4))
+    wide = add_output_channel(model, "nuclei", "object")
+    after = _same_old_channels(model, wide, (16,) * dims)
+    new = torch.sigmoid(after[:, 2])
+    assert torch.allclose(new, torch.sigmoid(torch.tensor(NEW_CHANNEL_BIAS)))
+    assert wide.init_kwargs["out_channels"] == 3
+    # The starting model is left as it was: the run's teacher may still be it.
+    assert model.head.out_channels == 2 and model.init_kwargs["out_channels"] == 2
+
+
+def test_a_checkpoint_gets_the_name_role_and_reloads_with_weights_only(tmp_path):
+    model = _trained_like(UNet(dims=3, out_channels=2, depth=2, features=4))
+    path = save_checkpoint(tmp_path / "m.pt", model, {"channel_names": ["membrane", "mito"]})
+    ckpt = load_checkpoint(path)
+    wide = add_output_channel(ckpt, "nuclei", "object",
+                              roles_before={"membrane": {"role": "boundary"}})
+    assert isinstance(wide, Checkpoint)
+    assert wide.channel_names == ["membrane", "mito", "nuclei"]
+    assert wide.architecture["kwargs"]["out_channels"] == 3
+    assert wide.metadata[ROLES_KEY] == {"membrane": {"role": "boundary"},
+                                        "nuclei": {"role": "object"}}
+    assert wide.metadata[STARTING_CHANNELS_KEY] == 2
+    assert ckpt.channel_names == ["membrane", "mito"]  # not changed
+    saved = save_checkpoint(tmp_path / "wide.pt", wide.model, wide.metadata)
+    raw = torch.load(saved, weights_only=True)  # plain data: the loader's own reading
+    assert raw["architecture"]["kwargs"]["out_channels"] == 3
+    back = load_checkpoint(saved)
+    assert back.channel_names == ["membrane", "mito", "nuclei"]
+    assert len(back.channel_colors) == 3
+    _same_old_channels(model, back.model, (16, 16, 16))
+    # A second structure keeps the first count: the teacher is the model as loaded.
+    twice = add_output_channel(wide, "golgi", "boundary")
+    assert twice.metadata[STARTING_CHANNELS_KEY] == 2 and len(twice.channel_names) == 4
+
+
+def test_roles_key_and_names_are_the_objects_packages():
+    from napari_finetune.objects import roles
+
+    assert ROLES_KEY == roles.METADATA_KEY and set(ROLES) == set(roles.ROLES)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("nuclei", "NAME:ROLE"), ("nuclei:blob", "object, boundary"), (":object", "NAME:ROLE"),
+     ("a/b:object", "a channel name")],
+)
+def test_bad_name_or_role_is_one_line(text, expected):
+    with pytest.raises(AddChannelError) as info:
+        parse_add_channel(text)
+    assert expected in str(info.value) and "\n" not in str(info.value)
+    assert parse_add_channel("Nuclei 2:Object") == ("Nuclei 2", "object")
+
+
+def test_a_name_the_model_has_is_refused(tmp_path):
+    path = save_checkpoint(tmp_path / "m.pt", UNet(dims=2, out_channels=2, depth=1, features=4),
+                           {"channel_names": ["membrane", "mito"]})
+    with pytest.raises(AddChannelError, match="already has a channel named 'mito'"):
+        add_output_channel(load_checkpoint(path), "mito", "object")
+
+
+@pytest.mark.parametrize("kind", ["UNet", "BasicUNet"])
+def test_monai_models_get_a_channel_and_rebuild_from_the_file(tmp_path, kind):
+    nets = monai_nets()
+    if kind == "UNet":  # without residual units its last layer is a transposed convolution
+        model = nets.UNet(3, 1, 2, channels=(4, 8, 16), strides=(2, 2))
+    else:
+        model = nets.BasicUNet(3, 1, 2, features=(4, 4, 8, 8, 16, 4))
+    model = _trained_like(model)
+    wide = add_output_channel(model, "nuclei", "object")
+    _same_old_channels(model, wide, (32, 32, 32))
+    path = save_checkpoint(tmp_path / "m.pt", wide, {"channel_names": ["a", "b", "nuclei"]})
+    back = load_checkpoint(path)
+    assert back.architecture["kwargs"]["out_channels"] == 3
+    _same_old_channels(model, back.model, (32, 32, 32))
+
+
+def test_torch_em_unet_gets_a_channel(tmp_path):
+    model = _trained_like(torch_em_model().UNet3d(1, 2, depth=2, initial_features=4))
+    wide = add_output_channel(model, "nuclei", "object")
+    _same_old_channels(model, wide, (16, 16, 16))
+    back = load_checkpoint(save_checkpoint(tmp_path / "m.pt", wide))
+    _same_old_channels(model, back.model, (16, 16, 16))
+
+
+def test_a_model_whose_output_is_made_after_its_last_convolution_is_one_line():
+    # MONAI UNet with residual units adds a skip path to its last convolution's output.
+    model = monai_nets().UNet(3, 1, 2, channels=(4, 8, 16), strides=(2, 2), num_res_units=1)
+    with pytest.raises(AddChannelError) as info:
+        add_output_channel(model, "nuclei", "object")
+    message = str(info.value)
+    assert "\n" not in message and "cannot add a channel to UNet" in message
+    assert "made after its last layer" in message
+
+
+def test_a_final_activation_is_one_line():
+    class Softmaxed(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = UNet(dims=2, out_channels=2, depth=1, features=4)
+            self.shape_multiple = 2
+            self.init_kwargs = {"out_channels": 2}
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.softmax(self.net(x), dim=1)
+
+    with pytest.raises(AddChannelError, match="made after its last layer"):
+        add_output_channel(Softmaxed(), "nuclei", "object")
