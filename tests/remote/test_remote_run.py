@@ -161,6 +161,7 @@ def test_a_retried_task_says_its_worker_was_lost_and_trains_nothing(client, mode
     """dask retries a task whose worker died from scratch: the retry must not train again."""
     from distributed import Event, Queue
 
+    from napari_finetune.remote.messages import decode
     from napari_finetune.remote.worker import train_on_worker
 
     image, corrections = volume()
@@ -169,5 +170,5 @@ def test_a_retried_task_says_its_worker_was_lost_and_trains_nothing(client, mode
     inputs = remote.inputs()
     Event(inputs.started_name(), client=client).set()  # as the first, killed, start left it
     assert client.submit(train_on_worker, inputs, pure=False).result(timeout=60) == "lost"
-    message = Queue(inputs.queue_name(), client=client).get(timeout=10)
+    message = decode(Queue(inputs.queue_name(), client=client).get(timeout=10))
     assert message["kind"] == "lost"

@@ -42,6 +42,7 @@ from napari_finetune.remote.messages import (
     STATUS,
     WEIGHTS,
     RunInputs,
+    encode,
     region_from_plain,
     region_to_plain,
     status_from_plain,
@@ -66,6 +67,7 @@ if TYPE_CHECKING:
 
     from napari_finetune.arrays import VolumeArray
     from napari_finetune.model.checkpoint_format import Checkpoint
+    from napari_finetune.remote.channel import MessageChannel
     from napari_finetune.remote.tiles import StoredImage
 
 # The queue is read without waiting (a get that times out is logged as an error with
@@ -276,9 +278,12 @@ class RemoteFinetuner(Finetuner):
                resources: Mapping[str, float]) -> Iterator[Status]:
         from distributed import Event, Queue
 
+        from napari_finetune.remote.channel import MessageChannel
         from napari_finetune.remote.worker import train_on_worker
 
-        messages = Queue(inputs.queue_name(), client=client)
+        Queue(inputs.queue_name(), client=client)  # made before the task puts on it
+        messages = MessageChannel(client)
+        name = inputs.queue_name()
         previews = Queue(inputs.preview_name(), client=client)
         stop = Event(inputs.stop_name(), client=client)
         [shipped] = client.scatter([inputs], workers=workers)
@@ -297,7 +302,7 @@ class RemoteFinetuner(Finetuner):
                     stop_sent = True
                 self._send_preview_request(previews)
                 if not pending:
-                    pending.extend(messages.get(batch=True))  # what is there now, maybe nothing
+                    pending.extend(messages.take(name))  # maybe nothing
                 if not pending:
                     if time.monotonic() - heard > QUIET_S:
                         self._check_alive(client, future)
@@ -314,7 +319,7 @@ class RemoteFinetuner(Finetuner):
             # Closed before the end (napari's Stop, the viewer closing): the worker
             # stops after its step and its last weights still come back.
             stop.set()
-            self._drain(messages, pending, time.monotonic() + self.stop_wait_s)
+            self._drain(messages, name, pending, time.monotonic() + self.stop_wait_s)
             ended = True
             raise
         finally:
@@ -323,6 +328,7 @@ class RemoteFinetuner(Finetuner):
                     stop.set()  # a running task cannot be cancelled: it stops itself
                 except Exception:  # the scheduler may be gone: nothing else to tell it
                     pass
+            messages.close()
 
     def _check_alive(self, client: Client, future: Future) -> None:
         """:class:`RemoteWorkerLost` when the task failed or its worker left the scheduler."""
@@ -359,14 +365,15 @@ class RemoteFinetuner(Finetuner):
             raise RemoteWorkerLost(self._lost_line())
         return kind == DONE
 
-    def _drain(self, messages: Queue, pending: deque[dict[str, Any]], deadline: float) -> None:
+    def _drain(self, messages: MessageChannel, name: str, pending: deque[dict[str, Any]],
+               deadline: float) -> None:
         """Apply ``pending``, then the queue's messages, until the run's end or ``deadline``
         (no statuses are shown)."""
         while time.monotonic() < deadline:
             if not pending:
                 try:
-                    pending.extend(messages.get(batch=True))
-                except Exception:  # the scheduler went away: keep what came
+                    pending.extend(messages.take(name))
+                except Exception:  # the scheduler went away, a refused message: keep what came
                     return
             if not pending:
                 time.sleep(POLL_S)
@@ -440,7 +447,7 @@ class RemoteFinetuner(Finetuner):
         request: dict[str, Any] = {"region": region_to_plain(region)}
         if not self.store_used:  # the worker has only the tiles around the painting
             request["crop"] = np.asarray(self.image[region])
-        previews.put(request)
+        previews.put(encode(request))
 
     def _receive_best(self, message: dict[str, Any]) -> None:
         """Hold the worker's best validation weights where a local run holds its own."""

@@ -37,6 +37,8 @@ from napari_finetune.remote.messages import (
     STATUS,
     WEIGHTS,
     RunInputs,
+    decode,
+    encode,
     region_from_plain,
     status_to_plain,
     weights_to_bytes,
@@ -46,6 +48,17 @@ if TYPE_CHECKING:
     from distributed import Event, Queue
 
     from napari_finetune.trainer.loop import Finetuner
+
+
+class Outbox:
+    """The run's queue, worker -> client: each message goes as :func:`encode`'s bytes."""
+
+    def __init__(self, queue: Queue) -> None:
+        self.queue = queue
+
+    def put(self, message: dict[str, Any]) -> None:
+        """Send ``message`` (plain data; a value that is not raises ``PlainDataError``)."""
+        self.queue.put(encode(message))
 
 
 def versions() -> dict[str, str]:
@@ -61,7 +74,7 @@ def train_on_worker(inputs: RunInputs) -> str:
     """Run the fine-tune on this worker; returns how it ended (the messages said the rest)."""
     from distributed import Event, Queue, get_worker
 
-    messages = Queue(inputs.queue_name())
+    messages = Outbox(Queue(inputs.queue_name()))
     started = Event(inputs.started_name())
     address = get_worker().address
     if started.is_set():  # a retry after the first worker died: never train twice
@@ -77,7 +90,7 @@ def train_on_worker(inputs: RunInputs) -> str:
                       Queue(inputs.preview_name()))
 
 
-def _train(inputs: RunInputs, messages: Queue, stop: Event, address: str,
+def _train(inputs: RunInputs, messages: Outbox, stop: Event, address: str,
            previews: Queue) -> str:
     """Build and run the fine-tune, sending its statuses and weights; how it ended."""
     try:
@@ -148,12 +161,12 @@ def _build(inputs: RunInputs) -> Finetuner:
     return trainer
 
 
-def _answer_preview(trainer: Finetuner, previews: Queue, messages: Queue) -> None:
+def _answer_preview(trainer: Finetuner, previews: Queue, messages: Outbox) -> None:
     """Predict the latest region the client asked for (older requests are stale), if any."""
     requests = previews.get(batch=True)  # what is there now, maybe nothing
     if not requests:
         return
-    request = requests[-1]
+    request = decode(requests[-1])
     region = region_from_plain(request["region"])
     # Without the store here, the client sent the region's raw pixels along.
     crop = request.get("crop")
@@ -168,7 +181,7 @@ def _answer_preview(trainer: Finetuner, previews: Queue, messages: Queue) -> Non
     messages.put(answer)
 
 
-def _send_best_unsent(trainer: Finetuner, messages: Queue, sent: int | None) -> None:
+def _send_best_unsent(trainer: Finetuner, messages: Outbox, sent: int | None) -> None:
     """At the run's end: the best weights, when the last ones sent are not they."""
     best = trainer.validator.best.step
     if best is not None and best != sent:
