@@ -88,6 +88,7 @@ class MessageChannel:
         self.client = client
         self.address = str(client.scheduler.address)
         self._comm: Any = None
+        self._opened = False
 
     async def _connect(self) -> Any:
         from distributed.comm import connect
@@ -104,7 +105,13 @@ class MessageChannel:
 
     async def _take(self, name: str) -> list[bytes]:
         if self._comm is None or self._comm.closed():
+            if self._opened:  # closed under it: the scheduler is gone (no 30 s reconnect)
+                from distributed.comm.core import CommClosedError
+
+                raise CommClosedError(f"the connection to the dask scheduler at "
+                                      f"{self.address} closed")
             self._comm = await self._connect()
+            self._opened = True
         await self._comm.write({"op": "queue_get", "name": name, "batch": True,
                                 "reply": True}, serializers=("msgpack",))
         reply = refuse_serialized(await _read_frames(self._comm))

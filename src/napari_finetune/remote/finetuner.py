@@ -81,6 +81,10 @@ class RemoteWorkerLost(RemoteError):
     """The worker running the fine-tune died or left; the last weights received are kept."""
 
 
+class SchedulerLost(RemoteError):
+    """The dask scheduler stopped answering mid-run; the weights received are kept."""
+
+
 class RemoteFinetuner(Finetuner):
     """Fine-tunes on a dask worker; holds the last weights and run record it sent back.
 
@@ -292,7 +296,7 @@ class RemoteFinetuner(Finetuner):
             resources=dict(resources) or None, workers=workers, allow_other_workers=False,
             pure=False,
         )
-        ended = stop_sent = False
+        ended = stop_sent = lost = False
         heard = time.monotonic()
         pending: deque[dict[str, Any]] = deque()  # taken from the queue, not yet applied
         try:
@@ -315,6 +319,9 @@ class RemoteFinetuner(Finetuner):
                 if message["kind"] == STATUS:
                     self.status_latency_s.append(time.time() - message["sent"])
                     yield status_from_plain(message["status"])
+        except (OSError, TimeoutError) as exc:  # dask's CommClosedError is an OSError
+            lost = True
+            raise SchedulerLost(self._scheduler_lost_line(messages.address, exc)) from None
         except GeneratorExit:
             # Closed before the end (napari's Stop, the viewer closing): the worker
             # stops after its step and its last weights still come back.
@@ -323,7 +330,7 @@ class RemoteFinetuner(Finetuner):
             ended = True
             raise
         finally:
-            if not ended:
+            if not ended and not lost:
                 try:
                     stop.set()  # a running task cannot be cancelled: it stops itself
                 except Exception:  # the scheduler may be gone: nothing else to tell it
@@ -456,6 +463,15 @@ class RemoteFinetuner(Finetuner):
             best.state = weights_from_bytes(message["weights"])
             best.step, best.score = int(message["step"]), float(message["score"])
 
+    def _scheduler_lost_line(self, address: str, exc: BaseException) -> str:
+        from napari_finetune.errors import first_line
+
+        return (
+            f"the dask scheduler at {address} was lost ({type(exc).__name__}: "
+            f"{first_line(exc) or 'no answer'}); the weights of step {self.steps_done} "
+            "received last are kept: export them and fine-tune from them to continue."
+        )
+
     def _lost_line(self) -> str:
         return (
             f"the dask worker {self.worker or '(not started)'} running the fine-tune was lost; "
@@ -476,5 +492,31 @@ class RemoteFinetuner(Finetuner):
             return record.write_export(self.model, self.metadata, self.out_channels,
                                        self.run_record, path, ended or self.ended, metadata)
 
+    def export_best(self, path: str | os.PathLike, ended: str) -> os.PathLike | None:
+        """Write the best validation weights received (their step in the record), when
+        they are not the last ones held; None when there are none to write.
 
-__all__ = ["RemoteFinetuner", "RemoteWorkerLost"]
+        Parameters
+        ----------
+        path : path-like
+            Destination file.
+        ended : str
+            How the run ended (the record's ``"ended"`` names the best step besides).
+        """
+        import copy
+
+        best = self.validator.best
+        if self.run_record is None or best.step is None or not best.state \
+                or best.step == self.steps_done:
+            return None
+        with self.lock:
+            model = copy.deepcopy(self.model)
+            model.load_state_dict(best.state)
+            run = {**self.run_record, "steps_done": int(best.step)}
+            return record.write_export(
+                model, self.metadata, self.out_channels, run, path,
+                f"best validation weights (step {best.step}, score {best.score:.3f}) of a run: "
+                f"{ended}")
+
+
+__all__ = ["RemoteFinetuner", "RemoteWorkerLost", "SchedulerLost"]
