@@ -172,3 +172,67 @@ def test_a_retried_task_says_its_worker_was_lost_and_trains_nothing(client, mode
     assert client.submit(train_on_worker, inputs, pure=False).result(timeout=60) == "lost"
     message = decode(Queue(inputs.queue_name(), client=client).get(timeout=10))
     assert message["kind"] == "lost"
+
+
+
+
+def test_no_queue_or_event_of_a_run_stays_on_the_scheduler(client, model_file, monkeypatch):
+    """Finished, stopped, closed, failed: the run's queues and events are gone after it."""
+    image, corrections = volume()
+    ids: list[str] = []
+    inputs = RemoteFinetuner.inputs
+
+    def remembered(self, stored=None):
+        made = inputs(self, stored)
+        ids.append(made.run_id)
+        return made
+
+    monkeypatch.setattr(RemoteFinetuner, "inputs", remembered)
+    finished = RemoteFinetuner.remote(load_checkpoint(model_file), image, corrections,
+                                      config(steps=2), client)
+    assert list(finished.run())[-1].kind == "finished"
+    closed = RemoteFinetuner.remote(load_checkpoint(model_file), image, corrections,
+                                    config(steps=500, validation_fraction=0.0), client)
+    run = closed.run()
+    next(s for s in run if s.kind == "step")
+    run.close()
+    failed = RemoteFinetuner.remote(load_checkpoint(model_file), image, corrections,
+                                    config(steps=2), client, weights_every=1)
+    failed.trust = ("no.such.factory",)
+    failed.checkpoint = b"not a checkpoint"  # the worker cannot load it: the run fails
+    with pytest.raises(RemoteError):
+        list(failed.run())
+    assert len(ids) == 3
+    from napari_finetune.remote.worker import run_leftovers
+
+    for run_id in ids:
+        assert client.run_on_scheduler(run_leftovers, run_id=run_id) == [], run_id
+
+
+def test_a_run_whose_client_left_stops_and_leaves_nothing_on_the_scheduler(client, model_file):
+    """The laptop vanished mid-run (its client closed, no cleanup of its own): the scheduler
+    releases the task, the worker stops after its step and deletes the run's queues and
+    events."""
+    from distributed import Client, Queue
+
+    from napari_finetune.remote.worker import run_leftovers, train_on_worker
+
+    image, corrections = volume()
+    remote = RemoteFinetuner.remote(load_checkpoint(model_file), image, corrections,
+                                    config(steps=100_000, validation_fraction=0.0), client)
+    inputs = remote.inputs()
+    with Client(client.scheduler.address, set_as_default=False) as gone:
+        Queue(inputs.queue_name(), client=gone)
+        future = gone.submit(train_on_worker, inputs, pure=False)
+        deadline = time.monotonic() + 120
+        while len(client.run_on_scheduler(run_leftovers, run_id=inputs.run_id)) < 3:
+            assert time.monotonic() < deadline and not future.done()  # started: set
+            time.sleep(0.2)
+    deadline = time.monotonic() + 120
+    while client.run_on_scheduler(run_leftovers, run_id=inputs.run_id):
+        assert time.monotonic() < deadline, "the abandoned run left its queues or events"
+        time.sleep(0.2)
+    # The worker is free again: the next run trains.
+    again = RemoteFinetuner.remote(load_checkpoint(model_file), image, corrections,
+                                   config(steps=1, validation_fraction=0.0), client)
+    assert list(again.run())[-1].kind == "finished"

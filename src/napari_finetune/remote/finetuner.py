@@ -336,6 +336,21 @@ class RemoteFinetuner(Finetuner):
                 except Exception:  # the scheduler may be gone: nothing else to tell it
                     pass
             messages.close()
+            if not lost:
+                self._forget(client, future, inputs)
+
+    @staticmethod
+    def _forget(client: Client, future: Future, inputs: RunInputs) -> None:
+        """However the run ended: no retry of its task, and its queues and events are
+        deleted on the scheduler (a task still running ends at its next message)."""
+        from napari_finetune.remote.worker import forget_run
+
+        try:
+            future.cancel()  # a running task goes on; a retry not started never starts
+            client.run_on_scheduler(forget_run, queues=inputs.queue_names(),
+                                    events=inputs.event_names())
+        except Exception:  # the scheduler went away meanwhile: nothing is left there
+            pass
 
     def _check_alive(self, client: Client, future: Future) -> None:
         """:class:`RemoteWorkerLost` when the task failed or its worker left the scheduler."""

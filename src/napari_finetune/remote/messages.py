@@ -197,3 +197,11 @@ class RunInputs:
     def started_name(self) -> str:
         """Set by the task when it starts: a second start is a retry after a lost worker."""
         return f"napari-finetune-{self.run_id}-started"
+
+    def queue_names(self) -> list[str]:
+        """The run's queues on the scheduler."""
+        return [self.queue_name(), self.preview_name()]
+
+    def event_names(self) -> list[str]:
+        """The run's events on the scheduler."""
+        return [self.stop_name(), self.started_name()]

@@ -61,6 +61,30 @@ class Outbox:
         self.queue.put(encode(message))
 
 
+def forget_run(dask_scheduler: Any, queues: list[str], events: list[str]) -> None:
+    """On the scheduler: delete the run's queues and events, whatever holds them.
+
+    A queue lives until every handle that made it is closed, and a task whose
+    worker died never closes its own, so they are taken from the scheduler's
+    extensions by name (the queues hold plain messages only, no futures).
+    """
+    extensions = dask_scheduler.extensions
+    queued = extensions.get("queues")
+    for name in queues if queued is not None else ():
+        queued.queues.pop(name, None)
+        queued.client_refcount.pop(name, None)
+    flagged = extensions.get("events")
+    for name in events if flagged is not None else ():
+        flagged._delete_event(name)  # what Event.clear does when nobody waits
+
+
+def run_leftovers(dask_scheduler: Any, run_id: str) -> list[str]:
+    """On the scheduler: the names of the queues and events of ``run_id`` still there."""
+    extensions = dask_scheduler.extensions
+    names = [*extensions["queues"].queues, *extensions["events"]._events]
+    return sorted(str(n) for n in names if run_id in str(n))
+
+
 def versions() -> dict[str, str]:
     """torch and napari-finetune versions of this process (the client compares them)."""
     import torch
@@ -83,11 +107,34 @@ def train_on_worker(inputs: RunInputs) -> str:
     started.set()
     from napari_finetune.remote.process import training_process
 
-    with training_process(get_worker().state.nthreads) as tuning:
-        messages.put({"kind": STARTED, "worker": address, "host": socket.gethostname(),
-                      "tuning": dataclasses.asdict(tuning)})
-        return _train(inputs, messages, Event(inputs.stop_name()), address,
-                      Queue(inputs.preview_name()))
+    try:
+        with training_process(get_worker().state.nthreads) as tuning:
+            messages.put({"kind": STARTED, "worker": address, "host": socket.gethostname(),
+                          "tuning": dataclasses.asdict(tuning)})
+            return _train(inputs, messages, Event(inputs.stop_name()), address,
+                          Queue(inputs.preview_name()))
+    finally:
+        if _abandoned():  # nobody reads the run any more: nothing of it stays behind
+            _forget_from_worker(inputs)
+
+
+def _abandoned() -> bool:
+    """Whether the scheduler released this task: its client left (or cancelled it)."""
+    from distributed import get_worker
+
+    worker = get_worker()
+    task = worker.state.tasks.get(worker.get_current_task())
+    return task is None or task.state in ("cancelled", "released", "forgotten")
+
+
+def _forget_from_worker(inputs: RunInputs) -> None:
+    from distributed import get_client
+
+    try:
+        get_client().run_on_scheduler(forget_run, queues=inputs.queue_names(),
+                                      events=inputs.event_names())
+    except Exception:  # the scheduler is gone: nothing is left there
+        pass
 
 
 def _train(inputs: RunInputs, messages: Outbox, stop: Event, address: str,
@@ -105,7 +152,7 @@ def _train(inputs: RunInputs, messages: Outbox, stop: Event, address: str,
         for status in trainer.run():
             # When it left (wall clock): on one machine the client measures the latency.
             messages.put({"kind": STATUS, "status": status_to_plain(status), "sent": time.time()})
-            if stop.is_set():
+            if stop.is_set() or _abandoned():  # Stop, or the client left without it
                 trainer.stop()  # after this step: the run's next check ends it
             step = status.step
             if status.kind == "step" and step % every == 0:
