@@ -131,15 +131,31 @@ def test_an_unreachable_scheduler_is_one_line_and_fast(model_file):
     assert "\n" not in line and "cannot reach the dask scheduler at tcp://127.0.0.1:9" in line
 
 
-def test_a_missing_gpu_is_one_line_before_anything_is_sent(client, model_file):
+def test_a_run_waits_for_a_worker_with_a_gpu_and_stop_ends_the_wait(client, model_file):
+    """No worker offers GPU=1 (device "auto" asks for one): the run says it waits, and Stop
+    ends the wait at once (the wait would last 600 s), leaving nothing on the scheduler."""
+    from napari_finetune.remote.worker import run_leftovers
+
     image, corrections = volume()
     remote = RemoteFinetuner.remote(load_checkpoint(model_file), image, corrections,
-                                    config(device="cuda"), client)
-    with pytest.raises(RemoteError) as failed:
-        list(remote.run())
-    line = str(failed.value)
-    assert "\n" not in line and "offers GPU=1" in line and "--resources GPU=1" in line
-    assert remote.bytes_sent == 0
+                                    config(device="auto", queue_timeout_s=600.0), client)
+    run = remote.run()
+    statuses = []
+    for status in run:
+        statuses.append(status)
+        if status.message.startswith("waiting for a worker with a GPU (GPU=1)"):
+            remote.stop()
+    assert "--queue-timeout-s" in statuses[-1].message and remote.steps_done == 0
+    assert remote.run_record is None and remote.worker is None
+    assert client.run_on_scheduler(run_leftovers, run_id=remote.run_id) == []
+
+
+def test_a_cpu_run_asks_for_no_gpu():
+    from napari_finetune.remote.preflight import resources_for
+
+    assert resources_for("cpu") == {}
+    for device in ("auto", "cuda", "cuda:1"):
+        assert resources_for(device) == {"GPU": 1}
 
 
 def test_other_versions_on_the_worker_are_one_line(client):

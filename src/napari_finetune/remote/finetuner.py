@@ -51,6 +51,7 @@ from napari_finetune.remote.messages import (
 from napari_finetune.remote.preflight import (
     CONNECT_TIMEOUT_S,
     RemoteError,
+    asked,
     connect,
     eligible_workers,
     matching_versions,
@@ -122,6 +123,8 @@ class RemoteFinetuner(Finetuner):
         step and score, as a local run keeps its own; the model holds the last.
     worker, bytes_sent, volume_bytes
         The worker that trains; what the inputs weighed against the image.
+    run_id : str or None
+        Names the last run's queues and events on the scheduler (None before one).
     store_used : bool
         Whether the worker read the image from ``store_path`` (no tiles sent).
     worker_tuning : dict or None
@@ -160,6 +163,7 @@ class RemoteFinetuner(Finetuner):
         self.store_used = False
         self.run_record: dict[str, Any] | None = None
         self.worker: str | None = None
+        self.run_id: str | None = None
         self.bytes_sent = 0
         self.volume_bytes = 0
         self.status_latency_s: list[float] = []
@@ -230,7 +234,8 @@ class RemoteFinetuner(Finetuner):
             workers = eligible_workers(client, resources, address)
             from napari_finetune.remote.worker import versions
 
-            workers = matching_versions(client, workers, versions())
+            if workers:  # else the run waits for one; the task checks the versions itself
+                workers = matching_versions(client, workers, versions())
             stored, workers, image_line = self._image_on(client, workers)
             inputs = self.inputs(stored)
             self.store_used = stored is not None
@@ -239,7 +244,8 @@ class RemoteFinetuner(Finetuner):
             yield self.status("probe", (
                 f"sending {self.bytes_sent / 1e6:.1f} MB to the dask scheduler at {address} "
                 f"(the volume is {self.volume_bytes / 1e6:.1f} MB; {image_line}); "
-                f"{len(workers)} worker(s) can train it"))
+                f"{len(workers)} worker(s) can train it"
+                + (f" ({asked(resources)})" if resources else "")))
             yield from self._relay(client, inputs, workers, resources)
         finally:
             if client is not self.scheduler:
@@ -251,7 +257,7 @@ class RemoteFinetuner(Finetuner):
         only they train), else None; the workers, and how the image gets there in words."""
         from napari_finetune.remote.tiles import StoredImage
 
-        if self.store_path is None:
+        if self.store_path is None or not workers:
             return None, workers, "its tiles around the painting are sent"
         stored = StoredImage(self.store_path, tuple(int(s) for s in self.image.shape),
                              str(np.dtype(self.image.dtype)))
@@ -285,22 +291,34 @@ class RemoteFinetuner(Finetuner):
         from napari_finetune.remote.channel import MessageChannel
         from napari_finetune.remote.worker import train_on_worker
 
+        self.run_id = inputs.run_id
         Queue(inputs.queue_name(), client=client)  # made before the task puts on it
         messages = MessageChannel(client)
         name = inputs.queue_name()
         previews = Queue(inputs.preview_name(), client=client)
         stop = Event(inputs.stop_name(), client=client)
-        [shipped] = client.scatter([inputs], workers=workers)
+        [shipped] = client.scatter([inputs], workers=workers or None)
         future = client.submit(
             train_on_worker, shipped, key=f"napari-finetune-train-{inputs.run_id}",
-            resources=dict(resources) or None, workers=workers, allow_other_workers=False,
-            pure=False,
+            resources=dict(resources) or None, workers=workers or None,
+            allow_other_workers=False, pure=False,
         )
-        ended = stop_sent = lost = False
-        heard = time.monotonic()
+        ended = stop_sent = lost = said_waiting = False
+        heard = submitted = time.monotonic()
+        wait_s = float(self.remote_config.queue_timeout_s)
         pending: deque[dict[str, Any]] = deque()  # taken from the queue, not yet applied
         try:
             while not ended:
+                if self.worker is None and not pending:  # queued: no worker took it yet
+                    if self._stop.is_set():
+                        ended = True  # Stop or Ctrl-C while queued ends it at once
+                        break
+                    waited = time.monotonic() - submitted
+                    if not said_waiting and (not workers or waited > QUIET_S):
+                        said_waiting = True
+                        yield self.status("probe", self._waiting_line(client, resources, wait_s))
+                    if waited > wait_s:
+                        raise RemoteError(self._queue_timeout_line(client, resources, wait_s))
                 if self._stop.is_set() and not stop_sent:
                     stop.set()  # read by the worker after the step in progress
                     stop_sent = True
@@ -477,6 +495,24 @@ class RemoteFinetuner(Finetuner):
         with self.lock:
             best.state = weights_from_bytes(message["weights"])
             best.step, best.score = int(message["step"]), float(message["score"])
+
+    def _waiting_line(self, client: Client, resources: Mapping[str, float],
+                      wait_s: float) -> str:
+        what = "a worker with a GPU" if "GPU" in resources else "a free worker"
+        return (f"waiting for {what} ({asked(resources) or 'no resources'}) on the dask "
+                f"scheduler at {client.scheduler.address}: none is free yet; up to {wait_s:g} s "
+                "(--queue-timeout-s), Ctrl-C or Stop ends the wait")
+
+    def _queue_timeout_line(self, client: Client, resources: Mapping[str, float],
+                            wait_s: float) -> str:
+        address = client.scheduler.address
+        if "GPU" in resources:
+            return (f"no worker with a free GPU ({asked(resources)}) of the dask scheduler at "
+                    f"{address} took the run within {wait_s:g} s; start one (dask worker "
+                    f"{address} --resources {asked(resources)}), wait longer "
+                    "(--queue-timeout-s) or train on a worker's CPU with --device cpu.")
+        return (f"no worker of the dask scheduler at {address} took the run within "
+                f"{wait_s:g} s (all busy); wait longer (--queue-timeout-s) or start one.")
 
     def _scheduler_lost_line(self, address: str, exc: BaseException) -> str:
         from napari_finetune.errors import first_line

@@ -52,29 +52,28 @@ def connect(address: str, security: Security | None = None,
 
 
 def resources_for(device: str) -> dict[str, float]:
-    """The dask resources a run on ``device`` asks for: one GPU when it asks for CUDA."""
-    return {"GPU": 1} if device.startswith("cuda") else {}
+    """The dask resources a run on ``device`` asks for: one GPU unless the CPU was chosen
+    ("auto" too: a worker's GPU is what a remote run is for)."""
+    return {} if device == "cpu" else {"GPU": 1}
 
 
 def eligible_workers(client: Client, resources: Mapping[str, float], address: str) -> list[str]:
-    """The workers that offer ``resources``; :class:`RemoteError` when none does."""
+    """The workers that offer ``resources`` (maybe none: the run then waits in the queue
+    for one); :class:`RemoteError` when the scheduler has no workers at all."""
     workers = client.scheduler_info(n_workers=-1)["workers"]
     if not workers:
         raise RemoteError(
             f"the dask scheduler at {address} has no workers; start one (dask worker {address})."
         )
-    fits = [
+    return [
         worker for worker, info in workers.items()
         if all(float((info.get("resources") or {}).get(k, 0)) >= v for k, v in resources.items())
     ]
-    if not fits:
-        asked = ",".join(f"{k}={v:g}" for k, v in resources.items())
-        raise RemoteError(
-            f"no worker of the dask scheduler at {address} offers {asked} "
-            f"({len(workers)} without it); start one with dask worker {address} "
-            f"--resources {asked}, or train with --device cpu."
-        )
-    return fits
+
+
+def asked(resources: Mapping[str, float]) -> str:
+    """``resources`` as dask's ``--resources`` writes them (``GPU=1``)."""
+    return ",".join(f"{k}={v:g}" for k, v in resources.items())
 
 
 def matching_versions(client: Client, workers: list[str], here: Mapping[str, str]) -> list[str]:
