@@ -157,7 +157,11 @@ def run_finetune(
     RunOutcome
         Steps done, how the run ended, the exit code for the command line.
     """
-    from napari_finetune.remote.finetuner import RemoteFinetuner, SchedulerLost
+    from napari_finetune.remote.finetuner import (
+        RemoteFinetuner,
+        RemoteWorkerLost,
+        SchedulerLost,
+    )
     from napari_finetune.remote.preflight import RemoteError
     from napari_finetune.trainer.distributed import DistributedError
     from napari_finetune.trainer.loop import Finetuner
@@ -198,7 +202,8 @@ def run_finetune(
             if not isinstance(trainer, RemoteFinetuner) or trainer.run_record is None:
                 raise  # nothing came back: the caller says why in one line
             what = ("lost the dask scheduler" if isinstance(exc, SchedulerLost)
-                    else "lost the remote run")
+                    else "lost the remote run" if isinstance(exc, RemoteWorkerLost)
+                    else "failed on the worker")
             ended, code, error = _failure(trainer, what, exc)
         except DistributedError as exc:
             ended, code, error = _failure(trainer, "lost a process", exc)

@@ -371,7 +371,14 @@ class RemoteFinetuner(Finetuner):
             pass
 
     def _check_alive(self, client: Client, future: Future) -> None:
-        """:class:`RemoteWorkerLost` when the task failed or its worker left the scheduler."""
+        """:class:`RemoteError` with the worker's exception when the task failed (read on
+        the scheduler as text), :class:`RemoteWorkerLost` when its worker left."""
+        if future.status == "error":
+            from napari_finetune.remote.worker import task_error
+
+            text = client.run_on_scheduler(task_error, key=str(future.key))
+            if isinstance(text, str) and text.strip():
+                raise RemoteError(self._failed_line(text.strip().splitlines()[0], None))
         if future.status in ("error", "cancelled", "lost") or (
             self.worker is not None
             and self.worker not in client.scheduler_info(n_workers=-1)["workers"]
@@ -400,7 +407,11 @@ class RemoteFinetuner(Finetuner):
             kinds: dict[str, type[Exception]] = {
                 "RecoveryError": RecoveryError, "FloatingPointError": FloatingPointError,
             }
-            raise kinds.get(message["type"], RemoteError)(message["line"])
+            kind_of = kinds.get(message["type"])
+            if kind_of is not None:  # the command line names these failures itself
+                raise kind_of(message["line"])
+            raise RemoteError(self._failed_line(f"{message['type']}: {message['line']}",
+                                                message.get("worker")))
         elif kind == LOST:
             raise RemoteWorkerLost(self._lost_line())
         return kind == DONE
@@ -495,6 +506,12 @@ class RemoteFinetuner(Finetuner):
         with self.lock:
             best.state = weights_from_bytes(message["weights"])
             best.step, best.score = int(message["step"]), float(message["score"])
+
+    def _failed_line(self, what: str, worker: str | None) -> str:
+        where = worker or self.worker or "(not started)"
+        kept = (f"; the weights of step {self.steps_done} it sent last are kept"
+                if self.run_record is not None else "")
+        return f"the fine-tune failed on the dask worker {where}: {what}{kept}"
 
     def _waiting_line(self, client: Client, resources: Mapping[str, float],
                       wait_s: float) -> str:

@@ -113,9 +113,22 @@ def train_on_worker(inputs: RunInputs) -> str:
                           "tuning": dataclasses.asdict(tuning)})
             return _train(inputs, messages, Event(inputs.stop_name()), address,
                           Queue(inputs.preview_name()))
+    except Exception as exc:  # outside the training loop: its own type and line, not "lost"
+        messages.put({**_failed(exc), "worker": address})
+        return "failed"
     finally:
         if _abandoned():  # nobody reads the run any more: nothing of it stays behind
             _forget_from_worker(inputs)
+
+
+def task_error(dask_scheduler: Any, key: str) -> str | None:
+    """On the scheduler: the exception of the task ``key`` that erred, as dask's text
+    (its type and message), or None (a string: nothing pickled comes back)."""
+    task = dask_scheduler.tasks.get(key)
+    if task is None or task.state != "erred":
+        return None
+    blame = task.exception_blame or task
+    return str(blame.exception_text or "") or None
 
 
 def _abandoned() -> bool:
