@@ -167,6 +167,56 @@ def test_other_versions_on_the_worker_are_one_line(client):
     assert "\n" not in line and f"torch {torch.__version__}" in line and "torch 0.0.1" in line
 
 
+def test_another_build_is_one_line_naming_both_either_way(client, model_file):
+    """Same release, other code: refused by the client before sending, and by the task when
+    it starts (a worker the client could not ask, e.g. one that joined a queued run)."""
+    import dataclasses
+
+    from distributed import Queue
+
+    from napari_finetune.remote.messages import decode
+    from napari_finetune.remote.worker import forget_run, train_on_worker
+
+    workers = list(client.scheduler_info()["workers"])
+    mine = _here()["napari_finetune_build"]
+    other = {**_here(), "napari_finetune_build": "000000000000"}
+    with pytest.raises(RemoteError) as failed:
+        matching_versions(client, workers, other)
+    line = str(failed.value)
+    assert "\n" not in line and f"(build {mine})" in line and "(build 000000000000)" in line
+
+    image, corrections = volume()
+    remote = RemoteFinetuner.remote(load_checkpoint(model_file), image, corrections, config(),
+                                    client)
+    inputs = dataclasses.replace(remote.inputs(), versions=other)
+    messages = Queue(inputs.queue_name(), client=client)
+    assert client.submit(train_on_worker, inputs, pure=False).result(timeout=60) == "failed"
+    message = decode(messages.get(timeout=10))
+    assert message["kind"] == "failed" and "\n" not in message["line"]
+    assert f"has torch {torch.__version__}" in message["line"]
+    assert f"(build {mine}) but the client has" in message["line"]
+    assert message["line"].endswith("(build 000000000000); install the same versions and code "
+                                    "on both.")
+    client.run_on_scheduler(forget_run, queues=inputs.queue_names(), events=inputs.event_names())
+
+
+def test_the_build_is_the_hash_of_the_code(tmp_path):
+    from napari_finetune import __version__
+    from napari_finetune.remote.build import build_id
+
+    assert __version__ == "0.1.0"  # the release bioimage.io packages pin
+    assert len(build_id()) == 12 and int(build_id(), 16) >= 0
+    assert _here()["napari_finetune_build"] == build_id()
+    from napari_finetune.remote.build import code_hash
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "a.py").write_text("x = 1\n")
+    before = code_hash(tmp_path / "pkg")
+    assert code_hash(tmp_path / "pkg") == before
+    (tmp_path / "pkg" / "a.py").write_text("x = 2\n")  # an edit, same release
+    assert code_hash(tmp_path / "pkg") != before
+
+
 def _here() -> dict[str, str]:
     from napari_finetune.remote.worker import versions
 

@@ -273,6 +273,7 @@ class RemoteFinetuner(Finetuner):
         """What this run sends (the image tiles are read now, unless the worker reads
         ``stored`` itself): a new run id each call."""
         from napari_finetune.remote.tiles import ImageTiles, Painting
+        from napari_finetune.remote.worker import versions
 
         painting = Painting.of(self.corrections)
         tiles = stored if stored is not None else ImageTiles.read(
@@ -281,7 +282,7 @@ class RemoteFinetuner(Finetuner):
             run_id=uuid.uuid4().hex, checkpoint=self.checkpoint, suffix=self.suffix,
             trust=self.trust, config=self.remote_config,
             normalization_range=self.normalization_range, painting=painting, image=tiles,
-            weights_every=self.weights_every,
+            weights_every=self.weights_every, versions=versions(),
         )
 
     def _relay(self, client: Client, inputs: RunInputs, workers: list[str],

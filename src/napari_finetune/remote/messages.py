@@ -165,6 +165,9 @@ class RunInputs:
         reads the image from itself (checked there before the run is sent).
     weights_every : int
         Send the weights back every this many steps (and at the end, always).
+    versions : dict
+        The client's torch, napari-finetune and build (the task refuses to train
+        with other ones; empty: not checked).
     """
 
     run_id: str
@@ -176,6 +179,7 @@ class RunInputs:
     painting: Painting
     image: ImageTiles | StoredImage
     weights_every: int = 5
+    versions: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:

@@ -76,8 +76,23 @@ def asked(resources: Mapping[str, float]) -> str:
     return ",".join(f"{k}={v:g}" for k, v in resources.items())
 
 
+def version_mismatch(there_name: str, there: Mapping[str, str], here_name: str,
+                     here: Mapping[str, str]) -> str | None:
+    """One line naming both sides when ``there`` differs from ``here`` (torch, the
+    napari-finetune release or its build); None when they agree."""
+    if all(there.get(k) == v for k, v in here.items()):
+        return None
+
+    def said(found: Mapping[str, str]) -> str:
+        return (f"torch {found.get('torch')}, napari-finetune {found.get('napari_finetune')} "
+                f"(build {found.get('napari_finetune_build')})")
+
+    return (f"{there_name} has {said(there)} but {here_name} has {said(here)}; "
+            "install the same versions and code on both.")
+
+
 def matching_versions(client: Client, workers: list[str], here: Mapping[str, str]) -> list[str]:
-    """Those of ``workers`` whose torch and napari-finetune are ``here``'s;
+    """Those of ``workers`` whose torch, napari-finetune and its build are ``here``'s;
     :class:`RemoteError` naming both sides when none is."""
     from napari_finetune.remote.worker import versions
 
@@ -85,12 +100,8 @@ def matching_versions(client: Client, workers: list[str], here: Mapping[str, str
     same = [w for w, v in found.items() if all(v.get(k) == here[k] for k in here)]
     if not same:
         worker, theirs = next(iter(found.items()))
-        there = ", ".join(f"{k} {theirs.get(k)}" for k in here)
-        mine = ", ".join(f"{k} {v}" for k, v in here.items())
-        raise RemoteError(
-            f"the worker {worker} has {there} but this machine has {mine}; "
-            "install the same versions on both."
-        )
+        line = version_mismatch(f"the worker {worker}", theirs, "this machine", here)
+        raise RemoteError(line)
     return same
 
 

@@ -86,12 +86,16 @@ def run_leftovers(dask_scheduler: Any, run_id: str) -> list[str]:
 
 
 def versions() -> dict[str, str]:
-    """torch and napari-finetune versions of this process (the client compares them)."""
+    """torch and napari-finetune versions of this process and its build (the hash of its
+    code, :func:`~napari_finetune.remote.build.build_id`): the client and the task
+    compare them both ways."""
     import torch
 
     from napari_finetune import __version__
+    from napari_finetune.remote.build import build_id
 
-    return {"torch": str(torch.__version__), "napari_finetune": __version__}
+    return {"torch": str(torch.__version__), "napari_finetune": __version__,
+            "napari_finetune_build": build_id()}
 
 
 def train_on_worker(inputs: RunInputs) -> str:
@@ -105,6 +109,14 @@ def train_on_worker(inputs: RunInputs) -> str:
         messages.put({"kind": LOST, "worker": address})
         return "lost"
     started.set()
+    from napari_finetune.remote.preflight import version_mismatch
+
+    mismatch = version_mismatch(f"the worker {address}", versions(), "the client",
+                                dict(inputs.versions))
+    if inputs.versions and mismatch is not None:  # the client's code is not this code
+        messages.put({"kind": FAILED, "type": "RemoteError", "line": mismatch,
+                      "worker": address})
+        return "failed"
     from napari_finetune.remote.process import training_process
 
     try:
