@@ -73,6 +73,7 @@ def test_a_remote_run_gives_the_in_process_losses_and_weights(client, model_file
     np.testing.assert_allclose(losses, local_losses, rtol=0, atol=1e-6)
     assert statuses[-1].kind == "finished"
     assert statuses[-1].validation is not None  # held-out checks ran on the shipped tiles
+    assert not [s for s in statuses if s.message.startswith("waiting for")]  # it started
     sent = [s.message for s in statuses if s.message.startswith("sending ")]
     assert sent and "MB" in sent[0]
     assert remote.bytes_sent < remote.volume_bytes  # only the reachable tiles travelled

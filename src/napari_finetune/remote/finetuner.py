@@ -315,7 +315,8 @@ class RemoteFinetuner(Finetuner):
                         ended = True  # Stop or Ctrl-C while queued ends it at once
                         break
                     waited = time.monotonic() - submitted
-                    if not said_waiting and (not workers or waited > QUIET_S):
+                    if not said_waiting and (not workers or (
+                            waited > QUIET_S and self._queued(client, future))):
                         said_waiting = True
                         yield self.status("probe", self._waiting_line(client, resources, wait_s))
                     if waited > wait_s:
@@ -513,6 +514,13 @@ class RemoteFinetuner(Finetuner):
         kept = (f"; the weights of step {self.steps_done} it sent last are kept"
                 if self.run_record is not None else "")
         return f"the fine-tune failed on the dask worker {where}: {what}{kept}"
+
+    @staticmethod
+    def _queued(client: Client, future: Future) -> bool:
+        """Whether the scheduler holds the task for want of a worker (not on one yet)."""
+        from napari_finetune.remote.worker import waits_for_a_worker
+
+        return client.run_on_scheduler(waits_for_a_worker, key=str(future.key)) is True
 
     def _waiting_line(self, client: Client, resources: Mapping[str, float],
                       wait_s: float) -> str:

@@ -143,6 +143,23 @@ def task_error(dask_scheduler: Any, key: str) -> str | None:
     return str(blame.exception_text or "") or None
 
 
+def waits_for_a_worker(dask_scheduler: Any, key: str) -> bool:
+    """On the scheduler: whether the task ``key`` waits for a worker with its resources
+    free: held by the scheduler ("no-worker", "queued"), or given to a worker whose
+    resources its tasks oversubscribe (dask assigns a task before the worker's GPU is
+    free, and the worker holds it until then)."""
+    task = dask_scheduler.tasks.get(key)
+    if task is None:
+        return False
+    if task.state in ("no-worker", "queued"):
+        return True
+    worker = task.processing_on
+    if task.state != "processing" or worker is None:
+        return False
+    return any(worker.used_resources.get(name, 0) > worker.resources.get(name, 0)
+               for name in (task.resource_restrictions or {}))
+
+
 def _abandoned() -> bool:
     """Whether the scheduler released this task: its client left (or cancelled it)."""
     from distributed import get_worker
