@@ -104,6 +104,9 @@ class FinetuneConfig:
         units; filled from the store's NGFF scale. When anisotropic the default
         patch is about isotropic in physical units, and the exported checkpoint
         records it. None: unknown, every axis treated alike.
+    queue_timeout_s : float
+        On a dask scheduler (``--scheduler``): how long a run may wait for a worker
+        with a free GPU before it is given up (every device but "cpu" asks for one).
     """
 
     steps: int = 200
@@ -145,6 +148,7 @@ class FinetuneConfig:
     memory_fraction: float = 0.8
     memory_snapshot: str | None = None
     voxel_size: tuple[float, ...] | None = None
+    queue_timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
         self.patch_shape = tuple(int(s) for s in self.patch_shape)

@@ -47,3 +47,20 @@ def test_tls_files_go_together(capsys, tmp_path, painted_store, checkpoint):
                            "--tls-ca-file", "ca.pem")
     assert_one_line_error(code, err, expected=2)
     assert "--tls-ca-file, --tls-cert and --tls-key go together" in err
+
+
+def test_train_with_device_auto_waits_for_a_gpu_worker_and_gives_up_in_one_line(
+    capsys, tmp_path, painted_store, checkpoint, client
+):
+    """The tests' worker offers no GPU: ``--device auto`` asks for one, says it waits, and
+    ``--queue-timeout-s`` ends the wait with one line; nothing is exported."""
+    address = client.scheduler.address
+    code, stdout, err = run_cli(capsys, "train", painted_store, "-c", checkpoint, "-o",
+                                tmp_path / "o.pt", "--steps", "2", *TRAIN_FAST,
+                                "--device", "auto", "--queue-timeout-s", "3",
+                                "--scheduler", address)
+    assert "waiting for a worker with a GPU (GPU=1)" in stdout + err
+    assert_one_line_error(code, err)
+    assert "no worker with a free GPU (GPU=1)" in err and "within 3 s" in err
+    assert "--device cpu" in err
+    assert not (tmp_path / "o.pt").exists()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from napari_finetune.remote.finetuner import RemoteFinetuner
-from napari_finetune.remote.messages import PREVIEW, region_to_plain
-from napari_finetune.remote.worker import _answer_preview
+from napari_finetune.remote.messages import PREVIEW, decode, encode, region_to_plain
+from napari_finetune.remote.worker import Outbox, _answer_preview
 
 REGION = (slice(0, 4), slice(0, 8), slice(0, 8))
 
@@ -15,13 +15,13 @@ class ListQueue:
     """The part of ``distributed.Queue`` the worker uses: ``put`` and ``get(batch=True)``
     (all items there now, maybe none; only the batch form is used, so only it exists)."""
 
-    def __init__(self, items: list[dict] | None = None) -> None:
+    def __init__(self, items: list[bytes] | None = None) -> None:
         self.items = list(items or [])
 
-    def put(self, item: dict) -> None:
+    def put(self, item: bytes) -> None:
         self.items.append(item)
 
-    def get(self, *, batch: bool) -> list[dict]:
+    def get(self, *, batch: bool) -> list[bytes]:
         if batch is not True:
             raise TypeError("the worker reads its queues only in batches")
         items, self.items = self.items, []
@@ -59,10 +59,10 @@ def _config():
 
 
 def test_a_failing_preview_sends_its_line_and_the_client_reports_it_once():
-    previews = ListQueue([{"region": region_to_plain(REGION)}])
+    previews = ListQueue([encode({"region": region_to_plain(REGION)})])
     messages = ListQueue()
-    _answer_preview(Trainer(fail=True), previews, messages)  # raises nothing
-    [answer] = messages.items
+    _answer_preview(Trainer(fail=True), previews, Outbox(messages))  # raises nothing
+    [answer] = map(decode, messages.items)  # as the client reads them
     assert answer["kind"] == PREVIEW and "probabilities" not in answer
     assert answer["error"] == "MemoryError: CUDA out of memory on the preview region"
 
@@ -74,10 +74,10 @@ def test_a_failing_preview_sends_its_line_and_the_client_reports_it_once():
 
 
 def test_a_preview_that_works_still_comes_back_as_float32():
-    previews = ListQueue([{"region": region_to_plain(REGION)}])
+    previews = ListQueue([encode({"region": region_to_plain(REGION)})])
     messages = ListQueue()
-    _answer_preview(Trainer(fail=False), previews, messages)
-    [answer] = messages.items
+    _answer_preview(Trainer(fail=False), previews, Outbox(messages))
+    [answer] = map(decode, messages.items)  # as the client reads them
     assert "error" not in answer and answer["probabilities"].dtype == np.float32
     client = _client()
     client._take(answer)

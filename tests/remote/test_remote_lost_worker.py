@@ -44,6 +44,63 @@ def _wait_for_a_worker_other_than(client, killed: str, timeout: float = 60.0) ->
         time.sleep(0.1)
 
 
+@pytest.fixture
+def two_workers():
+    """A client of a LocalCluster of two worker processes: dask retries a killed worker's
+    task on the other one (with one worker the client notices the loss first, and the
+    retry never runs)."""
+    from distributed import Client, LocalCluster
+
+    cluster = LocalCluster(processes=True, n_workers=2, threads_per_worker=1,
+                           dashboard_address=":0")
+    with Client(cluster) as c:
+        c.wait_for_workers(2, timeout=120)
+        yield c
+    cluster.close()
+
+
+def test_the_retry_of_a_killed_workers_task_trains_nothing(two_workers, tmp_path):
+    """The task itself, no client run around it: after the SIGKILL dask reruns it on the
+    other worker, which reports the first one lost and returns without training."""
+    from distributed import Queue
+
+    from napari_finetune.remote.messages import decode
+    from napari_finetune.remote.worker import forget_run, train_on_worker
+
+    torch.manual_seed(0)
+    start = save_checkpoint(tmp_path / "start.pt", UNet(dims=3, depth=2, features=4,
+                                                         out_channels=2), {})
+    image, corrections = volume()
+    remote = RemoteFinetuner.remote(load_checkpoint(start), image, corrections,
+                                    config(steps=100_000, validation_fraction=0.0), two_workers)
+    inputs = remote.inputs()
+    queue = Queue(inputs.queue_name(), client=two_workers)
+    future = two_workers.submit(train_on_worker, inputs, pure=False)
+    first = None
+    steps: list[int] = []
+    while len(steps) < 3:
+        message = decode(queue.get(timeout=120))
+        if message["kind"] == "started":
+            first = message["worker"]
+        elif message["kind"] == "status" and message["status"]["kind"] == "step":
+            steps.append(message["status"]["step"])
+    [pid] = two_workers.run(os.getpid, workers=[first]).values()
+    os.kill(pid, signal.SIGKILL)
+    assert future.result(timeout=120) == "lost"  # the retry ran, on the other worker
+    after: list[dict] = []
+    while True:  # what the first worker sent before it died, then the retry's one message
+        message = decode(queue.get(timeout=60))
+        after.append(message)
+        if message["kind"] == "lost":
+            break
+    assert message["worker"] != first
+    assert [m for m in after if m["kind"] == "started"] == []  # the retry never started a run
+    retrained = [m["status"]["step"] for m in after if m["kind"] == "status"]
+    assert retrained == sorted(retrained) and all(s > steps[-1] for s in retrained)
+    two_workers.run_on_scheduler(forget_run, queues=inputs.queue_names(),
+                                 events=inputs.event_names())
+
+
 def test_a_killed_worker_leaves_the_last_weights_and_a_new_run_continues(own_client, tmp_path):
     torch.manual_seed(0)
     start = save_checkpoint(tmp_path / "start.pt", UNet(dims=3, depth=2, features=4,
@@ -60,7 +117,7 @@ def test_a_killed_worker_leaves_the_last_weights_and_a_new_run_continues(own_cli
                 steps.append(status.step)
             if status.step == 4 and status.kind == "step":
                 os.kill(pid, signal.SIGKILL)
-    assert steps == sorted(steps)  # dask's retry of the task never trained again from step 1
+    assert steps == sorted(steps)
     line = str(lost.value)
     assert "\n" not in line and "was lost" in line
     assert 3 <= remote.steps_done < 100_000  # the weights sent before the kill

@@ -73,6 +73,7 @@ def test_a_remote_run_gives_the_in_process_losses_and_weights(client, model_file
     np.testing.assert_allclose(losses, local_losses, rtol=0, atol=1e-6)
     assert statuses[-1].kind == "finished"
     assert statuses[-1].validation is not None  # held-out checks ran on the shipped tiles
+    assert not [s for s in statuses if s.message.startswith("waiting for")]  # it started
     sent = [s.message for s in statuses if s.message.startswith("sending ")]
     assert sent and "MB" in sent[0]
     assert remote.bytes_sent < remote.volume_bytes  # only the reachable tiles travelled
@@ -118,28 +119,31 @@ def test_closing_the_run_still_brings_the_last_weights_back(client, model_file):
     assert remote.steps_done < 500
 
 
-def test_an_unreachable_scheduler_is_one_line_and_fast(model_file):
-    image, corrections = volume()
-    remote = RemoteFinetuner.remote(load_checkpoint(model_file), image, corrections, config(),
-                                    "tcp://127.0.0.1:9")
-    remote.connect_timeout_s = 1.0
-    began = time.monotonic()
-    with pytest.raises(RemoteError) as failed:
-        list(remote.run())
-    assert time.monotonic() - began < 5
-    line = str(failed.value)
-    assert "\n" not in line and "cannot reach the dask scheduler at tcp://127.0.0.1:9" in line
+def test_a_run_waits_for_a_worker_with_a_gpu_and_stop_ends_the_wait(client, model_file):
+    """No worker offers GPU=1 (device "auto" asks for one): the run says it waits, and Stop
+    ends the wait at once (the wait would last 600 s), leaving nothing on the scheduler."""
+    from napari_finetune.remote.worker import run_leftovers
 
-
-def test_a_missing_gpu_is_one_line_before_anything_is_sent(client, model_file):
     image, corrections = volume()
     remote = RemoteFinetuner.remote(load_checkpoint(model_file), image, corrections,
-                                    config(device="cuda"), client)
-    with pytest.raises(RemoteError) as failed:
-        list(remote.run())
-    line = str(failed.value)
-    assert "\n" not in line and "offers GPU=1" in line and "--resources GPU=1" in line
-    assert remote.bytes_sent == 0
+                                    config(device="auto", queue_timeout_s=600.0), client)
+    run = remote.run()
+    statuses = []
+    for status in run:
+        statuses.append(status)
+        if status.message.startswith("waiting for a worker with a GPU (GPU=1)"):
+            remote.stop()
+    assert "--queue-timeout-s" in statuses[-1].message and remote.steps_done == 0
+    assert remote.run_record is None and remote.worker is None
+    assert client.run_on_scheduler(run_leftovers, run_id=remote.run_id) == []
+
+
+def test_a_cpu_run_asks_for_no_gpu():
+    from napari_finetune.remote.preflight import resources_for
+
+    assert resources_for("cpu") == {}
+    for device in ("auto", "cuda", "cuda:1"):
+        assert resources_for(device) == {"GPU": 1}
 
 
 def test_other_versions_on_the_worker_are_one_line(client):
@@ -149,6 +153,56 @@ def test_other_versions_on_the_worker_are_one_line(client):
         matching_versions(client, workers, {**_here(), "torch": "0.0.1"})
     line = str(failed.value)
     assert "\n" not in line and f"torch {torch.__version__}" in line and "torch 0.0.1" in line
+
+
+def test_another_build_is_one_line_naming_both_either_way(client, model_file):
+    """Same release, other code: refused by the client before sending, and by the task when
+    it starts (a worker the client could not ask, e.g. one that joined a queued run)."""
+    import dataclasses
+
+    from distributed import Queue
+
+    from napari_finetune.remote.messages import decode
+    from napari_finetune.remote.worker import forget_run, train_on_worker
+
+    workers = list(client.scheduler_info()["workers"])
+    mine = _here()["napari_finetune_build"]
+    other = {**_here(), "napari_finetune_build": "000000000000"}
+    with pytest.raises(RemoteError) as failed:
+        matching_versions(client, workers, other)
+    line = str(failed.value)
+    assert "\n" not in line and f"(build {mine})" in line and "(build 000000000000)" in line
+
+    image, corrections = volume()
+    remote = RemoteFinetuner.remote(load_checkpoint(model_file), image, corrections, config(),
+                                    client)
+    inputs = dataclasses.replace(remote.inputs(), versions=other)
+    messages = Queue(inputs.queue_name(), client=client)
+    assert client.submit(train_on_worker, inputs, pure=False).result(timeout=60) == "failed"
+    message = decode(messages.get(timeout=10))
+    assert message["kind"] == "failed" and "\n" not in message["line"]
+    assert f"has torch {torch.__version__}" in message["line"]
+    assert f"(build {mine}) but the client has" in message["line"]
+    assert message["line"].endswith("(build 000000000000); install the same versions and code "
+                                    "on both.")
+    client.run_on_scheduler(forget_run, queues=inputs.queue_names(), events=inputs.event_names())
+
+
+def test_the_build_is_the_hash_of_the_code(tmp_path):
+    from napari_finetune import __version__
+    from napari_finetune.remote.build import build_id
+
+    assert __version__ == "0.1.0"  # the release bioimage.io packages pin
+    assert len(build_id()) == 12 and int(build_id(), 16) >= 0
+    assert _here()["napari_finetune_build"] == build_id()
+    from napari_finetune.remote.build import code_hash
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "a.py").write_text("x = 1\n")
+    before = code_hash(tmp_path / "pkg")
+    assert code_hash(tmp_path / "pkg") == before
+    (tmp_path / "pkg" / "a.py").write_text("x = 2\n")  # an edit, same release
+    assert code_hash(tmp_path / "pkg") != before
 
 
 def _here() -> dict[str, str]:
@@ -161,6 +215,7 @@ def test_a_retried_task_says_its_worker_was_lost_and_trains_nothing(client, mode
     """dask retries a task whose worker died from scratch: the retry must not train again."""
     from distributed import Event, Queue
 
+    from napari_finetune.remote.messages import decode
     from napari_finetune.remote.worker import train_on_worker
 
     image, corrections = volume()
@@ -169,5 +224,69 @@ def test_a_retried_task_says_its_worker_was_lost_and_trains_nothing(client, mode
     inputs = remote.inputs()
     Event(inputs.started_name(), client=client).set()  # as the first, killed, start left it
     assert client.submit(train_on_worker, inputs, pure=False).result(timeout=60) == "lost"
-    message = Queue(inputs.queue_name(), client=client).get(timeout=10)
+    message = decode(Queue(inputs.queue_name(), client=client).get(timeout=10))
     assert message["kind"] == "lost"
+
+
+
+
+def test_no_queue_or_event_of_a_run_stays_on_the_scheduler(client, model_file, monkeypatch):
+    """Finished, stopped, closed, failed: the run's queues and events are gone after it."""
+    image, corrections = volume()
+    ids: list[str] = []
+    inputs = RemoteFinetuner.inputs
+
+    def remembered(self, stored=None):
+        made = inputs(self, stored)
+        ids.append(made.run_id)
+        return made
+
+    monkeypatch.setattr(RemoteFinetuner, "inputs", remembered)
+    finished = RemoteFinetuner.remote(load_checkpoint(model_file), image, corrections,
+                                      config(steps=2), client)
+    assert list(finished.run())[-1].kind == "finished"
+    closed = RemoteFinetuner.remote(load_checkpoint(model_file), image, corrections,
+                                    config(steps=500, validation_fraction=0.0), client)
+    run = closed.run()
+    next(s for s in run if s.kind == "step")
+    run.close()
+    failed = RemoteFinetuner.remote(load_checkpoint(model_file), image, corrections,
+                                    config(steps=2), client, weights_every=1)
+    failed.trust = ("no.such.factory",)
+    failed.checkpoint = b"not a checkpoint"  # the worker cannot load it: the run fails
+    with pytest.raises(RemoteError):
+        list(failed.run())
+    assert len(ids) == 3
+    from napari_finetune.remote.worker import run_leftovers
+
+    for run_id in ids:
+        assert client.run_on_scheduler(run_leftovers, run_id=run_id) == [], run_id
+
+
+def test_a_run_whose_client_left_stops_and_leaves_nothing_on_the_scheduler(client, model_file):
+    """The laptop vanished mid-run (its client closed, no cleanup of its own): the scheduler
+    releases the task, the worker stops after its step and deletes the run's queues and
+    events."""
+    from distributed import Client, Queue
+
+    from napari_finetune.remote.worker import run_leftovers, train_on_worker
+
+    image, corrections = volume()
+    remote = RemoteFinetuner.remote(load_checkpoint(model_file), image, corrections,
+                                    config(steps=100_000, validation_fraction=0.0), client)
+    inputs = remote.inputs()
+    with Client(client.scheduler.address, set_as_default=False) as gone:
+        Queue(inputs.queue_name(), client=gone)
+        future = gone.submit(train_on_worker, inputs, pure=False)
+        deadline = time.monotonic() + 120
+        while len(client.run_on_scheduler(run_leftovers, run_id=inputs.run_id)) < 3:
+            assert time.monotonic() < deadline and not future.done()  # started: set
+            time.sleep(0.2)
+    deadline = time.monotonic() + 120
+    while client.run_on_scheduler(run_leftovers, run_id=inputs.run_id):
+        assert time.monotonic() < deadline, "the abandoned run left its queues or events"
+        time.sleep(0.2)
+    # The worker is free again: the next run trains.
+    again = RemoteFinetuner.remote(load_checkpoint(model_file), image, corrections,
+                                   config(steps=1, validation_fraction=0.0), client)
+    assert list(again.run())[-1].kind == "finished"

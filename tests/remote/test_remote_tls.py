@@ -58,4 +58,6 @@ def test_train_over_tls_without_the_certificates_is_one_line(capsys, tmp_path, p
     code, _, err = run_cli(capsys, "train", painted_store, "-c", checkpoint, "-o",
                            tmp_path / "o.pt", "--steps", "2", *TRAIN_FAST, "--scheduler", address)
     assert_one_line_error(code, err)
-    assert f"dask scheduler at {address}" in err
+    # The hint, not only the address: "cannot reach the dask scheduler at ..." would match that.
+    assert f"the dask scheduler at {address} speaks TLS" in err
+    assert "--tls-ca-file, --tls-cert, --tls-key" in err and "cannot reach" not in err

@@ -64,6 +64,9 @@ class RunOutcome:
         The checkpoint written (None when no step was applied).
     error : str or None
         The failure's one-line message (out of memory, NaN), if any.
+    exported_best : pathlib.Path or None
+        A remote run that failed: the best validation weights received, when
+        they are not the last (``--out`` with ``-best`` before its suffix).
     speaks : bool
         Whether this process prints the outcome (only rank 0 of several does,
         unless another rank is lost).
@@ -75,6 +78,7 @@ class RunOutcome:
     exported: Path | None
     error: str | None = None
     speaks: bool = True  # False on the ranks other than 0, which leave the talking to it
+    exported_best: Path | None = None
 
     @property
     def stopped(self) -> bool:
@@ -153,7 +157,11 @@ def run_finetune(
     RunOutcome
         Steps done, how the run ended, the exit code for the command line.
     """
-    from napari_finetune.remote.finetuner import RemoteFinetuner
+    from napari_finetune.remote.finetuner import (
+        RemoteFinetuner,
+        RemoteWorkerLost,
+        SchedulerLost,
+    )
     from napari_finetune.remote.preflight import RemoteError
     from napari_finetune.trainer.distributed import DistributedError
     from napari_finetune.trainer.loop import Finetuner
@@ -193,7 +201,10 @@ def run_finetune(
         except RemoteError as exc:
             if not isinstance(trainer, RemoteFinetuner) or trainer.run_record is None:
                 raise  # nothing came back: the caller says why in one line
-            ended, code, error = _failure(trainer, "lost the remote run", exc)
+            what = ("lost the dask scheduler" if isinstance(exc, SchedulerLost)
+                    else "lost the remote run" if isinstance(exc, RemoteWorkerLost)
+                    else "failed on the worker")
+            ended, code, error = _failure(trainer, what, exc)
         except DistributedError as exc:
             ended, code, error = _failure(trainer, "lost a process", exc)
             lead = True  # every rank that notices says so
@@ -210,10 +221,15 @@ def run_finetune(
         if code == 0 and guard.received is not None and trainer.steps_done < config.steps:
             ended = f"stopped by {signal_name(guard.received)} after step {trainer.steps_done}"
             code = 128 + guard.received
-        exported = None
+        exported = best = None
         if trainer.steps_done > 0 and trainer.sync.rank == 0:
             exported = Path(trainer.export(out, ended=ended))
-    return RunOutcome(trainer.steps_done, ended, code, exported, error, speaks=lead)
+            if isinstance(trainer, RemoteFinetuner) and error is not None:
+                written = trainer.export_best(out.with_name(f"{out.stem}-best{out.suffix}"),
+                                              ended)
+                best = None if written is None else Path(written)
+    return RunOutcome(trainer.steps_done, ended, code, exported, error, speaks=lead,
+                      exported_best=best)
 
 
 def _say_snapshots(trainer: Finetuner, printer: StatusPrinter) -> None:
@@ -237,6 +253,8 @@ def describe_outcome(outcome: RunOutcome, total_steps: int, out: Path) -> str:
         kept = "nothing was exported (no step was completed)"
     else:
         kept = f"exported {out}"
+    if outcome.exported_best is not None:
+        kept += f" and the best validation weights to {outcome.exported_best}"
     if outcome.error is not None:
         where = outcome.ended.split(":", 1)[0]
         return f"{where} after {done}: {outcome.error}; {kept}"

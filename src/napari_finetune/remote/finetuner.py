@@ -42,6 +42,7 @@ from napari_finetune.remote.messages import (
     STATUS,
     WEIGHTS,
     RunInputs,
+    encode,
     region_from_plain,
     region_to_plain,
     status_from_plain,
@@ -50,6 +51,7 @@ from napari_finetune.remote.messages import (
 from napari_finetune.remote.preflight import (
     CONNECT_TIMEOUT_S,
     RemoteError,
+    asked,
     connect,
     eligible_workers,
     matching_versions,
@@ -66,6 +68,7 @@ if TYPE_CHECKING:
 
     from napari_finetune.arrays import VolumeArray
     from napari_finetune.model.checkpoint_format import Checkpoint
+    from napari_finetune.remote.channel import MessageChannel
     from napari_finetune.remote.tiles import StoredImage
 
 # The queue is read without waiting (a get that times out is logged as an error with
@@ -77,6 +80,10 @@ QUIET_S = 1.0
 
 class RemoteWorkerLost(RemoteError):
     """The worker running the fine-tune died or left; the last weights received are kept."""
+
+
+class SchedulerLost(RemoteError):
+    """The dask scheduler stopped answering mid-run; the weights received are kept."""
 
 
 class RemoteFinetuner(Finetuner):
@@ -116,6 +123,8 @@ class RemoteFinetuner(Finetuner):
         step and score, as a local run keeps its own; the model holds the last.
     worker, bytes_sent, volume_bytes
         The worker that trains; what the inputs weighed against the image.
+    run_id : str or None
+        Names the last run's queues and events on the scheduler (None before one).
     store_used : bool
         Whether the worker read the image from ``store_path`` (no tiles sent).
     worker_tuning : dict or None
@@ -154,6 +163,7 @@ class RemoteFinetuner(Finetuner):
         self.store_used = False
         self.run_record: dict[str, Any] | None = None
         self.worker: str | None = None
+        self.run_id: str | None = None
         self.bytes_sent = 0
         self.volume_bytes = 0
         self.status_latency_s: list[float] = []
@@ -224,7 +234,8 @@ class RemoteFinetuner(Finetuner):
             workers = eligible_workers(client, resources, address)
             from napari_finetune.remote.worker import versions
 
-            workers = matching_versions(client, workers, versions())
+            if workers:  # else the run waits for one; the task checks the versions itself
+                workers = matching_versions(client, workers, versions())
             stored, workers, image_line = self._image_on(client, workers)
             inputs = self.inputs(stored)
             self.store_used = stored is not None
@@ -233,7 +244,8 @@ class RemoteFinetuner(Finetuner):
             yield self.status("probe", (
                 f"sending {self.bytes_sent / 1e6:.1f} MB to the dask scheduler at {address} "
                 f"(the volume is {self.volume_bytes / 1e6:.1f} MB; {image_line}); "
-                f"{len(workers)} worker(s) can train it"))
+                f"{len(workers)} worker(s) can train it"
+                + (f" ({asked(resources)})" if resources else "")))
             yield from self._relay(client, inputs, workers, resources)
         finally:
             if client is not self.scheduler:
@@ -245,7 +257,7 @@ class RemoteFinetuner(Finetuner):
         only they train), else None; the workers, and how the image gets there in words."""
         from napari_finetune.remote.tiles import StoredImage
 
-        if self.store_path is None:
+        if self.store_path is None or not workers:
             return None, workers, "its tiles around the painting are sent"
         stored = StoredImage(self.store_path, tuple(int(s) for s in self.image.shape),
                              str(np.dtype(self.image.dtype)))
@@ -261,6 +273,7 @@ class RemoteFinetuner(Finetuner):
         """What this run sends (the image tiles are read now, unless the worker reads
         ``stored`` itself): a new run id each call."""
         from napari_finetune.remote.tiles import ImageTiles, Painting
+        from napari_finetune.remote.worker import versions
 
         painting = Painting.of(self.corrections)
         tiles = stored if stored is not None else ImageTiles.read(
@@ -269,35 +282,51 @@ class RemoteFinetuner(Finetuner):
             run_id=uuid.uuid4().hex, checkpoint=self.checkpoint, suffix=self.suffix,
             trust=self.trust, config=self.remote_config,
             normalization_range=self.normalization_range, painting=painting, image=tiles,
-            weights_every=self.weights_every,
+            weights_every=self.weights_every, versions=versions(),
         )
 
     def _relay(self, client: Client, inputs: RunInputs, workers: list[str],
                resources: Mapping[str, float]) -> Iterator[Status]:
         from distributed import Event, Queue
 
+        from napari_finetune.remote.channel import MessageChannel
         from napari_finetune.remote.worker import train_on_worker
 
-        messages = Queue(inputs.queue_name(), client=client)
+        self.run_id = inputs.run_id
+        Queue(inputs.queue_name(), client=client)  # made before the task puts on it
+        messages = MessageChannel(client)
+        name = inputs.queue_name()
         previews = Queue(inputs.preview_name(), client=client)
         stop = Event(inputs.stop_name(), client=client)
-        [shipped] = client.scatter([inputs], workers=workers)
+        [shipped] = client.scatter([inputs], workers=workers or None)
         future = client.submit(
             train_on_worker, shipped, key=f"napari-finetune-train-{inputs.run_id}",
-            resources=dict(resources) or None, workers=workers, allow_other_workers=False,
-            pure=False,
+            resources=dict(resources) or None, workers=workers or None,
+            allow_other_workers=False, pure=False,
         )
-        ended = stop_sent = False
-        heard = time.monotonic()
+        ended = stop_sent = lost = said_waiting = False
+        heard = submitted = time.monotonic()
+        wait_s = float(self.remote_config.queue_timeout_s)
         pending: deque[dict[str, Any]] = deque()  # taken from the queue, not yet applied
         try:
             while not ended:
+                if self.worker is None and not pending:  # queued: no worker took it yet
+                    if self._stop.is_set():
+                        ended = True  # Stop or Ctrl-C while queued ends it at once
+                        break
+                    waited = time.monotonic() - submitted
+                    if not said_waiting and (not workers or (
+                            waited > QUIET_S and self._queued(client, future))):
+                        said_waiting = True
+                        yield self.status("probe", self._waiting_line(client, resources, wait_s))
+                    if waited > wait_s:
+                        raise RemoteError(self._queue_timeout_line(client, resources, wait_s))
                 if self._stop.is_set() and not stop_sent:
                     stop.set()  # read by the worker after the step in progress
                     stop_sent = True
                 self._send_preview_request(previews)
                 if not pending:
-                    pending.extend(messages.get(batch=True))  # what is there now, maybe nothing
+                    pending.extend(messages.take(name))  # maybe nothing
                 if not pending:
                     if time.monotonic() - heard > QUIET_S:
                         self._check_alive(client, future)
@@ -310,22 +339,48 @@ class RemoteFinetuner(Finetuner):
                 if message["kind"] == STATUS:
                     self.status_latency_s.append(time.time() - message["sent"])
                     yield status_from_plain(message["status"])
+        except (OSError, TimeoutError) as exc:  # dask's CommClosedError is an OSError
+            lost = True
+            raise SchedulerLost(self._scheduler_lost_line(messages.address, exc)) from None
         except GeneratorExit:
             # Closed before the end (napari's Stop, the viewer closing): the worker
             # stops after its step and its last weights still come back.
             stop.set()
-            self._drain(messages, pending, time.monotonic() + self.stop_wait_s)
+            self._drain(messages, name, pending, time.monotonic() + self.stop_wait_s)
             ended = True
             raise
         finally:
-            if not ended:
+            if not ended and not lost:
                 try:
                     stop.set()  # a running task cannot be cancelled: it stops itself
                 except Exception:  # the scheduler may be gone: nothing else to tell it
                     pass
+            messages.close()
+            if not lost:
+                self._forget(client, future, inputs)
+
+    @staticmethod
+    def _forget(client: Client, future: Future, inputs: RunInputs) -> None:
+        """However the run ended: no retry of its task, and its queues and events are
+        deleted on the scheduler (a task still running ends at its next message)."""
+        from napari_finetune.remote.worker import forget_run
+
+        try:
+            future.cancel()  # a running task goes on; a retry not started never starts
+            client.run_on_scheduler(forget_run, queues=inputs.queue_names(),
+                                    events=inputs.event_names())
+        except Exception:  # the scheduler went away meanwhile: nothing is left there
+            pass
 
     def _check_alive(self, client: Client, future: Future) -> None:
-        """:class:`RemoteWorkerLost` when the task failed or its worker left the scheduler."""
+        """:class:`RemoteError` with the worker's exception when the task failed (read on
+        the scheduler as text), :class:`RemoteWorkerLost` when its worker left."""
+        if future.status == "error":
+            from napari_finetune.remote.worker import task_error
+
+            text = client.run_on_scheduler(task_error, key=str(future.key))
+            if isinstance(text, str) and text.strip():
+                raise RemoteError(self._failed_line(text.strip().splitlines()[0], None))
         if future.status in ("error", "cancelled", "lost") or (
             self.worker is not None
             and self.worker not in client.scheduler_info(n_workers=-1)["workers"]
@@ -354,19 +409,24 @@ class RemoteFinetuner(Finetuner):
             kinds: dict[str, type[Exception]] = {
                 "RecoveryError": RecoveryError, "FloatingPointError": FloatingPointError,
             }
-            raise kinds.get(message["type"], RemoteError)(message["line"])
+            kind_of = kinds.get(message["type"])
+            if kind_of is not None:  # the command line names these failures itself
+                raise kind_of(message["line"])
+            raise RemoteError(self._failed_line(f"{message['type']}: {message['line']}",
+                                                message.get("worker")))
         elif kind == LOST:
             raise RemoteWorkerLost(self._lost_line())
         return kind == DONE
 
-    def _drain(self, messages: Queue, pending: deque[dict[str, Any]], deadline: float) -> None:
+    def _drain(self, messages: MessageChannel, name: str, pending: deque[dict[str, Any]],
+               deadline: float) -> None:
         """Apply ``pending``, then the queue's messages, until the run's end or ``deadline``
         (no statuses are shown)."""
         while time.monotonic() < deadline:
             if not pending:
                 try:
-                    pending.extend(messages.get(batch=True))
-                except Exception:  # the scheduler went away: keep what came
+                    pending.extend(messages.take(name))
+                except Exception:  # the scheduler went away, a refused message: keep what came
                     return
             if not pending:
                 time.sleep(POLL_S)
@@ -440,7 +500,7 @@ class RemoteFinetuner(Finetuner):
         request: dict[str, Any] = {"region": region_to_plain(region)}
         if not self.store_used:  # the worker has only the tiles around the painting
             request["crop"] = np.asarray(self.image[region])
-        previews.put(request)
+        previews.put(encode(request))
 
     def _receive_best(self, message: dict[str, Any]) -> None:
         """Hold the worker's best validation weights where a local run holds its own."""
@@ -448,6 +508,46 @@ class RemoteFinetuner(Finetuner):
         with self.lock:
             best.state = weights_from_bytes(message["weights"])
             best.step, best.score = int(message["step"]), float(message["score"])
+
+    def _failed_line(self, what: str, worker: str | None) -> str:
+        where = worker or self.worker or "(not started)"
+        kept = (f"; the weights of step {self.steps_done} it sent last are kept"
+                if self.run_record is not None else "")
+        return f"the fine-tune failed on the dask worker {where}: {what}{kept}"
+
+    @staticmethod
+    def _queued(client: Client, future: Future) -> bool:
+        """Whether the scheduler holds the task for want of a worker (not on one yet)."""
+        from napari_finetune.remote.worker import waits_for_a_worker
+
+        return client.run_on_scheduler(waits_for_a_worker, key=str(future.key)) is True
+
+    def _waiting_line(self, client: Client, resources: Mapping[str, float],
+                      wait_s: float) -> str:
+        what = "a worker with a GPU" if "GPU" in resources else "a free worker"
+        return (f"waiting for {what} ({asked(resources) or 'no resources'}) on the dask "
+                f"scheduler at {client.scheduler.address}: none is free yet; up to {wait_s:g} s "
+                "(--queue-timeout-s), Ctrl-C or Stop ends the wait")
+
+    def _queue_timeout_line(self, client: Client, resources: Mapping[str, float],
+                            wait_s: float) -> str:
+        address = client.scheduler.address
+        if "GPU" in resources:
+            return (f"no worker with a free GPU ({asked(resources)}) of the dask scheduler at "
+                    f"{address} took the run within {wait_s:g} s; start one (dask worker "
+                    f"{address} --resources {asked(resources)}), wait longer "
+                    "(--queue-timeout-s) or train on a worker's CPU with --device cpu.")
+        return (f"no worker of the dask scheduler at {address} took the run within "
+                f"{wait_s:g} s (all busy); wait longer (--queue-timeout-s) or start one.")
+
+    def _scheduler_lost_line(self, address: str, exc: BaseException) -> str:
+        from napari_finetune.errors import first_line
+
+        return (
+            f"the dask scheduler at {address} was lost ({type(exc).__name__}: "
+            f"{first_line(exc) or 'no answer'}); the weights of step {self.steps_done} "
+            "received last are kept: export them and fine-tune from them to continue."
+        )
 
     def _lost_line(self) -> str:
         return (
@@ -469,5 +569,31 @@ class RemoteFinetuner(Finetuner):
             return record.write_export(self.model, self.metadata, self.out_channels,
                                        self.run_record, path, ended or self.ended, metadata)
 
+    def export_best(self, path: str | os.PathLike, ended: str) -> os.PathLike | None:
+        """Write the best validation weights received (their step in the record), when
+        they are not the last ones held; None when there are none to write.
 
-__all__ = ["RemoteFinetuner", "RemoteWorkerLost"]
+        Parameters
+        ----------
+        path : path-like
+            Destination file.
+        ended : str
+            How the run ended (the record's ``"ended"`` names the best step besides).
+        """
+        import copy
+
+        best = self.validator.best
+        if self.run_record is None or best.step is None or not best.state \
+                or best.step == self.steps_done:
+            return None
+        with self.lock:
+            model = copy.deepcopy(self.model)
+            model.load_state_dict(best.state)
+            run = {**self.run_record, "steps_done": int(best.step)}
+            return record.write_export(
+                model, self.metadata, self.out_channels, run, path,
+                f"best validation weights (step {best.step}, score {best.score:.3f}) of a run: "
+                f"{ended}")
+
+
+__all__ = ["RemoteFinetuner", "RemoteWorkerLost", "SchedulerLost"]

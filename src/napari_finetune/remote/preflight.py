@@ -52,33 +52,47 @@ def connect(address: str, security: Security | None = None,
 
 
 def resources_for(device: str) -> dict[str, float]:
-    """The dask resources a run on ``device`` asks for: one GPU when it asks for CUDA."""
-    return {"GPU": 1} if device.startswith("cuda") else {}
+    """The dask resources a run on ``device`` asks for: one GPU unless the CPU was chosen
+    ("auto" too: a worker's GPU is what a remote run is for)."""
+    return {} if device == "cpu" else {"GPU": 1}
 
 
 def eligible_workers(client: Client, resources: Mapping[str, float], address: str) -> list[str]:
-    """The workers that offer ``resources``; :class:`RemoteError` when none does."""
+    """The workers that offer ``resources`` (maybe none: the run then waits in the queue
+    for one); :class:`RemoteError` when the scheduler has no workers at all."""
     workers = client.scheduler_info(n_workers=-1)["workers"]
     if not workers:
         raise RemoteError(
             f"the dask scheduler at {address} has no workers; start one (dask worker {address})."
         )
-    fits = [
+    return [
         worker for worker, info in workers.items()
         if all(float((info.get("resources") or {}).get(k, 0)) >= v for k, v in resources.items())
     ]
-    if not fits:
-        asked = ",".join(f"{k}={v:g}" for k, v in resources.items())
-        raise RemoteError(
-            f"no worker of the dask scheduler at {address} offers {asked} "
-            f"({len(workers)} without it); start one with dask worker {address} "
-            f"--resources {asked}, or train with --device cpu."
-        )
-    return fits
+
+
+def asked(resources: Mapping[str, float]) -> str:
+    """``resources`` as dask's ``--resources`` writes them (``GPU=1``)."""
+    return ",".join(f"{k}={v:g}" for k, v in resources.items())
+
+
+def version_mismatch(there_name: str, there: Mapping[str, str], here_name: str,
+                     here: Mapping[str, str]) -> str | None:
+    """One line naming both sides when ``there`` differs from ``here`` (torch, the
+    napari-finetune release or its build); None when they agree."""
+    if all(there.get(k) == v for k, v in here.items()):
+        return None
+
+    def said(found: Mapping[str, str]) -> str:
+        return (f"torch {found.get('torch')}, napari-finetune {found.get('napari_finetune')} "
+                f"(build {found.get('napari_finetune_build')})")
+
+    return (f"{there_name} has {said(there)} but {here_name} has {said(here)}; "
+            "install the same versions and code on both.")
 
 
 def matching_versions(client: Client, workers: list[str], here: Mapping[str, str]) -> list[str]:
-    """Those of ``workers`` whose torch and napari-finetune are ``here``'s;
+    """Those of ``workers`` whose torch, napari-finetune and its build are ``here``'s;
     :class:`RemoteError` naming both sides when none is."""
     from napari_finetune.remote.worker import versions
 
@@ -86,12 +100,8 @@ def matching_versions(client: Client, workers: list[str], here: Mapping[str, str
     same = [w for w, v in found.items() if all(v.get(k) == here[k] for k in here)]
     if not same:
         worker, theirs = next(iter(found.items()))
-        there = ", ".join(f"{k} {theirs.get(k)}" for k in here)
-        mine = ", ".join(f"{k} {v}" for k, v in here.items())
-        raise RemoteError(
-            f"the worker {worker} has {there} but this machine has {mine}; "
-            "install the same versions on both."
-        )
+        line = version_mismatch(f"the worker {worker}", theirs, "this machine", here)
+        raise RemoteError(line)
     return same
 
 

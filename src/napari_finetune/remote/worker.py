@@ -37,6 +37,8 @@ from napari_finetune.remote.messages import (
     STATUS,
     WEIGHTS,
     RunInputs,
+    decode,
+    encode,
     region_from_plain,
     status_to_plain,
     weights_to_bytes,
@@ -48,36 +50,136 @@ if TYPE_CHECKING:
     from napari_finetune.trainer.loop import Finetuner
 
 
+class Outbox:
+    """The run's queue, worker -> client: each message goes as :func:`encode`'s bytes."""
+
+    def __init__(self, queue: Queue) -> None:
+        self.queue = queue
+
+    def put(self, message: dict[str, Any]) -> None:
+        """Send ``message`` (plain data; a value that is not raises ``PlainDataError``)."""
+        self.queue.put(encode(message))
+
+
+def forget_run(dask_scheduler: Any, queues: list[str], events: list[str]) -> None:
+    """On the scheduler: delete the run's queues and events, whatever holds them.
+
+    A queue lives until every handle that made it is closed, and a task whose
+    worker died never closes its own, so they are taken from the scheduler's
+    extensions by name (the queues hold plain messages only, no futures).
+    """
+    extensions = dask_scheduler.extensions
+    queued = extensions.get("queues")
+    for name in queues if queued is not None else ():
+        queued.queues.pop(name, None)
+        queued.client_refcount.pop(name, None)
+    flagged = extensions.get("events")
+    for name in events if flagged is not None else ():
+        flagged._delete_event(name)  # what Event.clear does when nobody waits
+
+
+def run_leftovers(dask_scheduler: Any, run_id: str) -> list[str]:
+    """On the scheduler: the names of the queues and events of ``run_id`` still there."""
+    extensions = dask_scheduler.extensions
+    names = [*extensions["queues"].queues, *extensions["events"]._events]
+    return sorted(str(n) for n in names if run_id in str(n))
+
+
 def versions() -> dict[str, str]:
-    """torch and napari-finetune versions of this process (the client compares them)."""
+    """torch and napari-finetune versions of this process and its build (the hash of its
+    code, :func:`~napari_finetune.remote.build.build_id`): the client and the task
+    compare them both ways."""
     import torch
 
     from napari_finetune import __version__
+    from napari_finetune.remote.build import build_id
 
-    return {"torch": str(torch.__version__), "napari_finetune": __version__}
+    return {"torch": str(torch.__version__), "napari_finetune": __version__,
+            "napari_finetune_build": build_id()}
 
 
 def train_on_worker(inputs: RunInputs) -> str:
     """Run the fine-tune on this worker; returns how it ended (the messages said the rest)."""
     from distributed import Event, Queue, get_worker
 
-    messages = Queue(inputs.queue_name())
+    messages = Outbox(Queue(inputs.queue_name()))
     started = Event(inputs.started_name())
     address = get_worker().address
     if started.is_set():  # a retry after the first worker died: never train twice
         messages.put({"kind": LOST, "worker": address})
         return "lost"
     started.set()
+    from napari_finetune.remote.preflight import version_mismatch
+
+    mismatch = version_mismatch(f"the worker {address}", versions(), "the client",
+                                dict(inputs.versions))
+    if inputs.versions and mismatch is not None:  # the client's code is not this code
+        messages.put({"kind": FAILED, "type": "RemoteError", "line": mismatch,
+                      "worker": address})
+        return "failed"
     from napari_finetune.remote.process import training_process
 
-    with training_process(get_worker().state.nthreads) as tuning:
-        messages.put({"kind": STARTED, "worker": address, "host": socket.gethostname(),
-                      "tuning": dataclasses.asdict(tuning)})
-        return _train(inputs, messages, Event(inputs.stop_name()), address,
-                      Queue(inputs.preview_name()))
+    try:
+        with training_process(get_worker().state.nthreads) as tuning:
+            messages.put({"kind": STARTED, "worker": address, "host": socket.gethostname(),
+                          "tuning": dataclasses.asdict(tuning)})
+            return _train(inputs, messages, Event(inputs.stop_name()), address,
+                          Queue(inputs.preview_name()))
+    except Exception as exc:  # outside the training loop: its own type and line, not "lost"
+        messages.put({**_failed(exc), "worker": address})
+        return "failed"
+    finally:
+        if _abandoned():  # nobody reads the run any more: nothing of it stays behind
+            _forget_from_worker(inputs)
 
 
-def _train(inputs: RunInputs, messages: Queue, stop: Event, address: str,
+def task_error(dask_scheduler: Any, key: str) -> str | None:
+    """On the scheduler: the exception of the task ``key`` that erred, as dask's text
+    (its type and message), or None (a string: nothing pickled comes back)."""
+    task = dask_scheduler.tasks.get(key)
+    if task is None or task.state != "erred":
+        return None
+    blame = task.exception_blame or task
+    return str(blame.exception_text or "") or None
+
+
+def waits_for_a_worker(dask_scheduler: Any, key: str) -> bool:
+    """On the scheduler: whether the task ``key`` waits for a worker with its resources
+    free: held by the scheduler ("no-worker", "queued"), or given to a worker whose
+    resources its tasks oversubscribe (dask assigns a task before the worker's GPU is
+    free, and the worker holds it until then)."""
+    task = dask_scheduler.tasks.get(key)
+    if task is None:
+        return False
+    if task.state in ("no-worker", "queued"):
+        return True
+    worker = task.processing_on
+    if task.state != "processing" or worker is None:
+        return False
+    return any(worker.used_resources.get(name, 0) > worker.resources.get(name, 0)
+               for name in (task.resource_restrictions or {}))
+
+
+def _abandoned() -> bool:
+    """Whether the scheduler released this task: its client left (or cancelled it)."""
+    from distributed import get_worker
+
+    worker = get_worker()
+    task = worker.state.tasks.get(worker.get_current_task())
+    return task is None or task.state in ("cancelled", "released", "forgotten")
+
+
+def _forget_from_worker(inputs: RunInputs) -> None:
+    from distributed import get_client
+
+    try:
+        get_client().run_on_scheduler(forget_run, queues=inputs.queue_names(),
+                                      events=inputs.event_names())
+    except Exception:  # the scheduler is gone: nothing is left there
+        pass
+
+
+def _train(inputs: RunInputs, messages: Outbox, stop: Event, address: str,
            previews: Queue) -> str:
     """Build and run the fine-tune, sending its statuses and weights; how it ended."""
     try:
@@ -92,7 +194,7 @@ def _train(inputs: RunInputs, messages: Queue, stop: Event, address: str,
         for status in trainer.run():
             # When it left (wall clock): on one machine the client measures the latency.
             messages.put({"kind": STATUS, "status": status_to_plain(status), "sent": time.time()})
-            if stop.is_set():
+            if stop.is_set() or _abandoned():  # Stop, or the client left without it
                 trainer.stop()  # after this step: the run's next check ends it
             step = status.step
             if status.kind == "step" and step % every == 0:
@@ -148,12 +250,12 @@ def _build(inputs: RunInputs) -> Finetuner:
     return trainer
 
 
-def _answer_preview(trainer: Finetuner, previews: Queue, messages: Queue) -> None:
+def _answer_preview(trainer: Finetuner, previews: Queue, messages: Outbox) -> None:
     """Predict the latest region the client asked for (older requests are stale), if any."""
     requests = previews.get(batch=True)  # what is there now, maybe nothing
     if not requests:
         return
-    request = requests[-1]
+    request = decode(requests[-1])
     region = region_from_plain(request["region"])
     # Without the store here, the client sent the region's raw pixels along.
     crop = request.get("crop")
@@ -168,7 +270,7 @@ def _answer_preview(trainer: Finetuner, previews: Queue, messages: Queue) -> Non
     messages.put(answer)
 
 
-def _send_best_unsent(trainer: Finetuner, messages: Queue, sent: int | None) -> None:
+def _send_best_unsent(trainer: Finetuner, messages: Outbox, sent: int | None) -> None:
     """At the run's end: the best weights, when the last ones sent are not they."""
     best = trainer.validator.best.step
     if best is not None and best != sent:

@@ -1,0 +1,58 @@
+"""A worker's one GPU busy with a run: a second run waits in the scheduler's queue for it
+and says so, and Stop ends the wait at once. Its own LocalCluster: one worker that
+offers GPU=1 (the label only: the runs train on its CPU)."""
+
+from __future__ import annotations
+
+import pytest
+from test_remote_run import config, volume
+
+from napari_finetune.loading import load_checkpoint
+from napari_finetune.model.checkpoint import save_checkpoint
+from napari_finetune.model.unet import UNet
+from napari_finetune.remote.finetuner import RemoteFinetuner
+from napari_finetune.remote.worker import run_leftovers
+
+pytestmark = pytest.mark.resource  # its own LocalCluster
+
+
+@pytest.fixture
+def gpu_client():
+    from distributed import Client, LocalCluster
+
+    cluster = LocalCluster(processes=True, n_workers=1, threads_per_worker=2,
+                           resources={"GPU": 1}, dashboard_address=":0")
+    with Client(cluster) as c:
+        yield c
+    cluster.close()
+
+
+def test_a_run_waits_while_the_gpu_is_busy_and_stop_ends_the_wait(gpu_client, tmp_path,
+                                                                   monkeypatch):
+    import napari_finetune.remote.finetuner as finetuner
+
+    # Device "cpu" (no CUDA here) asking for GPU=1 anyway: the label is all dask checks.
+    monkeypatch.setattr(finetuner, "resources_for", lambda device: {"GPU": 1})
+    start = save_checkpoint(tmp_path / "start.pt", UNet(dims=3, depth=2, features=4,
+                                                         out_channels=2), {})
+    image, corrections = volume()
+
+    def remote(steps: int) -> RemoteFinetuner:
+        return RemoteFinetuner.remote(load_checkpoint(start), image, corrections,
+                                      config(steps=steps, validation_fraction=0.0),
+                                      gpu_client)
+
+    busy = remote(100_000)
+    holding = busy.run()
+    next(s for s in holding if s.kind == "step")  # the GPU is taken
+    waiting = remote(2)
+    statuses = []
+    for status in waiting.run():  # the wait would last 600 s: Stop ends it
+        statuses.append(status)
+        if status.message.startswith("waiting for a worker with a GPU (GPU=1)"):
+            waiting.stop()
+    assert statuses[-1].message.startswith("waiting for a worker with a GPU (GPU=1)")
+    assert waiting.steps_done == 0 and waiting.worker is None
+    assert gpu_client.run_on_scheduler(run_leftovers, run_id=waiting.run_id) == []
+    holding.close()  # the busy run stops after its step; its weights come back
+    assert busy.steps_done >= 1 and busy.run_record is not None

@@ -1,0 +1,34 @@
+"""A scheduler that does not answer is one line within the connect timeout: a bound on wall
+time, so `serial` (alone, after the parallel run), and no cluster is needed."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from test_remote_run import config, volume
+
+from napari_finetune.loading import load_checkpoint
+from napari_finetune.model.checkpoint import save_checkpoint
+from napari_finetune.model.unet import UNet
+from napari_finetune.remote.finetuner import RemoteFinetuner
+from napari_finetune.remote.preflight import RemoteError
+
+pytestmark = pytest.mark.serial  # a bound on wall time
+
+
+def test_an_unreachable_scheduler_is_one_line_and_fast(tmp_path):
+    torch.manual_seed(0)
+    start = save_checkpoint(tmp_path / "start.pt", UNet(dims=3, depth=2, features=4,
+                                                         out_channels=2), {})
+    image, corrections = volume()
+    remote = RemoteFinetuner.remote(load_checkpoint(start), image, corrections, config(),
+                                    "tcp://127.0.0.1:9")
+    remote.connect_timeout_s = 1.0
+    began = time.monotonic()
+    with pytest.raises(RemoteError) as failed:
+        list(remote.run())
+    assert time.monotonic() - began < 5
+    line = str(failed.value)
+    assert "\n" not in line and "cannot reach the dask scheduler at tcp://127.0.0.1:9" in line
