@@ -206,7 +206,7 @@ def test_the_build_is_the_hash_of_the_code(tmp_path):
 
 
 def _here() -> dict[str, str]:
-    from napari_finetune.remote.worker import versions
+    from napari_finetune.remote.build import versions
 
     return versions()
 

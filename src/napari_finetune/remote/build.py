@@ -31,4 +31,16 @@ def code_hash(root: Path) -> str:
     return digest.hexdigest()[:12]
 
 
-__all__ = ["build_id", "code_hash"]
+__all__ = ["build_id", "code_hash", "versions"]
+
+
+def versions() -> dict[str, str]:
+    """torch and napari-finetune versions of this process and its build (the hash of its
+    code, :func:`~napari_finetune.remote.build.build_id`): the client and the task
+    compare them both ways."""
+    import torch
+
+    from napari_finetune import __version__
+
+    return {"torch": str(torch.__version__), "napari_finetune": __version__,
+            "napari_finetune_build": build_id()}

@@ -232,7 +232,7 @@ class RemoteFinetuner(Finetuner):
         try:
             resources = resources_for(self.remote_config.device)
             workers = eligible_workers(client, resources, address)
-            from napari_finetune.remote.worker import versions
+            from napari_finetune.remote.build import versions
 
             if workers:  # else the run waits for one; the task checks the versions itself
                 workers = matching_versions(client, workers, versions())
@@ -272,8 +272,8 @@ class RemoteFinetuner(Finetuner):
     def inputs(self, stored: StoredImage | None = None) -> RunInputs:
         """What this run sends (the image tiles are read now, unless the worker reads
         ``stored`` itself): a new run id each call."""
+        from napari_finetune.remote.build import versions
         from napari_finetune.remote.tiles import ImageTiles, Painting
-        from napari_finetune.remote.worker import versions
 
         painting = Painting.of(self.corrections)
         tiles = stored if stored is not None else ImageTiles.read(

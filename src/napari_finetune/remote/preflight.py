@@ -94,7 +94,7 @@ def version_mismatch(there_name: str, there: Mapping[str, str], here_name: str,
 def matching_versions(client: Client, workers: list[str], here: Mapping[str, str]) -> list[str]:
     """Those of ``workers`` whose torch, napari-finetune and its build are ``here``'s;
     :class:`RemoteError` naming both sides when none is."""
-    from napari_finetune.remote.worker import versions
+    from napari_finetune.remote.build import versions
 
     found: dict[str, dict[str, str]] = client.run(versions, workers=workers)
     same = [w for w, v in found.items() if all(v.get(k) == here[k] for k in here)]

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from napari_finetune.errors import first_line, one_line
+from napari_finetune.remote.build import versions
 from napari_finetune.remote.messages import (
     BEST,
     DONE,
@@ -83,19 +84,6 @@ def run_leftovers(dask_scheduler: Any, run_id: str) -> list[str]:
     extensions = dask_scheduler.extensions
     names = [*extensions["queues"].queues, *extensions["events"]._events]
     return sorted(str(n) for n in names if run_id in str(n))
-
-
-def versions() -> dict[str, str]:
-    """torch and napari-finetune versions of this process and its build (the hash of its
-    code, :func:`~napari_finetune.remote.build.build_id`): the client and the task
-    compare them both ways."""
-    import torch
-
-    from napari_finetune import __version__
-    from napari_finetune.remote.build import build_id
-
-    return {"torch": str(torch.__version__), "napari_finetune": __version__,
-            "napari_finetune_build": build_id()}
 
 
 def train_on_worker(inputs: RunInputs) -> str:

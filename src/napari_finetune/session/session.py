@@ -231,7 +231,10 @@ class Session:
 
     def _run_stopped(self, action: Busy) -> bool:
         if action is Busy.PREDICT:
-            return self._predict_stop.is_set()
+            # A Stop that came after the last block stopped nothing: the prediction is
+            # whole, and saying "stopped" of it would be false.
+            return self._predict_stop.is_set() and (
+                self.prediction is None or not self.prediction.complete)
         return (action is Busy.TRAIN and self.status is not None
                 and self.status.kind == "stopped")
 
