@@ -27,7 +27,7 @@ from qtpy.QtWidgets import (
     QWidget,
 )
 
-from napari_finetune._qt import objects_step, results
+from napari_finetune._qt import objects_step, results, structure_row
 from napari_finetune._qt.actions import Controller
 from napari_finetune._qt.channel_pick import CHOOSE_FIRST, ChannelPick, store_image
 from napari_finetune._qt.corrections import (
@@ -61,6 +61,7 @@ if TYPE_CHECKING:
     from napari import Viewer
 
     from napari_finetune.arrays import AxesImage, VolumeArray
+    from napari_finetune.session.structure import StructureAdded
 
 MAX_WIDTH = 400  # the dock's content, scroll bar aside: the panel stays within 420 px
 
@@ -103,6 +104,7 @@ class FinetuneWidget(QWidget):
         self.objects_label.setWordWrap(True)
         self.corrections_combo = layer_combo(napari_viewer, Labels, is_corrections_candidate)
         self.new_corrections_button = QPushButton("New corrections layer")
+        self.structure_row = structure_row.StructureRow()
         self.autosave_label = QLabel("corrections: not saved yet")
         self.autosave_label.setWordWrap(True)
         self.settings = SettingsForm()
@@ -142,7 +144,8 @@ class FinetuneWidget(QWidget):
         ])
         self.corrections_section = section("Corrections", [
             row(QLabel("Layer:"), self.corrections_combo.native),
-            row(self.new_corrections_button, self.paint_next_button), self.autosave_label,
+            row(self.new_corrections_button, self.paint_next_button), self.structure_row,
+            self.autosave_label,
         ])
         self.settings_section = section("Settings", [self.settings], indent=6)
         self.train_section = section("Fine-tune", [
@@ -184,6 +187,8 @@ class FinetuneWidget(QWidget):
         self.image_combo.changed.connect(self._image_changed)
         self.channel_pick.changed.connect(self._sync_buttons)
         self.state.events.info.connect(self._show_channels)
+        self.state.events.info.connect(self._widen_corrections)
+        self.structure_row.add_button.clicked.connect(self._add_structure)
         self.finetune_button.clicked.connect(self._finetune)
         self.stop_button.clicked.connect(lambda: stop(self.state))
         self.export_button.clicked.connect(self._export)
@@ -298,6 +303,7 @@ class FinetuneWidget(QWidget):
         self.state.events.all.disconnect(self._sync_buttons)
         self.state.events.busy.disconnect(self._fold_sections)
         self.state.events.info.disconnect(self._show_channels)
+        self.state.events.info.disconnect(self._widen_corrections)
         disconnect(qt_app().aboutToQuit, self._quit_hook)
         return shut_down(self.state, wait_s)
 
@@ -336,6 +342,7 @@ class FinetuneWidget(QWidget):
         self.export_button.setEnabled(idle and s.trainer is not None)
         self.save_predictions_button.setEnabled(idle and s.info is not None)
         self.paint_next_button.setEnabled(idle and ready)
+        self.structure_row.add_button.setEnabled(idle and s.info is not None)
         self.bioimageio_button.setEnabled(idle and ready)
         self.finetune_button.setText("Fine-tuning…" if s.busy is Busy.TRAIN else "Fine-tune")
 
@@ -463,6 +470,29 @@ class FinetuneWidget(QWidget):
         if layer is not None:
             self.corrections_combo.reset_choices()
             self.corrections_combo.value = layer
+
+    def _add_structure(self) -> None:
+        name, role = self.structure_row.chosen()
+        structure_row.add_structure(self.controller, name, role, self._structure_added)
+
+    def _structure_added(self, added: StructureAdded) -> None:
+        """The widened checkpoint becomes the model (read in a job, as any other)."""
+        self.structure_row.name.clear()
+        self.structure_row.form.setVisible(False)
+        self.checkpoint_edit.setText(added.path)
+        self._checkpoint_changed()
+
+    def _widen_corrections(self, *_: object) -> None:
+        """A model with the corrections layer's channels and more (a structure added):
+        the layer gets the new classes, the new one selected to paint."""
+        info, layer = self.state.info, self.corrections_layer()
+        if self.state.closed or info is None or layer is None:
+            return
+        if structure_row.widen_corrections(layer, info.channel_names, info.colors):
+            layer.selected_label = len(info.channel_names) + 1
+            saver = self.state.autosaver
+            if saver is not None and saver.layer is layer:
+                saver.channel_names = list(info.channel_names)
 
     def _corrections_changed(self, layer: Labels | None) -> None:
         self.controller.follow_corrections(layer)
