@@ -416,7 +416,11 @@ class FinetuneWidget(QWidget):
         either and the layer is of its shape (napari-ome-zarr's layer of one channel, or
         its time series); None for a plain volume."""
         layer, store = self.image_layer(), self.store_hint()
-        found = store_image(str(store)) if layer is not None and store is not None else None
+        # The plugin's own reader (and the sample) opens plain volumes only, and its store
+        # may still be on its way (a wait): only napari-ome-zarr's layers are looked at.
+        if layer is None or store is None or layer.metadata.get("ome_zarr_path"):
+            return None
+        found = store_image(str(store))
         if found is None or found.is_plain:
             return None
         shape = tuple(int(n) for n in image_level0(layer).shape)
