@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from napari.layers import Image, Labels
 
     from napari_finetune._qt.view import WidgetView
+    from napari_finetune.arrays import AxesImage, VolumeArray
 
 R = TypeVar("R")
 
@@ -314,8 +315,9 @@ class Controller:
             return
         s.queued = False  # a kept click is served by this prediction, whoever started it
         info = s.info
-        session.image, session.checkpoint, session.trust = (
-            corr.image_level0(layer), info.path, info.trust)
+        if (image := self.model_image("Cannot predict")) is None:
+            return
+        session.image, session.checkpoint, session.trust = image, info.path, info.trust
         session.channel_names, session.channel_colors = list(info.channel_names), list(info.colors)
         # The channels with a role (the editor's, now) keep their probability too, for
         # the Objects step.
@@ -332,6 +334,17 @@ class Controller:
                              ended=stopped):
             # At once, not at the first block's end: the model is still being loaded.
             self.w.status_panel.say("predicting…")
+
+    def model_image(self, what: str) -> VolumeArray | AxesImage | None:
+        """The image the model runs on (the chosen channel of a store of several); None,
+        with the one line said, when the channel is not chosen yet."""
+        from napari_finetune.arrays import ChannelChoiceError
+
+        try:
+            return self.w.model_image()
+        except ChannelChoiceError as exc:
+            self._refused(f"{what}: {exc}")
+            return None
 
     def run_queued(self) -> None:
         """Start the Predict clicked before the model was there, once it is (and the
@@ -451,13 +464,15 @@ class Controller:
         except ValueError as exc:
             self.fail(exc, "Invalid settings")
             return
+        if (model_image := self.model_image("Cannot fine-tune")) is None:
+            return
         session, info = self.session, s.info
         session.scheduler, session.tls_files = scheduler, tls_files
         if s.autosaver is not None and s.autosaver.layer is layer:
             labels, snapshot = s.autosaver.snapshot(), s.autosaver.snapshot_id
         else:
             labels, snapshot = np.array(layer.data, copy=True), corr.next_snapshot()
-        session.image, session.corrections = corr.image_level0(image), labels
+        session.image, session.corrections = model_image, labels
         session.checkpoint, session.trust = info.path, info.trust
         session.channel_names, session.channel_colors = list(info.channel_names), list(info.colors)
         session.store, session.config = corr.store_path_of(layer, image), config

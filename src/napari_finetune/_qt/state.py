@@ -52,6 +52,7 @@ class CheckpointInfo:
     roles_problem: str = ""
     # Where the stored roles' min size and seed distance came from (objects.SOURCES_KEY).
     roles_sources: dict[str, dict[str, str]] = field(default_factory=dict)
+    in_channels: int = 1  # the model's input channels (a store of more: one is chosen)
 
     def colors_for(self, channel_names: Sequence[str]) -> list[str]:
         """This model's channel colours for a layer of ``channel_names``; none (the

@@ -96,6 +96,7 @@ def info_job(path: str, trust: tuple[str, ...] = ()) -> Job[CheckpointInfo | Unt
         if factory is None:
             raise
         return Untrusted(path, factory)  # the widget asks the user; nothing was imported
+    from napari_finetune.devices import model_in_channels
     from napari_finetune.model.lora import adapter_overhead
 
     # Here, in the worker: importing napari_finetune.objects costs ~1.6 s, which the role
@@ -113,4 +114,5 @@ def info_job(path: str, trust: tuple[str, ...] = ()) -> Job[CheckpointInfo | Unt
         normalization=ckpt.normalization, dims=int(getattr(ckpt.model, "dims", 3)),
         trust=tuple(trust), lora_share_per_rank=adapter_overhead(ckpt.model, 1),
         roles=roles, roles_problem=problem, roles_sources=sources_from_metadata(ckpt.metadata),
+        in_channels=model_in_channels(ckpt.model),
     )

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from napari_finetune._qt.settings import SettingsForm
     from napari_finetune._qt.state import WidgetState
     from napari_finetune._qt.status_panel import StatusPanel
+    from napari_finetune.arrays import AxesImage, VolumeArray
     from napari_finetune.session.session import ActionEnd, Session
     from napari_finetune.session.work import Job
 
@@ -54,6 +55,10 @@ class WidgetView(Protocol):
 
     def dialog_parent(self) -> QWidget:
         """The widget a modal dialog (the trust question) is shown over."""
+
+    def model_image(self) -> VolumeArray | AxesImage | None:
+        """What the model runs on: the chosen channel of a store of several, else the
+        image layer's array (ChannelChoiceError while no channel is chosen)."""
 
 
 class JobHost(Protocol):

@@ -27,9 +27,15 @@ from qtpy.QtWidgets import (
     QWidget,
 )
 
-from napari_finetune._qt import objects_step, results
+from napari_finetune._qt import objects_step, results, structure_row
 from napari_finetune._qt.actions import Controller
-from napari_finetune._qt.corrections import METADATA_KEY, is_corrections_candidate, store_path_of
+from napari_finetune._qt.channel_pick import CHOOSE_FIRST, ChannelPick, store_image
+from napari_finetune._qt.corrections import (
+    METADATA_KEY,
+    image_level0,
+    is_corrections_candidate,
+    store_path_of,
+)
 from napari_finetune._qt.layers import camera_of, visible_region
 from napari_finetune._qt.parts import (
     PathEdit,
@@ -54,6 +60,9 @@ from napari_finetune.session.session import Busy
 if TYPE_CHECKING:
     from napari import Viewer
 
+    from napari_finetune.arrays import AxesImage, VolumeArray
+    from napari_finetune.session.structure import StructureAdded
+
 MAX_WIDTH = 400  # the dock's content, scroll bar aside: the panel stays within 420 px
 
 
@@ -74,6 +83,8 @@ class FinetuneWidget(QWidget):
         self.state = WidgetState()
         self.controller = Controller(self)
         self.image_combo = layer_combo(napari_viewer, Image, lambda layer: True)
+        # A store's channels: which one a single-channel model sees (hidden otherwise).
+        self.channel_pick = ChannelPick()
         self.checkpoint_edit = PathEdit(default_checkpoint())
         self.checkpoint_edit.setPlaceholderText("model checkpoint (.pt)")
         browse = QPushButton("…")
@@ -93,6 +104,7 @@ class FinetuneWidget(QWidget):
         self.objects_label.setWordWrap(True)
         self.corrections_combo = layer_combo(napari_viewer, Labels, is_corrections_candidate)
         self.new_corrections_button = QPushButton("New corrections layer")
+        self.structure_row = structure_row.StructureRow()
         self.autosave_label = QLabel("corrections: not saved yet")
         self.autosave_label.setWordWrap(True)
         self.settings = SettingsForm()
@@ -125,14 +137,15 @@ class FinetuneWidget(QWidget):
         # Sections that fold (a laptop shows ~700 px of dock): the one in use is open, and
         # a run folds the model and the settings, then opens the Results when it ends.
         self.model_section = section("Data and model", [
-            row(QLabel("Image:"), self.image_combo.native),
+            row(QLabel("Image:"), self.image_combo.native), self.channel_pick,
             row(QLabel("Model:"), self.checkpoint_edit, browse),
             self.checkpoint_label, row(self.predict_button, self.objects_button),
             SideScroll(self.roles_editor), self.objects_label,
         ])
         self.corrections_section = section("Corrections", [
             row(QLabel("Layer:"), self.corrections_combo.native),
-            row(self.new_corrections_button, self.paint_next_button), self.autosave_label,
+            row(self.new_corrections_button, self.paint_next_button), self.structure_row,
+            self.autosave_label,
         ])
         self.settings_section = section("Settings", [self.settings], indent=6)
         self.train_section = section("Fine-tune", [
@@ -172,6 +185,10 @@ class FinetuneWidget(QWidget):
         self.new_corrections_button.clicked.connect(self._new_corrections)
         self.corrections_combo.changed.connect(self._corrections_changed)
         self.image_combo.changed.connect(self._image_changed)
+        self.channel_pick.changed.connect(self._sync_buttons)
+        self.state.events.info.connect(self._show_channels)
+        self.state.events.info.connect(self._widen_corrections)
+        self.structure_row.add_button.clicked.connect(self._add_structure)
         self.finetune_button.clicked.connect(self._finetune)
         self.stop_button.clicked.connect(lambda: stop(self.state))
         self.export_button.clicked.connect(self._export)
@@ -285,6 +302,8 @@ class FinetuneWidget(QWidget):
             emitter.disconnect(slot)
         self.state.events.all.disconnect(self._sync_buttons)
         self.state.events.busy.disconnect(self._fold_sections)
+        self.state.events.info.disconnect(self._show_channels)
+        self.state.events.info.disconnect(self._widen_corrections)
         disconnect(qt_app().aboutToQuit, self._quit_hook)
         return shut_down(self.state, wait_s)
 
@@ -308,14 +327,22 @@ class FinetuneWidget(QWidget):
         self.objects_button.setEnabled(idle and s.info is not None
                                        and s.predicted_image is not None
                                        and s.predicted_image is self.image_layer())
-        self.new_corrections_button.setEnabled(ready)
-        self.finetune_button.setEnabled(idle and ready and self.corrections_layer() is not None)
+        channel = not self.channel_pick.needed or self.channel_pick.choice() is not None
+        self.new_corrections_button.setEnabled(ready and channel)
+        self.new_corrections_button.setToolTip(
+            "An empty layer with the model's classes, to paint" if channel else CHOOSE_FIRST)
+        if not channel:
+            self.predict_button.setEnabled(False)
+            self.predict_button.setToolTip(f"Predict: {CHOOSE_FIRST}")
+        self.finetune_button.setEnabled(idle and ready and channel
+                                        and self.corrections_layer() is not None)
         # A prediction stops too (the one after a run takes a minute on a real crop): what
         # it predicted is kept.
         self.stop_button.setEnabled(s.busy in (Busy.TRAIN, Busy.PREDICT))
         self.export_button.setEnabled(idle and s.trainer is not None)
         self.save_predictions_button.setEnabled(idle and s.info is not None)
         self.paint_next_button.setEnabled(idle and ready)
+        self.structure_row.add_button.setEnabled(idle and s.info is not None)
         self.bioimageio_button.setEnabled(idle and ready)
         self.finetune_button.setText("Fine-tuning…" if s.busy is Busy.TRAIN else "Fine-tune")
 
@@ -384,6 +411,38 @@ class FinetuneWidget(QWidget):
         """The chosen corrections layer."""
         return self.corrections_combo.value
 
+    def store_image(self) -> AxesImage | None:
+        """The chosen image's store with its channels and time points, when it has
+        either and the layer is of its shape (napari-ome-zarr's layer of one channel, or
+        its time series); None for a plain volume."""
+        layer, store = self.image_layer(), self.store_hint()
+        # The plugin's own reader (and the sample) opens plain volumes only, and its store
+        # may still be on its way (a wait): only napari-ome-zarr's layers are looked at.
+        if layer is None or store is None or layer.metadata.get("ome_zarr_path"):
+            return None
+        found = store_image(str(store))
+        if found is None or found.is_plain:
+            return None
+        shape = tuple(int(n) for n in image_level0(layer).shape)
+        return found if found.labels_shape == shape else None
+
+    def model_image(self) -> VolumeArray | AxesImage | None:
+        """What the model runs on: the store's image with the chosen channel (or all
+        of them for a model of as many), else the layer's own full-resolution array.
+
+        Raises
+        ------
+        ChannelChoiceError
+            A single-channel model on several channels, none chosen yet (one line).
+        """
+        layer, info, found = self.image_layer(), self.state.info, self.store_image()
+        if layer is None:
+            return None
+        if found is None or info is None:
+            return image_level0(layer)
+        return found.for_model(info.in_channels, self.channel_pick.choice(),
+                               what="the image's store")
+
     def checkpoint_path(self) -> str:
         """The checkpoint path as typed."""
         return self.checkpoint_edit.text().strip()
@@ -416,13 +475,46 @@ class FinetuneWidget(QWidget):
             self.corrections_combo.reset_choices()
             self.corrections_combo.value = layer
 
+    def _add_structure(self) -> None:
+        name, role = self.structure_row.chosen()
+        structure_row.add_structure(self.controller, name, role, self._structure_added)
+
+    def _structure_added(self, added: StructureAdded) -> None:
+        """The widened checkpoint becomes the model (read in a job, as any other)."""
+        self.structure_row.name.clear()
+        self.structure_row.form.setVisible(False)
+        self.checkpoint_edit.setText(added.path)
+        self._checkpoint_changed()
+
+    def _widen_corrections(self, *_: object) -> None:
+        """A model with the corrections layer's channels and more (a structure added):
+        the layer gets the new classes, the new one selected to paint."""
+        info, layer = self.state.info, self.corrections_layer()
+        if self.state.closed or info is None or layer is None:
+            return
+        if structure_row.widen_corrections(layer, info.channel_names, info.colors):
+            layer.selected_label = len(info.channel_names) + 1
+            saver = self.state.autosaver
+            if saver is not None and saver.layer is layer:
+                saver.channel_names = list(info.channel_names)
+
     def _corrections_changed(self, layer: Labels | None) -> None:
         self.controller.follow_corrections(layer)
         self._sync_buttons()
 
     def _image_changed(self, *_: object) -> None:
         self._update_region()
+        self._show_channels()
         self._sync_buttons()
+
+    def _show_channels(self, *_: object) -> None:
+        """The Channel row: shown for a single-channel model on a store of several."""
+        if self.state.closed:
+            return
+        found, info = self.store_image(), self.state.info
+        self.channel_pick.show_channels(
+            found, info is not None and info.in_channels == 1
+            and found is not None and found.channels > 1)
 
     def _finetune(self) -> None:
         self.state.clicked_at = time.perf_counter()

@@ -45,6 +45,7 @@ from napari_finetune.session.viewer import LayerKind, ViewerPort
 
 if TYPE_CHECKING:
     from napari_finetune.objects import ChannelRole, RolesFromPainting
+    from napari_finetune.session.structure import StructureAdded
     from napari_finetune.session.work import Job
     from napari_finetune.trainer.loop import Finetuner
     from napari_finetune.trainer.status import Status
@@ -67,6 +68,7 @@ class Busy(Enum):
     OBJECTS = "objects"
     SUGGEST = "suggest where to paint"
     BIOIMAGEIO = "bioimage.io export"
+    STRUCTURE = "add a structure"
     # A job's result going into the viewer: the widget adds its layers one per event-loop
     # turn (two at once stall napari), and no other action starts until they are there.
     SHOW = "show the results"
@@ -153,6 +155,7 @@ class Session:
     exported: str | None = None
     saved: list[str] = field(default_factory=list)  # the labels the last save wrote
     package: str | None = None  # the last bioimage.io package written
+    added: StructureAdded | None = None  # the last structure added (its new checkpoint)
     last_end: ActionEnd | None = None
     # Seconds per step measured here (the last runs, a timed step): the next run's estimate.
     step_times: StepTimes = field(default_factory=StepTimes)
@@ -254,6 +257,8 @@ class Session:
             return self.status.message
         if action is Busy.EXPORT:
             return f"exported {self.exported}"
+        if action is Busy.STRUCTURE and self.added is not None:
+            return self.added.describe()
         return ""
 
     def stop(self) -> None:
@@ -583,6 +588,26 @@ class Session:
 
     def _packaged(self, path: str) -> None:
         self.package = path
+
+    def add_structure(self, name: str, role: str, out: str | None = None) -> bool:
+        """Give the checkpoint one more output channel ``name`` of ``role`` ("object" or
+        "boundary"), saved as a new checkpoint (``out``, else beside the old one), which
+        becomes :attr:`checkpoint`; :attr:`added` says its path and its painting label.
+        The last run's weights are dropped (the new model starts from the checkpoint)."""
+        if reason := self._free(Busy.STRUCTURE) or self._missing(checkpoint=True):
+            return self._refuse(reason)
+        if not name.strip():
+            return self._refuse("Cannot add a structure: give it a name.")
+        from napari_finetune.session.structure import add_structure_job
+
+        job = add_structure_job(str(self.checkpoint), name.strip(), role, self.trust, out)
+        return self._start(Busy.STRUCTURE, job, self._structure_added)
+
+    def _structure_added(self, added: StructureAdded) -> None:
+        self.added, self.checkpoint = added, added.path
+        self.channel_names = list(added.channel_names)
+        self.channel_colors = []  # the palette's, for the new count
+        self.release_trainer()
 
     # -- how long a run takes ------------------------------------------------------------
     def _where(self) -> str:
