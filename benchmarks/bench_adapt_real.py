@@ -33,7 +33,7 @@ Rows also give the pretrained model and the classical baseline
 (:func:`napari_finetune.cli.real.classical`: gaussian, Otsu, watershed).
 Choose on one volume (``cho-t00``), report on volumes nobody tuned on
 (``cho-t10``, ``cremi``); CREMI (25 x 625 x 625, labelled on z = 4) is cropped
-to z 0-9 and the first 320 x 320 pixels in y and x unless ``--full-cremi``.
+to z 0-8 and the first 320 x 320 pixels in y and x unless ``--full-cremi``.
 
 Run::
 
@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-baselines", action="store_true",
                         help="leave out the pretrained and Otsu rows")
     parser.add_argument("--full-cremi", action="store_true",
-                        help="CREMI whole (25 x 625 x 625) instead of the z 0-9, 320 x 320 crop")
+                        help="CREMI whole (25 x 625 x 625) instead of the z 0-8, 320 x 320 crop")
     parser.add_argument("--quick", action="store_true",
                         help=f"{len(QUICK_VARIANTS)} variants at {QUICK_STEPS} steps")
     args = parser.parse_args(argv)
