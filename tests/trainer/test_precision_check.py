@@ -250,8 +250,9 @@ def test_a_disagreement_on_another_rank_counts_here():
     trainer.build()
     sync = OtherRankDisagrees()
     lines = [m for _, m in iter_probe(trainer.state, trainer.parts, trainer.sampler, sync=sync)]
-    # Asked: out of memory? non-finite? disagrees? -- this rank said no to each.
-    assert sync.asked == [False, False, False]
+    # Asked: out of memory? non-finite? disagrees? fp32 out of memory (compare smaller)?
+    # -- this rank said no to each.
+    assert sync.asked == [False, False, False, False]
     check = trainer.state.precision_check
     assert not check.agree and check.output_cosine > 0.999  # healthy here
     assert lines[-1].startswith("precision probe: bf16 disagrees with fp32 on another rank")
@@ -313,3 +314,27 @@ def test_the_environment_imports_without_napari_qt_zarr_or_dask():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120, check=True)
     assert done.stdout.strip() == "[]"
+
+
+class OtherRankFp32OutOfMemory(LocalSync):
+    """Alone, but answers "did the fp32 pass run out of memory anywhere?" (the probe's
+    fourth agreed question) with yes, once."""
+
+    def __init__(self) -> None:
+        self.asked: list[bool] = []
+
+    def any(self, flag: bool) -> bool:
+        self.asked.append(bool(flag))
+        return len(self.asked) == 4 or bool(flag)
+
+
+def test_an_fp32_pass_out_of_memory_on_another_rank_compares_smaller_here_too():
+    """Each comparison holds collectives: a rank that went on alone would leave the others
+    waiting in theirs."""
+    trainer = healthy_bf16_trainer()
+    trainer.build()
+    sync = OtherRankFp32OutOfMemory()
+    lines = [m for _, m in iter_probe(trainer.state, trainer.parts, trainer.sampler, sync=sync)]
+    assert "precision probe: the fp32 pass ran out of memory; comparing at micro-batch 1" in lines
+    check = trainer.state.precision_check
+    assert check.compared and check.agree and trainer.precision.enabled

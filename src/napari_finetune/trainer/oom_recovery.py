@@ -346,7 +346,9 @@ def _compare_at_any_size(
     n = len(images)
     while True:
         check = compare_with_fp32(state, parts, images[:n], labels[:n], mixed_outputs, rng, sync)
-        if check.compared or n == 1:
+        # Every rank halves together (each pass below holds collectives): an out-of-memory
+        # on any rank means all compare again smaller.
+        if not sync.any(not check.compared) or n == 1:
             return check
         n //= 2
         line = (
