@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 import numpy as np
 from napari.utils.notifications import show_error, show_warning
@@ -34,10 +34,11 @@ from napari_finetune._qt.layers import (
     show_predictions,
 )
 from napari_finetune._qt.objects_step import show_checkpoint_roles
-from napari_finetune._qt.state import CheckpointInfo, Untrusted, release_trainer, shut_down
-from napari_finetune._qt.trust import ask_to_trust, info_job, refusal
-from napari_finetune._qt.worker import start_call, start_job
+from napari_finetune._qt.state import release_trainer, shut_down
+from napari_finetune._qt.trust import ask_to_trust
+from napari_finetune._qt.worker import start_call
 from napari_finetune.session import jobs
+from napari_finetune.session.checkpoint import CheckpointInfo, CheckpointUnusable, Untrusted
 from napari_finetune.session.events import (
     Event,
     Preview,
@@ -49,15 +50,11 @@ from napari_finetune.session.events import (
     TrainerReady,
 )
 from napari_finetune.session.session import ActionEnd, Busy, Outcome, Session
-from napari_finetune.session.work import Job
 
 if TYPE_CHECKING:
     from napari.layers import Image, Labels
 
     from napari_finetune._qt.view import WidgetView
-
-R = TypeVar("R")
-
 
 def _nothing() -> None:
     """The default hook: nothing to do."""
@@ -84,6 +81,9 @@ class Controller:
         events.ended.connect(self._ended)
         events.warmed.connect(self._warmed)
         events.failed.connect(self._background_failed)
+        events.checkpoint_read.connect(self._info_read)
+        events.trust_asked.connect(self._trust_asked)
+        events.checkpoint_unusable.connect(self._unusable)
         # What to do when the action started last ends done, or failed (its one line shown).
         self._done: Callable[[], None] = _nothing
         self._failed: Callable[[], None] = _nothing
@@ -95,44 +95,6 @@ class Controller:
         self.state.errors.append(message)
         self.w.status_panel.append_log(message)
         show_error(message)
-
-    def run_job(
-        self, job: Callable[..., Job[R]], *args: object, what: str,
-        on_result: Callable[[R], None] | None = None,
-        on_failed: Callable[[], None] | None = None,
-        on_finished: Callable[[], None] = _nothing,
-    ) -> None:
-        """Start one of the widget's own jobs (the engine's warm-up, reading a checkpoint),
-        which never mark it busy: ``on_result`` gets what the job returned, ``on_failed``
-        runs after a failure was shown, ``on_finished`` last however it ended. The actions
-        go through the Session."""
-        s = self.state
-        if s.closed:
-            return  # closing: no new work
-
-        def on_error(exc: Exception) -> None:
-            if s.closed:
-                s.errors.append(f"{what}: {exc}")
-                return
-            self.fail(exc, what)
-            if on_failed is not None:
-                on_failed()
-
-        def on_returned(result: R) -> None:
-            if not s.closed and on_result is not None:
-                on_result(result)
-
-        def finished() -> None:
-            s.running -= 1
-            if worker in s.jobs:
-                s.jobs.remove(worker)
-            if not s.closed:
-                on_finished()
-
-        s.running += 1
-        worker = start_job(job, *args, on_event=self._session_event, on_result=on_returned,
-                           on_error=on_error, on_finished=finished)
-        s.jobs.append(worker)
 
     # -- the Session's events ----------------------------------------------------------------
     def _session_busy(self, busy: Busy | None) -> None:
@@ -241,10 +203,11 @@ class Controller:
             self.w.status_panel.append_log(line)
             show_error(line)
 
-    def load_info(self, path: str, trust: tuple[str, ...] = ()) -> None:
-        """Read the checkpoint's channels in a worker (a bad file -> notification)."""
+    def load_info(self, path: str) -> None:
+        """Read the checkpoint's channels through the Session (a bad file -> notification;
+        a model code outside the allow-list -> the trust question)."""
         s = self.state
-        if not path or (s.info is not None and s.info.path == path):
+        if s.closed or not path or (s.info is not None and s.info.path == path):
             return
         release_trainer(s)  # a new model: the old run's weights no longer apply
         s.probabilities, s.predicted_image = {}, None  # its roles and channels may differ
@@ -254,26 +217,15 @@ class Controller:
         self.w.settings.set_lora_share(0.0)
         self.w.checkpoint_label.setText("reading checkpoint…")
         s.reading = True
+        self.session.read_checkpoint(path)
 
-        def unusable() -> None:
-            if path != self.w.checkpoint_path():
-                return  # a file chosen since is being read
-            s.reading = False
-            self.w.checkpoint_label.setText("no usable checkpoint: choose another file")
-            self.drop_queued("no usable checkpoint")
-
-        self.run_job(info_job, path, trust, what="Cannot use this checkpoint",
-                     on_result=self._info_read, on_failed=unusable)
-
-    def _info_read(self, result: CheckpointInfo | Untrusted) -> None:
-        if result.path != self.w.checkpoint_path():
+    def _info_read(self, result: CheckpointInfo) -> None:
+        s = self.state
+        if s.closed or result.path != self.w.checkpoint_path():
             return  # a file chosen before the current one answered late
-        self.state.reading = False
-        if isinstance(result, Untrusted):
-            self.answer_untrusted(result)
-            return
-        self.state.info = result
-        saver = self.state.autosaver
+        s.reading = False
+        s.info = result
+        saver = s.autosaver
         if saver is not None and (colors := result.colors_for(saver.channel_names)):
             saver.channel_colors = colors  # followed before the file was read
         self.w.settings.set_lora_share(result.lora_share_per_rank)
@@ -284,16 +236,29 @@ class Controller:
         self.follow_corrections(self.w.corrections_layer())
         self.run_queued()
 
-    def answer_untrusted(self, question: Untrusted) -> None:
-        """Ask whether to trust the factory; Yes reads the file again with it trusted."""
-        if ask_to_trust(self.w.dialog_parent(), question.path, question.factory):
-            self.load_info(question.path, trust=(question.factory,))
-            return
-        message = refusal(question.path, question.factory)
-        self.w.status_panel.append_log(message)
-        show_warning(message)
-        self.w.checkpoint_label.setText("not loaded: its model code was not trusted")
-        self.drop_queued("its model code was not trusted")
+    def _trust_asked(self, request: Untrusted) -> None:
+        """The Session asks whether to trust the file's model code: the modal dialog, its
+        answer given back (a closed widget refuses without asking)."""
+        trusted = not self.state.closed and request.path == self.w.checkpoint_path() and (
+            ask_to_trust(self.w.dialog_parent(), request.path, request.factory))
+        self.session.answer_trust(request, trusted)
+
+    def _unusable(self, end: CheckpointUnusable) -> None:
+        s = self.state
+        if s.closed or end.path != self.w.checkpoint_path():
+            s.errors.append(end.line)
+            return  # a file chosen since is being read
+        s.reading = False
+        self.w.status_panel.append_log(end.line)
+        if end.untrusted:
+            show_warning(end.line)
+            self.w.checkpoint_label.setText("not loaded: its model code was not trusted")
+            self.drop_queued("its model code was not trusted")
+        else:
+            s.errors.append(end.line)
+            show_error(end.line)
+            self.w.checkpoint_label.setText("no usable checkpoint: choose another file")
+            self.drop_queued("no usable checkpoint")
 
     # -- predict and paint -------------------------------------------------------------------
     def predict(self) -> None:

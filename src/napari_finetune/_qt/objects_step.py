@@ -22,9 +22,9 @@ from napari_finetune._qt.layers import (
 from napari_finetune.session.session import Busy
 
 if TYPE_CHECKING:
-    from napari_finetune._qt.state import CheckpointInfo
     from napari_finetune._qt.view import JobHost
     from napari_finetune.objects import ChannelRole
+    from napari_finetune.session.checkpoint import CheckpointInfo
 
 
 def with_role(roles: Mapping[str, ChannelRole]) -> dict[str, ChannelRole]:

@@ -32,6 +32,13 @@ from psygnal import Signal, SignalGroup
 from napari_finetune.config import FinetuneConfig
 from napari_finetune.errors import first_line
 from napari_finetune.session import derived, jobs
+from napari_finetune.session.checkpoint import (
+    CheckpointInfo,
+    CheckpointUnusable,
+    Untrusted,
+    info_job,
+    refusal,
+)
 from napari_finetune.session.estimate import RunEstimate, StepTimes, estimate, unknown_text
 from napari_finetune.session.events import (
     Event,
@@ -99,6 +106,11 @@ class SessionEvents(SignalGroup):
     ended = Signal(object)  # ActionEnd, after every action that was started
     warmed = Signal()  # a warm-up ended (done or failed: its failure came through failed)
     failed = Signal(str)  # a background job's failure, one line (no action's)
+    # Reading a checkpoint (read_checkpoint): its CheckpointInfo; the Untrusted request a
+    # front end answers with answer_trust; or CheckpointUnusable, why no model came.
+    checkpoint_read = Signal(object)
+    trust_asked = Signal(object)
+    checkpoint_unusable = Signal(object)
 
 
 @dataclass
@@ -118,6 +130,7 @@ class Session:
     # The raw volume (numpy, zarr or dask), ZYX or YX; an AxesImage with channels or time.
     image: Any = None
     checkpoint: str | None = None  # the starting model's path
+    info: CheckpointInfo | None = None  # what read_checkpoint read of it (None meanwhile)
     trust: tuple[str, ...] = ()  # factories the user trusted for that file
     corrections: np.ndarray | None = None  # 0 unpainted, 1 background, k >= 2 channel k - 2
     store: str | None = None  # the image's OME-Zarr store: corrections and predictions go there
@@ -168,6 +181,7 @@ class Session:
     _uncertainty: tuple[tuple[str, int, int], np.ndarray] | None = field(
         default=None, init=False, repr=False)
     _run_key: tuple[str, str] = field(default=("auto", "full"), init=False, repr=False)
+    _reading: str | None = field(default=None, init=False, repr=False)  # the file asked last
 
     @property
     def busy(self) -> Busy | None:
@@ -268,18 +282,74 @@ class Session:
     def _background(
         self, job: Job[R], what: str, on_result: Callable[[R], None] | None = None,
         on_finished: Callable[[], None] | None = None,
+        on_error: Callable[[Exception], None] | None = None,
     ) -> None:
         """Run ``job`` through the runner beside the actions (so a closing front end ends
-        and waits for it with theirs); a failure's one line comes through ``failed``."""
+        and waits for it with theirs); a failure's one line comes through ``failed``, or
+        goes to ``on_error`` when given."""
         def failed(exc: Exception) -> None:
             self.events.failed.emit(f"{what}: {first_line(exc)}")
 
         self.runner.start(job, JobCallbacks(
             on_event=self.events.job_event.emit,
             on_result=on_result if on_result is not None else (lambda _: None),
-            on_error=failed,
+            on_error=on_error if on_error is not None else failed,
             on_finished=lambda _stopped: on_finished() if on_finished is not None else None,
         ))
+
+    def read_checkpoint(self, path: str, trust: tuple[str, ...] = ()) -> None:
+        """Read ``path``'s channels, colours and roles through the runner (never busy: the
+        user paints meanwhile); a later call for another file makes this one's answer moot.
+
+        Its end is one event: ``checkpoint_read`` (the :class:`CheckpointInfo`, also
+        kept as :attr:`info`, :attr:`checkpoint`, :attr:`trust` and the channels),
+        ``trust_asked`` (an :class:`Untrusted` request: its model code is not on the
+        allow-list, nothing of it was imported; answer with :meth:`answer_trust`) or
+        ``checkpoint_unusable`` (a :class:`CheckpointUnusable` with the reason).
+
+        Parameters
+        ----------
+        path : str
+            The checkpoint file (or bioimage.io package).
+        trust : tuple of str
+            Model factories the user trusted for this file.
+        """
+        self._reading, self.info = path, None
+
+        def read(result: CheckpointInfo | Untrusted) -> None:
+            if path != self._reading:
+                return  # another file was chosen meanwhile
+            if isinstance(result, Untrusted):
+                self.events.trust_asked.emit(result)  # still reading: the answer decides
+                return
+            self._reading, self.info = None, result
+            self.checkpoint, self.trust = result.path, result.trust
+            self.channel_names, self.channel_colors = (list(result.channel_names),
+                                                       list(result.colors))
+            self.events.checkpoint_read.emit(result)
+
+        def failed(exc: Exception) -> None:
+            if path == self._reading:
+                self._reading = None
+                self.events.checkpoint_unusable.emit(CheckpointUnusable(
+                    path, f"Cannot use this checkpoint: {first_line(exc)}"))
+
+        self._background(info_job(path, tuple(trust)), "Cannot use this checkpoint",
+                         on_result=read, on_error=failed)
+
+    def answer_trust(self, request: Untrusted, trusted: bool) -> None:
+        """The user's answer to ``trust_asked``: Yes reads the file again with
+        ``request.factory`` trusted; No ends the read, ``checkpoint_unusable`` saying
+        what was refused (nothing of it was imported or run). An answer for a file no
+        longer being read is ignored."""
+        if request.path != self._reading:
+            return
+        if trusted:
+            self.read_checkpoint(request.path, (*request.trust, request.factory))
+            return
+        self._reading = None
+        self.events.checkpoint_unusable.emit(CheckpointUnusable(
+            request.path, refusal(request.path, request.factory), untrusted=True))
 
     def warm_up(self, lora: bool = False) -> None:
         """Import the engine (PEFT too when ``lora``) through the runner, while the user
