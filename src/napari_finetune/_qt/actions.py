@@ -36,7 +36,6 @@ from napari_finetune._qt.layers import (
 from napari_finetune._qt.objects_step import show_checkpoint_roles
 from napari_finetune._qt.state import release_trainer, shut_down
 from napari_finetune._qt.trust import ask_to_trust
-from napari_finetune._qt.worker import start_call
 from napari_finetune.session import jobs
 from napari_finetune.session.checkpoint import CheckpointInfo, CheckpointUnusable, Untrusted
 from napari_finetune.session.events import (
@@ -49,6 +48,7 @@ from napari_finetune.session.events import (
     Saved,
     TrainerReady,
 )
+from napari_finetune.session.saving import CorrectionsFailed, CorrectionsSaved
 from napari_finetune.session.session import ActionEnd, Busy, Outcome, Session
 
 if TYPE_CHECKING:
@@ -84,6 +84,8 @@ class Controller:
         events.checkpoint_read.connect(self._info_read)
         events.trust_asked.connect(self._trust_asked)
         events.checkpoint_unusable.connect(self._unusable)
+        events.corrections_saved.connect(self._corrections_saved)
+        events.corrections_failed.connect(self._corrections_failed)
         # What to do when the action started last ends done, or failed (its one line shown).
         self._done: Callable[[], None] = _nothing
         self._failed: Callable[[], None] = _nothing
@@ -382,7 +384,7 @@ class Controller:
             if s.autosaver.layer is layer:
                 return
             s.autosaver.retire()  # a pending save is written, not dropped
-            s.retired_savers = [saver for saver in s.retired_savers if saver.jobs]
+            s.retired_savers = [saver for saver in s.retired_savers if saver.in_flight]
             s.retired_savers.append(s.autosaver)
             s.autosaver = None
         if layer is None:
@@ -393,12 +395,36 @@ class Controller:
             return
         names = layer.metadata.get("channel_names") or (s.info.channel_names if s.info else [])
         s.autosaver = corr.Autosaver(
-            layer, store, names, start_call,
-            on_saved=lambda p: say(label, "corrections autosaved into {}", p),
-            on_error=lambda exc: self.fail(exc, "Autosave of the corrections failed"),
+            layer, store, names, self.session.save_corrections,
             channel_colors=s.info.colors_for(names) if s.info else (),
         )
-        say(label, "corrections autosave into {}", store)
+        self._say_target(store, "corrections autosave into {}")
+
+    def _say_target(self, store: str, template: str) -> None:
+        """Where ``store``'s painting goes: the store itself, or its sibling (read-only)."""
+        target = corr.corrections_target(store)
+        if target != store:
+            template += " (the store is read-only)"
+        say(self.w.autosave_label, template, target)
+
+    def _corrections_saved(self, saved: CorrectionsSaved) -> None:
+        saver = self.state.autosaver
+        if not self.state.closed and saver is not None and saver.store_path == saved.store:
+            say(self.w.autosave_label, "corrections autosaved into {}", saved.image)
+
+    def _corrections_failed(self, failed: CorrectionsFailed) -> None:
+        """A failed save: said once, and the label says where the next one goes (it never
+        claims a save that did not happen)."""
+        s = self.state
+        s.errors.append(failed.line)
+        if s.closed:
+            return
+        self.w.status_panel.append_log(failed.line)
+        show_error(failed.line)
+        saver = s.autosaver
+        if saver is not None and saver.store_path == failed.store:
+            say(self.w.autosave_label,
+                "corrections: the last save failed; the next save tries {}", failed.next)
 
     # -- fine-tune ---------------------------------------------------------------------------
     def finetune(self) -> None:

@@ -120,11 +120,12 @@ def shut_down(s: WidgetState, wait_s: float) -> bool:
     # The painting first (the wait below is bounded); the layer followed now last, as the
     # newest copy, so that an older layer's strokes cannot overwrite it.
     savers = [*s.retired_savers, *([s.autosaver] if s.autosaver is not None else [])]
-    saver_jobs = [job for saver in savers for job in saver.jobs]
     for saver in savers:
         saver.close()
     s.retired_savers.clear()
-    return end_jobs([*s.runner.workers, *saver_jobs], lambda: stop(s), wait_s)
+    # One list of jobs: the Session's runner runs them all (actions, the checkpoint read,
+    # the warm-up, the autosaves).
+    return end_jobs(s.runner.workers, lambda: stop(s), wait_s)
 
 
 def release_trainer(s: WidgetState) -> None:

@@ -48,6 +48,12 @@ from napari_finetune.session.events import (
     TrainerReady,
 )
 from napari_finetune.session.runner import JobCallbacks, JobHandle, JobRunner
+from napari_finetune.session.saving import (
+    CorrectionsFailed,
+    CorrectionsSaved,
+    corrections_target,
+    save_corrections_locked,
+)
 from napari_finetune.session.viewer import LayerKind, ViewerPort
 
 if TYPE_CHECKING:
@@ -111,6 +117,10 @@ class SessionEvents(SignalGroup):
     checkpoint_read = Signal(object)
     trust_asked = Signal(object)
     checkpoint_unusable = Signal(object)
+    # The autosave (save_corrections): CorrectionsSaved, or CorrectionsFailed with where the
+    # next save goes.
+    corrections_saved = Signal(object)
+    corrections_failed = Signal(object)
 
 
 @dataclass
@@ -350,6 +360,64 @@ class Session:
         self._reading = None
         self.events.checkpoint_unusable.emit(CheckpointUnusable(
             request.path, refusal(request.path, request.factory), untrusted=True))
+
+    def save_corrections(
+        self, labels: np.ndarray, snapshot: int | None = None, store: str | None = None,
+        channel_names: Sequence[str] | None = None, channel_colors: Sequence[str] | None = None,
+        on_end: Callable[[bool], None] | None = None,
+    ) -> bool:
+        """Save a painting through the runner, beside the actions (an autosave: never busy).
+
+        It goes into ``store``'s ``labels/corrections``, or into its sibling
+        ``<name>.corrections.ome.zarr`` when the store is read-only
+        (:func:`~napari_finetune.session.saving.corrections_target`); the end is
+        ``corrections_saved`` or ``corrections_failed`` (with where the next save goes).
+
+        Parameters
+        ----------
+        labels : numpy.ndarray
+            The painting, a copy no one changes any more (the job reads it in another
+            thread).
+        snapshot : int, optional
+            Its number (:func:`~napari_finetune.session.saving.next_snapshot`): a newer
+            copy already saved is not overwritten.
+        store : str, optional
+            The image's store; :attr:`store` by default.
+        channel_names, channel_colors : sequence of str, optional
+            The classes' names and colours; :attr:`channel_names`, :attr:`channel_colors`
+            by default.
+        on_end : callable, optional
+            ``on_end(saved)`` last, however the save ended.
+
+        Returns
+        -------
+        bool
+            False (``refused`` says why) when there is no store to save beside.
+        """
+        from napari_finetune.session.work import call_job
+
+        where = store or self.store
+        if where is None:
+            return self._refuse("Cannot save the corrections: the image has no OME-Zarr "
+                                "store; open the image from a .zarr folder.")
+        names = list(self.channel_names if channel_names is None else channel_names)
+        colors = list(self.channel_colors if channel_colors is None else channel_colors)
+        ok: list[bool] = []
+
+        def saved(image: str) -> None:
+            ok.append(True)
+            self.events.corrections_saved.emit(CorrectionsSaved(where, image))
+
+        def failed(exc: Exception) -> None:
+            self.events.corrections_failed.emit(CorrectionsFailed(
+                where, f"Autosave of the corrections failed: {first_line(exc)}",
+                corrections_target(where)))  # the store may have turned read-only since
+
+        self._background(
+            call_job(save_corrections_locked, where, labels, names, snapshot, colors),
+            "Autosave of the corrections failed", on_result=saved, on_error=failed,
+            on_finished=lambda: on_end(bool(ok)) if on_end is not None else None)
+        return True
 
     def warm_up(self, lora: bool = False) -> None:
         """Import the engine (PEFT too when ``lora``) through the runner, while the user
