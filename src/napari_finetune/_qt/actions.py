@@ -90,6 +90,7 @@ class Controller:
         self._done: Callable[[], None] = _nothing
         self._failed: Callable[[], None] = _nothing
         self._after: Callable[[ActionEnd], None] | None = None
+        self.refusal = ""  # the Session's last refusal (a step shows it in its own label)
 
     def fail(self, exc: BaseException, what: str) -> None:
         """Log and notify ``what: message`` (the engine's own message)."""
@@ -100,9 +101,7 @@ class Controller:
 
     # -- the Session's events ----------------------------------------------------------------
     def _session_busy(self, busy: Busy | None) -> None:
-        s = self.state
-        if busy is not None or s.busy is not Busy.SHOW:  # SHOW: the widget's layers come
-            s.busy = busy
+        self.state.busy = busy  # the Session's, holds included (its results being shown)
 
     def _session_event(self, event: Event) -> None:
         s = self.state
@@ -120,6 +119,7 @@ class Controller:
             shut_down(s, 0.0)  # as if closed: the painting saved, the run ended at its step
 
     def _refused(self, reason: str) -> None:
+        self.refusal = reason
         if not self.state.closed:
             self.w.status_panel.append_log(reason)
             show_warning(reason)
@@ -336,7 +336,8 @@ class Controller:
         info, masks = s.info, prediction.masks
         s.probabilities = {info.channel_names[i]: p for i, p in prediction.probabilities.items()}
         s.predicted_image, s.prediction_id = image, s.prediction_id + 1
-        s.busy = Busy.SHOW  # the buttons wait for the layers; the job's end leaves this be
+        if not self.session.hold(Busy.SHOW):  # the buttons wait for the layers
+            return
 
         def show() -> None:  # into layers that are there, so no stall of two add_labels
             show_predictions(self.w.viewer, image, info.channel_names, info.colors, masks,
@@ -344,7 +345,7 @@ class Controller:
             self.w.status_panel.set_idle(f"{s.run_summary}; prediction updated"
                                          if s.run_summary else "prediction done")
             s.run_summary = ""
-            s.busy = None
+            self.session.release(Busy.SHOW)
 
         self.prediction_layers_then(image, show, masks)
 
@@ -456,17 +457,20 @@ class Controller:
         release_trainer(s)
         s.statuses, s.previews, s.timings = [], 0, {}
         self.w.status_panel.start_run(config.steps, config.batch_size)
-        s.stop_requested, s.busy = False, Busy.TRAIN  # the run starts after the layers
+        s.stop_requested = False
+        if not session.hold(Busy.TRAIN):  # the run starts after the layers, busy meanwhile
+            self.w.status_panel.set_idle("not started")
+            return
 
         def start() -> None:
             if s.stop_requested:  # Stop was pressed while the layers were added
-                s.busy = None
+                session.release(Busy.TRAIN)
                 self.w.status_panel.set_idle("stopped before the first step")
                 return
-            if not self.start_action(  # the Session's busy follows, or its refusal's line
+            if not self.start_action(  # the Session's action takes the hold over
                     lambda: session.finetune(snapshot), ended=lambda end: self.after_training(
                         stopped=end.outcome is Outcome.STOPPED)):
-                s.busy = None
+                session.release(Busy.TRAIN)
                 self.w.status_panel.set_idle("not started")
 
         # The previews need the layers (made when the corrections layer was chosen; again

@@ -58,6 +58,7 @@ class JobHost(Protocol):
     state: WidgetState
     w: WidgetView
     session: Session
+    refusal: str  # the Session's last refusal, one line
 
     def start_action(
         self, start: Callable[[], bool], done: Callable[[], None] = ...,

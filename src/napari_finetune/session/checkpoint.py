@@ -72,6 +72,18 @@ class CheckpointUnusable:
     untrusted: bool = False
 
 
+def no_roles_message(info: CheckpointInfo) -> str:
+    """One line: why no channel gives objects, and where to give one a role."""
+    first = info.channel_names[0] if info.channel_names else "CHANNEL"
+    where = ("choose a role (boundary or object) for a channel under Objects, or count "
+             f"from the command line: napari-finetune predict CKPT STORE --instances "
+             f"--role {first}=boundary|object")
+    if info.roles_problem:
+        return f"No objects: {info.roles_problem} To count: {where}"
+    return (f"No objects: {Path(info.path).name} gives no channel an instance role "
+            f"(channels: {', '.join(info.channel_names)}); {where}")
+
+
 def untrusted_factory(path: str | os.PathLike, trust: tuple[str, ...] = ()) -> str | None:
     """The factory ``path`` names when the allow-list and ``trust`` refuse it, else None.
 

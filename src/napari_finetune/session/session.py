@@ -37,6 +37,7 @@ from napari_finetune.session.checkpoint import (
     CheckpointUnusable,
     Untrusted,
     info_job,
+    no_roles_message,
     refusal,
 )
 from napari_finetune.session.estimate import RunEstimate, StepTimes, estimate, unknown_text
@@ -80,8 +81,9 @@ class Busy(Enum):
     OBJECTS = "objects"
     SUGGEST = "suggest where to paint"
     BIOIMAGEIO = "bioimage.io export"
-    # A job's result going into the viewer: the widget adds its layers one per event-loop
-    # turn (two at once stall napari), and no other action starts until they are there.
+    # A job's result going into the viewer: a front end adds its layers one per event-loop
+    # turn (two at once stall napari) and holds the session (Session.hold) meanwhile, so
+    # no other action starts until they are there.
     SHOW = "show the results"
 
 
@@ -192,6 +194,7 @@ class Session:
         default=None, init=False, repr=False)
     _run_key: tuple[str, str] = field(default=("auto", "full"), init=False, repr=False)
     _reading: str | None = field(default=None, init=False, repr=False)  # the file asked last
+    _held: Busy | None = field(default=None, init=False, repr=False)  # see hold()
 
     @property
     def busy(self) -> Busy | None:
@@ -209,8 +212,8 @@ class Session:
         return False
 
     def _free(self, action: Busy) -> str:
-        """Why ``action`` cannot start now ('' when it can)."""
-        if self._busy is not None:
+        """Why ``action`` cannot start now ('' when it can: a hold of it, its own)."""
+        if self._busy is not None and not (self._held is action and self._busy is action):
             return (f"Cannot {action.value}: busy with {self._busy.value}; wait for it to end"
                     + (" or press Stop." if self._busy is Busy.TRAIN else "."))
         return ""
@@ -220,6 +223,7 @@ class Session:
         on_event: Callable[[Event], None] | None = None,
     ) -> bool:
         self._action += 1
+        self._held = None  # the action takes over a hold of it
         number, failure = self._action, list[str]()
         self._stop_asked = False
         self._set_busy(action)
@@ -276,6 +280,27 @@ class Session:
         if action is Busy.EXPORT:
             return f"exported {self.exported}"
         return ""
+
+    def hold(self, busy: Busy) -> bool:
+        """Keep the session busy with ``busy`` for a front end's own part of an action:
+        its results going into the viewer (:attr:`Busy.SHOW`), or the layers a run needs
+        before it starts (:attr:`Busy.TRAIN`, which :meth:`finetune` then takes over).
+
+        Refused like an action while another runs; :meth:`release` ends it. One
+        place says what the session is busy with, whoever does the work.
+        """
+        if reason := self._free(busy):
+            return self._refuse(reason)
+        self._held = busy
+        self._set_busy(busy)
+        return True
+
+    def release(self, busy: Busy) -> None:
+        """End a :meth:`hold` of ``busy`` (nothing when the session no longer holds it)."""
+        if self._held is busy:
+            self._held = None
+            if self._busy is busy:
+                self._set_busy(None)
 
     def stop(self) -> None:
         """End the running action: a run after its current step (its weights kept),
@@ -609,15 +634,28 @@ class Session:
         self.saved = names
 
     def objects(self) -> bool:
-        """Instance labels of each channel with a role, from the last prediction."""
+        """Instance labels of each channel with a role, from the last prediction.
+
+        Refused (one line) while busy, before a prediction, while :attr:`roles_error`
+        says the roles cannot be used, when no channel has a role, and when the last
+        prediction kept no probability of a channel that has one now (it had none then).
+        """
         if reason := self._free(Busy.OBJECTS) or self._missing(prediction=True):
             return self._refuse(reason)
+        if self.roles_error:
+            return self._refuse(f"Cannot count objects: {self.roles_error}")
         assert self.prediction is not None  # _missing checked it
         probabilities = {self._channel(i): p for i, p in self.prediction.probabilities.items()}
-        roles = {c: r for c, r in self.roles.items() if r.role is not None and c in probabilities}
+        roles = {c: r for c, r in self.roles.items() if r.role is not None}
         if not roles:
-            return self._refuse("No objects: no channel of the last prediction has a role; "
-                                "give a channel a role (boundary or object), then predict.")
+            return self._refuse(no_roles_message(self.info) if self.info is not None else (
+                "No objects: no channel has a role; give a channel a role (boundary or "
+                "object), then predict."))
+        if missing := [c for c in roles if c not in probabilities]:
+            # Predict keeps the probability of the channels with a role then only.
+            return self._refuse(
+                f"No objects: press Predict again: the last Predict kept no probability of "
+                f"{', '.join(missing)} (no role then)")
         # The painting gives each object channel's seed distance and min size where the
         # user set none: a copy of it as it is now (the job reads it in another thread).
         corrections = self.corrections
