@@ -6,13 +6,14 @@ start the job, and handle what it reports. A failure comes through the
 worker's ``errored`` signal and becomes a napari notification with the
 engine's message; the buttons follow :class:`WidgetState` on their own.
 
-Predict, Fine-tune, Stop, Objects and Export have moved onto the widget's
-:class:`~napari_finetune.session.session.Session` (run by napari's thread
-worker): the click fills the Session's inputs and calls its action; the
-Session's ``busy`` becomes the widget's, its job events feed the status
-panel, its ``refused`` reason and a failure's one line are shown, and the
-prediction it ended with goes into the widget's layers (named and coloured
-by channel, so the Session is given no viewer of its own).
+Every job is the widget's :class:`~napari_finetune.session.session.Session`'s
+(run by napari's thread worker): the actions (Predict, Fine-tune, Stop,
+Objects, Export), the checkpoint read (its trust question answered with the
+dialog), the warm-up and the autosave. The click fills the Session's inputs
+and calls it; the Session's ``busy`` becomes the widget's, its job events
+feed the status panel, its ``refused`` reason and a failure's one line are
+shown, and the prediction it ended with goes into the widget's layers (named
+and coloured by channel, so the Session is given no viewer of its own).
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ class WidgetState:
     previews: int = 0
     errors: list[str] = field(default_factory=list)
     exported: str | None = None
-    running: int = 0  # jobs started and not finished (autosaves included)
+    running: int = 0  # the Session's actions started and not ended
     run_summary: str = ""  # how the last run ended, kept on the bar after the final predict
     closed: bool = False  # the dock or the viewer closed: events only update this state
     stop_requested: bool = False  # Stop pressed (before the run's job started, or during)
