@@ -204,4 +204,27 @@ def read_ome_zarr(path: PathOrPaths) -> list[LayerData]:
             layers.append(_labels_layer(volume.path, name, units))
         except VolumeError as exc:  # one damaged labels image should not hide the volume
             warnings.warn(f"labels/{name} skipped: {exc}", stacklevel=2)
+    if "corrections" not in volume.label_names:
+        layers.extend(_sibling_corrections(volume.path, units))
     return layers
+
+
+def _sibling_corrections(store: Path, units: tuple[str, ...] | None) -> list[LayerData]:
+    """The painting a read-only ``store`` had saved beside it (``<name>.corrections.ome.zarr``),
+    as its ``corrections`` layer; none when there is none."""
+    from napari_finetune.io.labels import find_corrections
+    from napari_finetune.io.volume import VolumeError
+
+    home = find_corrections(store)
+    if home is None or home == store:
+        return []
+    try:
+        data, kwargs, kind = _labels_layer(home, "corrections", units)
+    except VolumeError as exc:
+        warnings.warn(f"{home}/labels/corrections skipped: {exc}", stacklevel=2)
+        return []
+    # The store's, not the sibling's: the widget saves the painting by the store's rule
+    # (into the store once it is writable again, else beside it).
+    kwargs["metadata"] = {**kwargs["metadata"], "ome_zarr_path": str(store),
+                          "corrections_image": str(home)}
+    return [(data, kwargs, kind)]

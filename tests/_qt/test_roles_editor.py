@@ -150,7 +150,7 @@ def test_a_value_no_role_can_have_is_one_line_and_objects_waits(docked, qtbot):
     assert "\n" not in message and "Traceback" not in message
     assert widget.state.roles == ROLES  # the last valid roles are kept, not used
     click_objects(qtbot, widget)
-    assert widget.objects_label.text() == message
+    assert message in widget.objects_label.text()  # the Session's refusal says it
     assert not objects_layers(viewer)
     type_value(qtbot, widget, "membrane", "threshold", "0.41")  # fixed: Objects works again
     assert widget.state.roles_error == ""

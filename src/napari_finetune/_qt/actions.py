@@ -6,13 +6,14 @@ start the job, and handle what it reports. A failure comes through the
 worker's ``errored`` signal and becomes a napari notification with the
 engine's message; the buttons follow :class:`WidgetState` on their own.
 
-Predict, Fine-tune, Stop, Objects and Export have moved onto the widget's
-:class:`~napari_finetune.session.session.Session` (run by napari's thread
-worker): the click fills the Session's inputs and calls its action; the
-Session's ``busy`` becomes the widget's, its job events feed the status
-panel, its ``refused`` reason and a failure's one line are shown, and the
-prediction it ended with goes into the widget's layers (named and coloured
-by channel, so the Session is given no viewer of its own).
+Every job is the widget's :class:`~napari_finetune.session.session.Session`'s
+(run by napari's thread worker): the actions (Predict, Fine-tune, Stop,
+Objects, Export), the checkpoint read (its trust question answered with the
+dialog), the warm-up and the autosave. The click fills the Session's inputs
+and calls it; the Session's ``busy`` becomes the widget's, its job events
+feed the status panel, its ``refused`` reason and a failure's one line are
+shown, and the prediction it ended with goes into the widget's layers (named
+and coloured by channel, so the Session is given no viewer of its own).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 import numpy as np
 from napari.utils.notifications import show_error, show_warning
@@ -34,10 +35,10 @@ from napari_finetune._qt.layers import (
     show_predictions,
 )
 from napari_finetune._qt.objects_step import show_checkpoint_roles
-from napari_finetune._qt.state import CheckpointInfo, Untrusted, release_trainer, shut_down
-from napari_finetune._qt.trust import ask_to_trust, info_job, refusal
-from napari_finetune._qt.worker import start_call, start_job
+from napari_finetune._qt.state import release_trainer, shut_down
+from napari_finetune._qt.trust import ask_to_trust
 from napari_finetune.session import jobs
+from napari_finetune.session.checkpoint import CheckpointInfo, CheckpointUnusable, Untrusted
 from napari_finetune.session.events import (
     Event,
     Preview,
@@ -48,17 +49,14 @@ from napari_finetune.session.events import (
     Saved,
     TrainerReady,
 )
+from napari_finetune.session.saving import CorrectionsFailed, CorrectionsSaved
 from napari_finetune.session.session import ActionEnd, Busy, Outcome, Session
-from napari_finetune.session.work import Job
 
 if TYPE_CHECKING:
     from napari.layers import Image, Labels
 
     from napari_finetune._qt.view import WidgetView
     from napari_finetune.arrays import AxesImage, VolumeArray
-
-R = TypeVar("R")
-
 
 def _nothing() -> None:
     """The default hook: nothing to do."""
@@ -85,10 +83,16 @@ class Controller:
         events.ended.connect(self._ended)
         events.warmed.connect(self._warmed)
         events.failed.connect(self._background_failed)
+        events.checkpoint_read.connect(self._info_read)
+        events.trust_asked.connect(self._trust_asked)
+        events.checkpoint_unusable.connect(self._unusable)
+        events.corrections_saved.connect(self._corrections_saved)
+        events.corrections_failed.connect(self._corrections_failed)
         # What to do when the action started last ends done, or failed (its one line shown).
         self._done: Callable[[], None] = _nothing
         self._failed: Callable[[], None] = _nothing
         self._after: Callable[[ActionEnd], None] | None = None
+        self.refusal = ""  # the Session's last refusal (a step shows it in its own label)
 
     def fail(self, exc: BaseException, what: str) -> None:
         """Log and notify ``what: message`` (the engine's own message)."""
@@ -97,49 +101,9 @@ class Controller:
         self.w.status_panel.append_log(message)
         show_error(message)
 
-    def run_job(
-        self, job: Callable[..., Job[R]], *args: object, what: str,
-        on_result: Callable[[R], None] | None = None,
-        on_failed: Callable[[], None] | None = None,
-        on_finished: Callable[[], None] = _nothing,
-    ) -> None:
-        """Start one of the widget's own jobs (the engine's warm-up, reading a checkpoint),
-        which never mark it busy: ``on_result`` gets what the job returned, ``on_failed``
-        runs after a failure was shown, ``on_finished`` last however it ended. The actions
-        go through the Session."""
-        s = self.state
-        if s.closed:
-            return  # closing: no new work
-
-        def on_error(exc: Exception) -> None:
-            if s.closed:
-                s.errors.append(f"{what}: {exc}")
-                return
-            self.fail(exc, what)
-            if on_failed is not None:
-                on_failed()
-
-        def on_returned(result: R) -> None:
-            if not s.closed and on_result is not None:
-                on_result(result)
-
-        def finished() -> None:
-            s.running -= 1
-            if worker in s.jobs:
-                s.jobs.remove(worker)
-            if not s.closed:
-                on_finished()
-
-        s.running += 1
-        worker = start_job(job, *args, on_event=self._session_event, on_result=on_returned,
-                           on_error=on_error, on_finished=finished)
-        s.jobs.append(worker)
-
     # -- the Session's events ----------------------------------------------------------------
     def _session_busy(self, busy: Busy | None) -> None:
-        s = self.state
-        if busy is not None or s.busy is not Busy.SHOW:  # SHOW: the widget's layers come
-            s.busy = busy
+        self.state.busy = busy  # the Session's, holds included (its results being shown)
 
     def _session_event(self, event: Event) -> None:
         s = self.state
@@ -157,6 +121,7 @@ class Controller:
             shut_down(s, 0.0)  # as if closed: the painting saved, the run ended at its step
 
     def _refused(self, reason: str) -> None:
+        self.refusal = reason
         if not self.state.closed:
             self.w.status_panel.append_log(reason)
             show_warning(reason)
@@ -242,10 +207,11 @@ class Controller:
             self.w.status_panel.append_log(line)
             show_error(line)
 
-    def load_info(self, path: str, trust: tuple[str, ...] = ()) -> None:
-        """Read the checkpoint's channels in a worker (a bad file -> notification)."""
+    def load_info(self, path: str) -> None:
+        """Read the checkpoint's channels through the Session (a bad file -> notification;
+        a model code outside the allow-list -> the trust question)."""
         s = self.state
-        if not path or (s.info is not None and s.info.path == path):
+        if s.closed or not path or (s.info is not None and s.info.path == path):
             return
         release_trainer(s)  # a new model: the old run's weights no longer apply
         s.probabilities, s.predicted_image = {}, None  # its roles and channels may differ
@@ -255,26 +221,15 @@ class Controller:
         self.w.settings.set_lora_share(0.0)
         self.w.checkpoint_label.setText("reading checkpoint…")
         s.reading = True
+        self.session.read_checkpoint(path)
 
-        def unusable() -> None:
-            if path != self.w.checkpoint_path():
-                return  # a file chosen since is being read
-            s.reading = False
-            self.w.checkpoint_label.setText("no usable checkpoint: choose another file")
-            self.drop_queued("no usable checkpoint")
-
-        self.run_job(info_job, path, trust, what="Cannot use this checkpoint",
-                     on_result=self._info_read, on_failed=unusable)
-
-    def _info_read(self, result: CheckpointInfo | Untrusted) -> None:
-        if result.path != self.w.checkpoint_path():
+    def _info_read(self, result: CheckpointInfo) -> None:
+        s = self.state
+        if s.closed or result.path != self.w.checkpoint_path():
             return  # a file chosen before the current one answered late
-        self.state.reading = False
-        if isinstance(result, Untrusted):
-            self.answer_untrusted(result)
-            return
-        self.state.info = result
-        saver = self.state.autosaver
+        s.reading = False
+        s.info = result
+        saver = s.autosaver
         if saver is not None and (colors := result.colors_for(saver.channel_names)):
             saver.channel_colors = colors  # followed before the file was read
         self.w.settings.set_lora_share(result.lora_share_per_rank)
@@ -285,16 +240,29 @@ class Controller:
         self.follow_corrections(self.w.corrections_layer())
         self.run_queued()
 
-    def answer_untrusted(self, question: Untrusted) -> None:
-        """Ask whether to trust the factory; Yes reads the file again with it trusted."""
-        if ask_to_trust(self.w.dialog_parent(), question.path, question.factory):
-            self.load_info(question.path, trust=(question.factory,))
-            return
-        message = refusal(question.path, question.factory)
-        self.w.status_panel.append_log(message)
-        show_warning(message)
-        self.w.checkpoint_label.setText("not loaded: its model code was not trusted")
-        self.drop_queued("its model code was not trusted")
+    def _trust_asked(self, request: Untrusted) -> None:
+        """The Session asks whether to trust the file's model code: the modal dialog, its
+        answer given back (a closed widget refuses without asking)."""
+        trusted = not self.state.closed and request.path == self.w.checkpoint_path() and (
+            ask_to_trust(self.w.dialog_parent(), request.path, request.factory))
+        self.session.answer_trust(request, trusted)
+
+    def _unusable(self, end: CheckpointUnusable) -> None:
+        s = self.state
+        if s.closed or end.path != self.w.checkpoint_path():
+            s.errors.append(end.line)
+            return  # a file chosen since is being read
+        s.reading = False
+        self.w.status_panel.append_log(end.line)
+        if end.untrusted:
+            show_warning(end.line)
+            self.w.checkpoint_label.setText("not loaded: its model code was not trusted")
+            self.drop_queued("its model code was not trusted")
+        else:
+            s.errors.append(end.line)
+            show_error(end.line)
+            self.w.checkpoint_label.setText("no usable checkpoint: choose another file")
+            self.drop_queued("no usable checkpoint")
 
     # -- predict and paint -------------------------------------------------------------------
     def predict(self) -> None:
@@ -382,7 +350,8 @@ class Controller:
         info, masks = s.info, prediction.masks
         s.probabilities = {info.channel_names[i]: p for i, p in prediction.probabilities.items()}
         s.predicted_image, s.prediction_id = image, s.prediction_id + 1
-        s.busy = Busy.SHOW  # the buttons wait for the layers; the job's end leaves this be
+        if not self.session.hold(Busy.SHOW):  # the buttons wait for the layers
+            return
 
         def show() -> None:  # into layers that are there, so no stall of two add_labels
             show_predictions(self.w.viewer, image, info.channel_names, info.colors, masks,
@@ -390,7 +359,7 @@ class Controller:
             self.w.status_panel.set_idle(f"{s.run_summary}; prediction updated"
                                          if s.run_summary else "prediction done")
             s.run_summary = ""
-            s.busy = None
+            self.session.release(Busy.SHOW)
 
         self.prediction_layers_then(image, show, masks)
 
@@ -430,7 +399,7 @@ class Controller:
             if s.autosaver.layer is layer:
                 return
             s.autosaver.retire()  # a pending save is written, not dropped
-            s.retired_savers = [saver for saver in s.retired_savers if saver.jobs]
+            s.retired_savers = [saver for saver in s.retired_savers if saver.in_flight]
             s.retired_savers.append(s.autosaver)
             s.autosaver = None
         if layer is None:
@@ -441,12 +410,36 @@ class Controller:
             return
         names = layer.metadata.get("channel_names") or (s.info.channel_names if s.info else [])
         s.autosaver = corr.Autosaver(
-            layer, store, names, start_call,
-            on_saved=lambda p: say(label, "corrections autosaved into {}", p),
-            on_error=lambda exc: self.fail(exc, "Autosave of the corrections failed"),
+            layer, store, names, self.session.save_corrections,
             channel_colors=s.info.colors_for(names) if s.info else (),
         )
-        say(label, "corrections autosave into {}", store)
+        self._say_target(store, "corrections autosave into {}")
+
+    def _say_target(self, store: str, template: str) -> None:
+        """Where ``store``'s painting goes: the store itself, or its sibling (read-only)."""
+        target = corr.corrections_target(store)
+        if target != store:
+            template += " (the store is read-only)"
+        say(self.w.autosave_label, template, target)
+
+    def _corrections_saved(self, saved: CorrectionsSaved) -> None:
+        saver = self.state.autosaver
+        if not self.state.closed and saver is not None and saver.store_path == saved.store:
+            say(self.w.autosave_label, "corrections autosaved into {}", saved.image)
+
+    def _corrections_failed(self, failed: CorrectionsFailed) -> None:
+        """A failed save: said once, and the label says where the next one goes (it never
+        claims a save that did not happen)."""
+        s = self.state
+        s.errors.append(failed.line)
+        if s.closed:
+            return
+        self.w.status_panel.append_log(failed.line)
+        show_error(failed.line)
+        saver = s.autosaver
+        if saver is not None and saver.store_path == failed.store:
+            say(self.w.autosave_label,
+                "corrections: the last save failed; the next save tries {}", failed.next)
 
     # -- fine-tune ---------------------------------------------------------------------------
     def finetune(self) -> None:
@@ -480,17 +473,20 @@ class Controller:
         release_trainer(s)
         s.statuses, s.previews, s.timings = [], 0, {}
         self.w.status_panel.start_run(config.steps, config.batch_size)
-        s.stop_requested, s.busy = False, Busy.TRAIN  # the run starts after the layers
+        s.stop_requested = False
+        if not session.hold(Busy.TRAIN):  # the run starts after the layers, busy meanwhile
+            self.w.status_panel.set_idle("not started")
+            return
 
         def start() -> None:
             if s.stop_requested:  # Stop was pressed while the layers were added
-                s.busy = None
+                session.release(Busy.TRAIN)
                 self.w.status_panel.set_idle("stopped before the first step")
                 return
-            if not self.start_action(  # the Session's busy follows, or its refusal's line
+            if not self.start_action(  # the Session's action takes the hold over
                     lambda: session.finetune(snapshot), ended=lambda end: self.after_training(
                         stopped=end.outcome is Outcome.STOPPED)):
-                s.busy = None
+                session.release(Busy.TRAIN)
                 self.w.status_panel.set_idle("not started")
 
         # The previews need the layers (made when the corrections layer was chosen; again

@@ -8,9 +8,10 @@ the channel's colour.
 
 Autosave: every paint (or data change) restarts a single-shot timer; when it
 fires, the array is copied on the main thread (a memcpy, milliseconds) and
-written into the store's ``labels/corrections`` by a worker thread, so a
-stroke never waits for the disk. One lock serialises all writers (autosave
-and the save the training worker does before it starts).
+written by a job of the Session's runner (``Session.save_corrections``), so a
+stroke never waits for the disk: into the store's ``labels/corrections``, or
+its sibling ``<name>.corrections.ome.zarr`` when the store is read-only. One
+lock serialises all writers (autosave and the save a run does before it starts).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from qtpy.QtCore import QObject, QTimer
 
 from napari_finetune import palette
 from napari_finetune.session.saving import (
+    corrections_target,
     next_snapshot,
     not_yet_written,
     save_corrections_locked,
@@ -35,7 +37,6 @@ if TYPE_CHECKING:  # napari's layers and workers import slowly; only their names
     from napari.utils.colormaps import DirectLabelColormap
     from napari.utils.events import Event
 
-    from napari_finetune._qt.shutdown import JobWorker
     from napari_finetune.arrays import VolumeArray
 
 BACKGROUND_COLOR = palette.BACKGROUND
@@ -120,17 +121,19 @@ def is_corrections_candidate(layer: Layer) -> bool:
 
 
 class Autosaver(QObject):
-    """Debounced background save of one corrections layer into its store.
+    """Debounced save of one corrections layer, each one a job of the Session's runner.
 
     Parameters
     ----------
     layer : napari.layers.Labels
         The painted layer.
     store_path : str
-        OME-Zarr store the corrections belong to.
-    start_worker : callable
-        ``start_worker(fn, *args, on_done, on_error)`` runs ``fn`` off the main
-        thread (the widget's worker glue); kept injectable for the tests.
+        OME-Zarr store the corrections belong to (a read-only one's go to its sibling,
+        :func:`~napari_finetune.session.saving.corrections_target`).
+    save : callable
+        ``Session.save_corrections``: ``save(labels, snapshot, store, channel_names,
+        channel_colors, on_end=...)`` starts the save through the Session's runner and
+        says whether it started; its end comes through the Session's events.
     delay_ms : int
         Quiet time after the last stroke before saving.
     channel_colors : sequence of str
@@ -142,9 +145,7 @@ class Autosaver(QObject):
         layer: Labels,
         store_path: str,
         channel_names: Sequence[str],
-        start_worker: Callable[..., JobWorker | None],
-        on_saved: Callable[[str], None],
-        on_error: Callable[[Exception], None],
+        save: Callable[..., bool],
         delay_ms: int = 1500,
         channel_colors: Sequence[str] = (),
     ) -> None:
@@ -153,13 +154,10 @@ class Autosaver(QObject):
         self.store_path = store_path
         self.channel_names = list(channel_names)
         self.channel_colors = list(channel_colors)
-        self._start_worker = start_worker
-        self._on_saved = on_saved
-        self._on_error = on_error
+        self._save = save
         self.saves = 0
         self.in_flight = 0
         self.snapshot_id = 0  # number of the last copy taken (see next_snapshot)
-        self.jobs: list[JobWorker] = []  # save workers started and not finished
         self._dirty = False  # painted since the last copy
         self.timer = QTimer(self)
         self.timer.setSingleShot(True)
@@ -190,16 +188,16 @@ class Autosaver(QObject):
         return np.array(self.layer.data, copy=True)
 
     def save_now(self) -> None:
-        """Copy now, write in the background."""
+        """Copy now, write in the Session's runner."""
         labels = self.snapshot()
         self.in_flight += 1
-        worker = self._start_worker(
-            save_corrections_locked, self.store_path, labels, self.channel_names,
-            self.snapshot_id, self.channel_colors, on_done=self._done, on_error=self._failed,
-        )
-        if worker is not None:
-            self.jobs.append(worker)
-            worker.finished.connect(lambda: self.jobs.remove(worker))
+        if not self._save(labels, self.snapshot_id, self.store_path, self.channel_names,
+                          self.channel_colors, on_end=self._ended):
+            self.in_flight -= 1
+
+    def _ended(self, saved: bool) -> None:
+        self.in_flight -= 1
+        self.saves += int(saved)
 
     def retire(self) -> None:
         """Stop following the layer (another one was chosen, or it was removed).
@@ -213,39 +211,27 @@ class Autosaver(QObject):
             self.save_now()
 
     def close(self) -> bool:
-        """Write what is not on disk yet, now, on this thread; report nothing after.
+        """Write what is not on disk yet, now, on this thread.
 
-        For closing: neither a save waiting for its timer nor one queued for a
-        worker thread would run any more (the queued ones are cancelled here).
-        Waits for a background save that holds the store's lock. Returns True
-        when something was written.
+        For closing: a save waiting for its timer would not run any more, and one
+        queued in the runner may never begin (a closing front end quits those; the
+        snapshot numbers keep one that does begin from writing over this newer copy).
+        Waits for a background save that holds the store's lock. Returns True when
+        something was written.
         """
         self.disconnect_layer()
-        self._on_saved = self._on_error = _ignore
-        for job in self.jobs:
-            if not job.began.is_set():
-                job.quit()  # it never begins; the save below writes the same strokes or newer
         if not (self._dirty or self.unwritten):
             return False
         labels = self.snapshot()
         try:
             save_corrections_locked(self.store_path, labels, self.channel_names,
-                                    self.snapshot_id, self.channel_colors)
+                                              self.snapshot_id, self.channel_colors)
         except Exception as exc:  # disk full, read-only: one line, then close anyway
             print(f"napari-finetune: the corrections could not be saved into "
-                  f"{self.store_path} at close: {exc}", file=sys.stderr)
+                  f"{corrections_target(self.store_path)} at close: {exc}", file=sys.stderr)
             return False
         self.saves += 1
         return True
-
-    def _done(self, path: str) -> None:
-        self.in_flight -= 1
-        self.saves += 1
-        self._on_saved(path)
-
-    def _failed(self, exc: Exception) -> None:
-        self.in_flight -= 1
-        self._on_error(exc)
 
     def disconnect_layer(self) -> None:
         """Stop following the layer (another layer was chosen, or the widget closes)."""
@@ -256,6 +242,3 @@ class Autosaver(QObject):
             except (TypeError, ValueError, RuntimeError):
                 pass
 
-
-def _ignore(*_: object) -> None:
-    """A callback after close: nothing left to tell."""

@@ -10,7 +10,6 @@ turn (:func:`~napari_finetune._qt.layers.show_objects_later`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from napari_finetune._qt import corrections as corr
@@ -19,29 +18,18 @@ from napari_finetune._qt.layers import (
     remove_stale_objects_layers,
     show_objects_later,
 )
+from napari_finetune.session.checkpoint import no_roles_message
 from napari_finetune.session.session import Busy
 
 if TYPE_CHECKING:
-    from napari_finetune._qt.state import CheckpointInfo
     from napari_finetune._qt.view import JobHost
     from napari_finetune.objects import ChannelRole
+    from napari_finetune.session.checkpoint import CheckpointInfo
 
 
 def with_role(roles: Mapping[str, ChannelRole]) -> dict[str, ChannelRole]:
     """The channels of ``roles`` that have a role (instances come from these only)."""
     return {channel: role for channel, role in roles.items() if role.role is not None}
-
-
-def no_roles_message(info: CheckpointInfo) -> str:
-    """One line: why no channel gives objects, and where to give one a role."""
-    first = info.channel_names[0] if info.channel_names else "CHANNEL"
-    where = ("choose a role (boundary or object) for a channel under Objects, or count "
-             f"from the command line: napari-finetune predict CKPT STORE --instances "
-             f"--role {first}=boundary|object")
-    if info.roles_problem:
-        return f"No objects: {info.roles_problem} To count: {where}"
-    return (f"No objects: {Path(info.path).name} gives no channel an instance role "
-            f"(channels: {', '.join(info.channel_names)}); {where}")
 
 
 def describe_roles(info: CheckpointInfo, roles: Mapping[str, ChannelRole]) -> str:
@@ -79,31 +67,15 @@ def roles_edited(c: JobHost) -> None:
 
 
 def compute_objects(c: JobHost) -> None:
-    """The Objects button: label the last prediction's role channels in a worker, then
-    show one Labels layer per channel and each count."""
+    """The Objects button: the Session labels the last prediction's role channels in its
+    runner (its checks, its one-line refusals shown here), then one Labels layer per
+    channel and each count."""
     s, w = c.state, c.w
-    if s.info is None or s.busy is not None:
-        return
-    if s.roles_error:
-        w.objects_label.setText(s.roles_error)
+    image = s.predicted_image
+    if s.info is None or image is None or image not in w.viewer.layers:
+        w.objects_label.setText("objects: press Predict first")  # its layers are gone
         return
     roles = with_role(s.roles)
-    if not roles:
-        message = no_roles_message(s.info)
-        w.objects_label.setText(message)
-        w.status_panel.append_log(message)
-        remove_stale_objects_layers(w.viewer, ())  # every role is none now
-        return
-    image = s.predicted_image
-    if image is None or image not in w.viewer.layers:
-        w.objects_label.setText("objects: press Predict first")
-        return
-    missing = [channel for channel in roles if channel not in s.probabilities]
-    if missing:  # Predict keeps the probability of the channels with a role then only
-        w.objects_label.setText(
-            f"objects: press Predict again: the last Predict kept no probability of "
-            f"{', '.join(missing)} (no role then)")
-        return
     prediction_id, store = s.prediction_id, corr.store_path_of(image)
 
     def computed() -> None:
@@ -111,7 +83,8 @@ def compute_objects(c: JobHost) -> None:
             w.roles_editor.show_found(c.session.roles_found)
         objects = c.session.found_objects
         names = {channel: objects_layer_name(channel, roles[channel].role) for channel in objects}
-        s.busy = Busy.SHOW  # the buttons wait for the layers; the job's end leaves this be
+        if not c.session.hold(Busy.SHOW):  # the buttons wait for the layers
+            return
         remove_stale_objects_layers(w.viewer, names.values())
 
         def shown() -> None:
@@ -120,7 +93,7 @@ def compute_objects(c: JobHost) -> None:
                 w.status_panel.append_log(line)
             w.objects_label.setText(", ".join(lines))
             w.status_panel.set_idle("objects: " + ", ".join(lines))
-            s.busy = None
+            c.session.release(Busy.SHOW)
 
         show_objects_later(
             w.viewer, image,
@@ -128,11 +101,15 @@ def compute_objects(c: JobHost) -> None:
             store, prediction_id, alive=lambda: not s.closed, then=shown,
             below=w.corrections_layer())
 
-    w.objects_label.setText("computing objects…")
-    c.session.roles = dict(s.roles)
+    c.session.roles, c.session.roles_error = dict(s.roles), s.roles_error
     # The painted objects give the sizes the user did not set (Session.objects).
     painted = w.corrections_layer()
     c.session.corrections = None if painted is None else painted.data
     c.session.roles_set = w.roles_editor.set_by_you()
-    c.start_action(c.session.objects, done=computed,
-                   failed=lambda: w.objects_label.setText("objects: failed, see the log"))
+    if c.start_action(c.session.objects, done=computed,
+                      failed=lambda: w.objects_label.setText("objects: failed, see the log")):
+        w.objects_label.setText("computing objects…")
+        return
+    w.objects_label.setText(c.refusal)  # the Session's reason, in the log too
+    if not roles:
+        remove_stale_objects_layers(w.viewer, ())  # every role is none now

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import operator
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
@@ -19,7 +18,8 @@ from psygnal import evented
 
 from napari_finetune._qt.corrections import Autosaver
 from napari_finetune._qt.runner import ThreadRunner
-from napari_finetune._qt.shutdown import JobWorker, end_jobs
+from napari_finetune._qt.shutdown import end_jobs
+from napari_finetune.session.checkpoint import CheckpointInfo
 from napari_finetune.session.session import Busy, Session
 
 if TYPE_CHECKING:
@@ -32,40 +32,6 @@ if TYPE_CHECKING:
 
 # The fields a button depends on; the others change often (every step) and signal nothing.
 EVENTED_FIELDS = ("info", "busy", "trainer", "closed", "reading", "warming", "queued")
-
-
-@dataclass
-class CheckpointInfo:
-    """What the widget needs to know about the chosen model (read in a worker)."""
-
-    path: str
-    channel_names: list[str]
-    colors: list[str]
-    normalization: dict
-    dims: int
-    trust: tuple[str, ...] = ()  # factories the user trusted for this file (the dialog's Yes)
-    lora_share_per_rank: float = 0.0  # weights LoRA adds per unit of rank (model.lora)
-    # Every channel's instance role as stored (objects.roles_from_metadata; role None: no
-    # objects), in channel order; ``roles_problem`` is the one-line reason when the
-    # checkpoint's roles could not be read (then every channel has role None).
-    roles: dict[str, ChannelRole] = field(default_factory=dict)
-    roles_problem: str = ""
-    # Where the stored roles' min size and seed distance came from (objects.SOURCES_KEY).
-    roles_sources: dict[str, dict[str, str]] = field(default_factory=dict)
-    in_channels: int = 1  # the model's input channels (a store of more: one is chosen)
-
-    def colors_for(self, channel_names: Sequence[str]) -> list[str]:
-        """This model's channel colours for a layer of ``channel_names``; none (the
-        palette's then) when the layer's classes are another model's."""
-        return list(self.colors) if list(channel_names) == self.channel_names else []
-
-
-@dataclass(frozen=True)
-class Untrusted:
-    """The checkpoint's model factory needs the user's trust; nothing was imported."""
-
-    path: str
-    factory: str
 
 
 @evented(
@@ -103,9 +69,8 @@ class WidgetState:
     previews: int = 0
     errors: list[str] = field(default_factory=list)
     exported: str | None = None
-    running: int = 0  # jobs started and not finished (autosaves included)
+    running: int = 0  # the Session's actions started and not ended
     run_summary: str = ""  # how the last run ended, kept on the bar after the final predict
-    jobs: list[JobWorker] = field(default_factory=list)  # the widget's workers not yet finished
     closed: bool = False  # the dock or the viewer closed: events only update this state
     stop_requested: bool = False  # Stop pressed (before the run's job started, or during)
     # "Paint here next": the regions the Session suggested for the current weights (it keeps
@@ -155,11 +120,12 @@ def shut_down(s: WidgetState, wait_s: float) -> bool:
     # The painting first (the wait below is bounded); the layer followed now last, as the
     # newest copy, so that an older layer's strokes cannot overwrite it.
     savers = [*s.retired_savers, *([s.autosaver] if s.autosaver is not None else [])]
-    saver_jobs = [job for saver in savers for job in saver.jobs]
     for saver in savers:
         saver.close()
     s.retired_savers.clear()
-    return end_jobs([*s.jobs, *s.runner.workers, *saver_jobs], lambda: stop(s), wait_s)
+    # One list of jobs: the Session's runner runs them all (actions, the checkpoint read,
+    # the warm-up, the autosaves).
+    return end_jobs(s.runner.workers, lambda: stop(s), wait_s)
 
 
 def release_trainer(s: WidgetState) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from napari import Viewer
@@ -23,10 +23,6 @@ if TYPE_CHECKING:
     from napari_finetune._qt.status_panel import StatusPanel
     from napari_finetune.arrays import AxesImage, VolumeArray
     from napari_finetune.session.session import ActionEnd, Session
-    from napari_finetune.session.work import Job
-
-R = TypeVar("R")
-
 
 class WidgetView(Protocol):
     """The dock widget's public members: its labels, panels and chosen layers."""
@@ -62,20 +58,12 @@ class WidgetView(Protocol):
 
 
 class JobHost(Protocol):
-    """What a step needs of the Controller: the state, the widget and a way to run a job."""
+    """What a step needs of the Controller: the state, the widget and the Session's actions."""
 
     state: WidgetState
     w: WidgetView
     session: Session
-
-    # The job's arguments pass through as ``object``: see ``_qt.worker.start_job`` for why
-    # they are not a ParamSpec.
-    def run_job(
-        self, job: Callable[..., Job[R]], *args: object, what: str,
-        on_result: Callable[[R], None] | None = None,
-        on_failed: Callable[[], None] | None = None,
-    ) -> None:
-        """Start one of the widget's own jobs (never marks it busy)."""
+    refusal: str  # the Session's last refusal, one line
 
     def start_action(
         self, start: Callable[[], bool], done: Callable[[], None] = ...,

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from napari_finetune.session.events import Event
-from napari_finetune.session.work import Job, call_job, guarded
+from napari_finetune.session.work import Job, guarded
 
 if TYPE_CHECKING:
     from napari_finetune._qt.shutdown import JobWorker
@@ -55,10 +55,3 @@ def start_job(
     worker.start()
     return worker
 
-
-def start_call(
-    fn: Callable[..., R], *args: object, on_done: Callable[[R], None],
-    on_error: Callable[[Exception], None],
-) -> JobWorker[R]:
-    """Run a plain function in a worker: ``on_done(result)`` or ``on_error(exc)``."""
-    return start_job(call_job, fn, *args, on_result=on_done, on_error=on_error)

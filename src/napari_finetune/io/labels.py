@@ -214,7 +214,11 @@ def save_corrections(
 
 
 def load_corrections(path: str | os.PathLike, name: str = "corrections") -> np.ndarray:
-    """Level 0 of ``labels/<name>`` as numpy; :class:`VolumeError` when absent or mismatched."""
+    """Level 0 of ``labels/<name>`` as numpy; :class:`VolumeError` when absent or mismatched.
+
+    The corrections of a read-only store are read from its sibling
+    (:func:`find_corrections`) when that is where they were saved.
+    """
     volume = open_volume(path, keep_axes=True)  # a time series has labels per time point
     store = volume.path
     try:
@@ -222,6 +226,8 @@ def load_corrections(path: str | os.PathLike, name: str = "corrections") -> np.n
         recover(store)  # a save killed between its two renames leaves the copy aside
     except VolumeError:
         pass  # read-only store: nothing to recover into, read what is there
+    if name == "corrections" and (home := find_corrections(store)) is not None:
+        store = home  # a read-only store's painting went to its sibling
     if name not in list_labels(store):
         found = ", ".join(list_labels(store)) or "none"
         raise VolumeError(
@@ -290,3 +296,91 @@ class _Shape:
 
     def __init__(self, shape: tuple[int, ...], dtype: npt.DTypeLike) -> None:
         self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+
+
+# -- corrections of a store that cannot take them --------------------------------------------
+SIBLING_SUFFIX = ".corrections.ome.zarr"
+
+
+def corrections_sibling(store: str | os.PathLike) -> Path:
+    """Where the corrections of a read-only ``store`` go: ``<name>.corrections.ome.zarr``
+    beside it (``cells.ome.zarr`` -> ``cells.corrections.ome.zarr``)."""
+    path = Path(store)
+    name = path.name
+    for suffix in (".ome.zarr", ".zarr"):
+        if name.lower().endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    return path.parent / f"{name}{SIBLING_SUFFIX}"
+
+
+def takes_corrections(store: str | os.PathLike) -> bool:
+    """Whether ``labels/corrections`` can be written into ``store`` (its folders writable)."""
+    try:
+        check_writable(Path(store), "corrections")
+    except VolumeError:
+        return False
+    return True
+
+
+def corrections_image(store: str | os.PathLike) -> Path:
+    """The OME-Zarr image whose ``labels/corrections`` holds ``store``'s painting: the store
+    itself when it can take them, else its sibling (:func:`corrections_sibling`)."""
+    return Path(store) if takes_corrections(store) else corrections_sibling(store)
+
+
+def find_corrections(store: str | os.PathLike) -> Path | None:
+    """The image holding ``store``'s saved corrections, wherever they went (None: none yet).
+
+    The place a save goes now (:func:`corrections_image`) comes first; the other
+    one is read when only it has them (a store made read-only, or writable, since).
+    """
+    first = corrections_image(store)
+    for image in dict.fromkeys((first, Path(store), corrections_sibling(store))):
+        if zarr_kind(image) is not None and "corrections" in list_labels(image):
+            return image
+    return None
+
+
+def ensure_sibling_image(store: str | os.PathLike) -> Path:
+    """Create ``store``'s sibling (:func:`corrections_sibling`) when it is not there yet:
+    an OME-Zarr image of the store's levels, axes, scales and zarr format, so that its
+    ``labels/corrections`` overlay the store's image in any viewer.
+
+    Its image arrays are left at their fill value (zarr stores no such chunk): the
+    sibling costs the corrections' bytes and a few metadata files. It is built in a
+    folder beside and renamed into place, so a half-made sibling is never found.
+    """
+    import zarr
+    from ome_zarr.writer import write_multiscales_metadata
+    from zarr.storage import LocalStore
+
+    from napari_finetune.io.ngff import ngff_format
+
+    sibling = corrections_sibling(store)
+    if zarr_kind(sibling) is not None:
+        return sibling
+    volume = open_volume(store, keep_axes=True)  # the labels' axes: time kept, no channel
+    fmt = ngff_format(volume.zarr_format)
+    partial = sibling.with_name(f".{sibling.name}.partial")
+    if partial.exists():
+        shutil.rmtree(partial)  # a creation that died half-way
+    root = zarr.open_group(store=LocalStore(partial), mode="w", zarr_format=fmt.zarr_format)
+    kwargs: dict[str, Any] = {}
+    if fmt.zarr_format == 2:
+        kwargs["chunk_key_encoding"] = {"name": "v2", "separator": "/"}  # NGFF 0.4 wants "/"
+    else:
+        kwargs["dimension_names"] = list(volume.axes)
+    chunks = pyramid.bounded_chunks(tuple(int(c) for c in volume.data.chunksize))
+    datasets = []
+    for level, data in enumerate(volume.levels):
+        shape = tuple(int(s) for s in data.shape)
+        root.create_array(f"s{level}", shape=shape, dtype=np.uint8, fill_value=0,
+                          chunks=tuple(min(c, s) for c, s in zip(chunks, shape, strict=True)),
+                          **kwargs)
+        datasets.append({"path": f"s{level}",
+                         "coordinateTransformations": pyramid.level_transforms(volume, level)})
+    write_multiscales_metadata(root, datasets=datasets, fmt=fmt, axes=pyramid.axes_meta(volume),
+                               name=f"{volume.name} corrections")
+    os.replace(partial, sibling)
+    return sibling

@@ -237,9 +237,9 @@ def train_job(
         from napari_finetune.session.saving import save_corrections_locked
 
         # Before anything can fail; ``snapshot`` keeps a later, newer save from being undone.
-        save_corrections_locked(store_path, corrections, channel_names, snapshot,
-                                channel_colors)
-        yield Saved(store_path)
+        written = save_corrections_locked(store_path, corrections, channel_names, snapshot,
+                                          channel_colors)
+        yield Saved(written)
     with core_left_for_the_ui():  # from the build to the end of the run, whatever else runs
         yield from _build_and_run(checkpoint_path, image, corrections, config,
                                   preview_interval_s, region, trust, scheduler, tls_files,

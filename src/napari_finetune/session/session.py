@@ -32,6 +32,14 @@ from psygnal import Signal, SignalGroup
 from napari_finetune.config import FinetuneConfig
 from napari_finetune.errors import first_line
 from napari_finetune.session import derived, jobs
+from napari_finetune.session.checkpoint import (
+    CheckpointInfo,
+    CheckpointUnusable,
+    Untrusted,
+    info_job,
+    no_roles_message,
+    refusal,
+)
 from napari_finetune.session.estimate import RunEstimate, StepTimes, estimate, unknown_text
 from napari_finetune.session.events import (
     Event,
@@ -41,6 +49,12 @@ from napari_finetune.session.events import (
     TrainerReady,
 )
 from napari_finetune.session.runner import JobCallbacks, JobHandle, JobRunner
+from napari_finetune.session.saving import (
+    CorrectionsFailed,
+    CorrectionsSaved,
+    corrections_target,
+    save_corrections_locked,
+)
 from napari_finetune.session.viewer import LayerKind, ViewerPort
 
 if TYPE_CHECKING:
@@ -69,8 +83,9 @@ class Busy(Enum):
     SUGGEST = "suggest where to paint"
     BIOIMAGEIO = "bioimage.io export"
     STRUCTURE = "add a structure"
-    # A job's result going into the viewer: the widget adds its layers one per event-loop
-    # turn (two at once stall napari), and no other action starts until they are there.
+    # A job's result going into the viewer: a front end adds its layers one per event-loop
+    # turn (two at once stall napari) and holds the session (Session.hold) meanwhile, so
+    # no other action starts until they are there.
     SHOW = "show the results"
 
 
@@ -101,6 +116,15 @@ class SessionEvents(SignalGroup):
     ended = Signal(object)  # ActionEnd, after every action that was started
     warmed = Signal()  # a warm-up ended (done or failed: its failure came through failed)
     failed = Signal(str)  # a background job's failure, one line (no action's)
+    # Reading a checkpoint (read_checkpoint): its CheckpointInfo; the Untrusted request a
+    # front end answers with answer_trust; or CheckpointUnusable, why no model came.
+    checkpoint_read = Signal(object)
+    trust_asked = Signal(object)
+    checkpoint_unusable = Signal(object)
+    # The autosave (save_corrections): CorrectionsSaved, or CorrectionsFailed with where the
+    # next save goes.
+    corrections_saved = Signal(object)
+    corrections_failed = Signal(object)
 
 
 @dataclass
@@ -120,6 +144,7 @@ class Session:
     # The raw volume (numpy, zarr or dask), ZYX or YX; an AxesImage with channels or time.
     image: Any = None
     checkpoint: str | None = None  # the starting model's path
+    info: CheckpointInfo | None = None  # what read_checkpoint read of it (None meanwhile)
     trust: tuple[str, ...] = ()  # factories the user trusted for that file
     corrections: np.ndarray | None = None  # 0 unpainted, 1 background, k >= 2 channel k - 2
     store: str | None = None  # the image's OME-Zarr store: corrections and predictions go there
@@ -171,6 +196,8 @@ class Session:
     _uncertainty: tuple[tuple[str, int, int], np.ndarray] | None = field(
         default=None, init=False, repr=False)
     _run_key: tuple[str, str] = field(default=("auto", "full"), init=False, repr=False)
+    _reading: str | None = field(default=None, init=False, repr=False)  # the file asked last
+    _held: Busy | None = field(default=None, init=False, repr=False)  # see hold()
 
     @property
     def busy(self) -> Busy | None:
@@ -188,8 +215,8 @@ class Session:
         return False
 
     def _free(self, action: Busy) -> str:
-        """Why ``action`` cannot start now ('' when it can)."""
-        if self._busy is not None:
+        """Why ``action`` cannot start now ('' when it can: a hold of it, its own)."""
+        if self._busy is not None and not (self._held is action and self._busy is action):
             return (f"Cannot {action.value}: busy with {self._busy.value}; wait for it to end"
                     + (" or press Stop." if self._busy is Busy.TRAIN else "."))
         return ""
@@ -199,6 +226,7 @@ class Session:
         on_event: Callable[[Event], None] | None = None,
     ) -> bool:
         self._action += 1
+        self._held = None  # the action takes over a hold of it
         number, failure = self._action, list[str]()
         self._stop_asked = False
         self._set_busy(action)
@@ -261,6 +289,27 @@ class Session:
             return self.added.describe()
         return ""
 
+    def hold(self, busy: Busy) -> bool:
+        """Keep the session busy with ``busy`` for a front end's own part of an action:
+        its results going into the viewer (:attr:`Busy.SHOW`), or the layers a run needs
+        before it starts (:attr:`Busy.TRAIN`, which :meth:`finetune` then takes over).
+
+        Refused like an action while another runs; :meth:`release` ends it. One
+        place says what the session is busy with, whoever does the work.
+        """
+        if reason := self._free(busy):
+            return self._refuse(reason)
+        self._held = busy
+        self._set_busy(busy)
+        return True
+
+    def release(self, busy: Busy) -> None:
+        """End a :meth:`hold` of ``busy`` (nothing when the session no longer holds it)."""
+        if self._held is busy:
+            self._held = None
+            if self._busy is busy:
+                self._set_busy(None)
+
     def stop(self) -> None:
         """End the running action: a run after its current step (its weights kept),
         any other job at its next event."""
@@ -276,18 +325,132 @@ class Session:
     def _background(
         self, job: Job[R], what: str, on_result: Callable[[R], None] | None = None,
         on_finished: Callable[[], None] | None = None,
+        on_error: Callable[[Exception], None] | None = None,
     ) -> None:
         """Run ``job`` through the runner beside the actions (so a closing front end ends
-        and waits for it with theirs); a failure's one line comes through ``failed``."""
+        and waits for it with theirs); a failure's one line comes through ``failed``, or
+        goes to ``on_error`` when given."""
         def failed(exc: Exception) -> None:
             self.events.failed.emit(f"{what}: {first_line(exc)}")
 
         self.runner.start(job, JobCallbacks(
             on_event=self.events.job_event.emit,
             on_result=on_result if on_result is not None else (lambda _: None),
-            on_error=failed,
+            on_error=on_error if on_error is not None else failed,
             on_finished=lambda _stopped: on_finished() if on_finished is not None else None,
         ))
+
+    def read_checkpoint(self, path: str, trust: tuple[str, ...] = ()) -> None:
+        """Read ``path``'s channels, colours and roles through the runner (never busy: the
+        user paints meanwhile); a later call for another file makes this one's answer moot.
+
+        Its end is one event: ``checkpoint_read`` (the :class:`CheckpointInfo`, also
+        kept as :attr:`info`, :attr:`checkpoint`, :attr:`trust` and the channels),
+        ``trust_asked`` (an :class:`Untrusted` request: its model code is not on the
+        allow-list, nothing of it was imported; answer with :meth:`answer_trust`) or
+        ``checkpoint_unusable`` (a :class:`CheckpointUnusable` with the reason).
+
+        Parameters
+        ----------
+        path : str
+            The checkpoint file (or bioimage.io package).
+        trust : tuple of str
+            Model factories the user trusted for this file.
+        """
+        self._reading, self.info = path, None
+
+        def read(result: CheckpointInfo | Untrusted) -> None:
+            if path != self._reading:
+                return  # another file was chosen meanwhile
+            if isinstance(result, Untrusted):
+                self.events.trust_asked.emit(result)  # still reading: the answer decides
+                return
+            self._reading, self.info = None, result
+            self.checkpoint, self.trust = result.path, result.trust
+            self.channel_names, self.channel_colors = (list(result.channel_names),
+                                                       list(result.colors))
+            self.events.checkpoint_read.emit(result)
+
+        def failed(exc: Exception) -> None:
+            if path == self._reading:
+                self._reading = None
+                self.events.checkpoint_unusable.emit(CheckpointUnusable(
+                    path, f"Cannot use this checkpoint: {first_line(exc)}"))
+
+        self._background(info_job(path, tuple(trust)), "Cannot use this checkpoint",
+                         on_result=read, on_error=failed)
+
+    def answer_trust(self, request: Untrusted, trusted: bool) -> None:
+        """The user's answer to ``trust_asked``: Yes reads the file again with
+        ``request.factory`` trusted; No ends the read, ``checkpoint_unusable`` saying
+        what was refused (nothing of it was imported or run). An answer for a file no
+        longer being read is ignored."""
+        if request.path != self._reading:
+            return
+        if trusted:
+            self.read_checkpoint(request.path, (*request.trust, request.factory))
+            return
+        self._reading = None
+        self.events.checkpoint_unusable.emit(CheckpointUnusable(
+            request.path, refusal(request.path, request.factory), untrusted=True))
+
+    def save_corrections(
+        self, labels: np.ndarray, snapshot: int | None = None, store: str | None = None,
+        channel_names: Sequence[str] | None = None, channel_colors: Sequence[str] | None = None,
+        on_end: Callable[[bool], None] | None = None,
+    ) -> bool:
+        """Save a painting through the runner, beside the actions (an autosave: never busy).
+
+        It goes into ``store``'s ``labels/corrections``, or into its sibling
+        ``<name>.corrections.ome.zarr`` when the store is read-only
+        (:func:`~napari_finetune.session.saving.corrections_target`); the end is
+        ``corrections_saved`` or ``corrections_failed`` (with where the next save goes).
+
+        Parameters
+        ----------
+        labels : numpy.ndarray
+            The painting, a copy no one changes any more (the job reads it in another
+            thread).
+        snapshot : int, optional
+            Its number (:func:`~napari_finetune.session.saving.next_snapshot`): a newer
+            copy already saved is not overwritten.
+        store : str, optional
+            The image's store; :attr:`store` by default.
+        channel_names, channel_colors : sequence of str, optional
+            The classes' names and colours; :attr:`channel_names`, :attr:`channel_colors`
+            by default.
+        on_end : callable, optional
+            ``on_end(saved)`` last, however the save ended.
+
+        Returns
+        -------
+        bool
+            False (``refused`` says why) when there is no store to save beside.
+        """
+        from napari_finetune.session.work import call_job
+
+        where = store or self.store
+        if where is None:
+            return self._refuse("Cannot save the corrections: the image has no OME-Zarr "
+                                "store; open the image from a .zarr folder.")
+        names = list(self.channel_names if channel_names is None else channel_names)
+        colors = list(self.channel_colors if channel_colors is None else channel_colors)
+        ok: list[bool] = []
+
+        def saved(image: str) -> None:
+            ok.append(True)
+            self.events.corrections_saved.emit(CorrectionsSaved(where, image))
+
+        def failed(exc: Exception) -> None:
+            self.events.corrections_failed.emit(CorrectionsFailed(
+                where, f"Autosave of the corrections failed: {first_line(exc)}",
+                corrections_target(where)))  # the store may have turned read-only since
+
+        self._background(
+            call_job(save_corrections_locked, where, labels, names, snapshot, colors),
+            "Autosave of the corrections failed", on_result=saved, on_error=failed,
+            on_finished=lambda: on_end(bool(ok)) if on_end is not None else None)
+        return True
 
     def warm_up(self, lora: bool = False) -> None:
         """Import the engine (PEFT too when ``lora``) through the runner, while the user
@@ -479,15 +642,28 @@ class Session:
         self.saved = names
 
     def objects(self) -> bool:
-        """Instance labels of each channel with a role, from the last prediction."""
+        """Instance labels of each channel with a role, from the last prediction.
+
+        Refused (one line) while busy, before a prediction, while :attr:`roles_error`
+        says the roles cannot be used, when no channel has a role, and when the last
+        prediction kept no probability of a channel that has one now (it had none then).
+        """
         if reason := self._free(Busy.OBJECTS) or self._missing(prediction=True):
             return self._refuse(reason)
+        if self.roles_error:
+            return self._refuse(f"Cannot count objects: {self.roles_error}")
         assert self.prediction is not None  # _missing checked it
         probabilities = {self._channel(i): p for i, p in self.prediction.probabilities.items()}
-        roles = {c: r for c, r in self.roles.items() if r.role is not None and c in probabilities}
+        roles = {c: r for c, r in self.roles.items() if r.role is not None}
         if not roles:
-            return self._refuse("No objects: no channel of the last prediction has a role; "
-                                "give a channel a role (boundary or object), then predict.")
+            return self._refuse(no_roles_message(self.info) if self.info is not None else (
+                "No objects: no channel has a role; give a channel a role (boundary or "
+                "object), then predict."))
+        if missing := [c for c in roles if c not in probabilities]:
+            # Predict keeps the probability of the channels with a role then only.
+            return self._refuse(
+                f"No objects: press Predict again: the last Predict kept no probability of "
+                f"{', '.join(missing)} (no role then)")
         # The painting gives each object channel's seed distance and min size where the
         # user set none: a copy of it as it is now (the job reads it in another thread).
         corrections = self.corrections
