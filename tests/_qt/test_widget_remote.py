@@ -69,3 +69,32 @@ def test_the_widget_trains_on_a_dask_worker_with_status_labels_and_a_preview(
     after = viewer.layers["mitochondria prediction"].data
     assert np.count_nonzero(after != before) > 0
     assert not widget.state.errors
+
+
+def test_a_plain_tcp_scheduler_of_another_machine_is_confirmed_and_a_no_starts_nothing(
+        docked, qtbot, monkeypatch):
+    from napari_finetune._qt import run_on
+
+    viewer, widget, _ = docked
+    asked = []
+
+    def question(parent, title, text, *args):
+        asked.append(text)
+        return run_on.QMessageBox.No
+
+    monkeypatch.setattr(run_on.QMessageBox, "question", question)
+    qtbot.mouseClick(widget.new_corrections_button, Qt.LeftButton)
+    _paint(viewer.layers["corrections"])
+    s = widget.settings
+    s.device.value, s.run_on.where.value = "cpu", SCHEDULER
+    s.run_on.address.value = "tcp://10.1.2.3:8786"
+    qtbot.waitUntil(lambda: "mitochondria prediction" in viewer.layers)
+    started = []
+    widget.controller.session.events.busy.connect(started.append)
+
+    qtbot.mouseClick(widget.finetune_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: bool(asked) and widget.state.busy is None)
+    assert len(asked) == 1 and "tcp://10.1.2.3:8786 is not encrypted" in asked[0]
+    assert Busy.TRAIN not in started and widget.state.trainer is None
+    assert widget.controller.session.unencrypted_ok == set()
+    assert "declined" in widget.status_panel.log.toPlainText()

@@ -64,3 +64,22 @@ def test_train_with_device_auto_waits_for_a_gpu_worker_and_gives_up_in_one_line(
     assert "no worker with a free GPU (GPU=1)" in err and "within 3 s" in err
     assert "--device cpu" in err
     assert not (tmp_path / "o.pt").exists()
+
+
+@pytest.mark.parametrize("address, warned", [("tcp://10.1.2.3:8786", True),
+                                             ("tcp://127.0.0.1:9", False)])
+def test_a_plain_tcp_scheduler_of_another_machine_is_warned_of_before_the_run(
+        capsys, tmp_path, painted_store, checkpoint, address, warned):
+    """One line before the connection fails (no scheduler answers at either address)."""
+    code, _, err = run_cli(capsys, "train", painted_store, "-c", checkpoint, "-o",
+                           tmp_path / "o.pt", "--steps", "2", *TRAIN_FAST, "--scheduler", address)
+    assert code == 1 and "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert f"cannot reach the dask scheduler at {address}" in lines[-1]
+    if warned:
+        assert len(lines) == 2, err
+        assert lines[0].startswith(f"warning: {address} is not encrypted: the checkpoint, "
+                                   "the painted tiles and the weights")
+        assert "tls://" in lines[0] and "--tls-ca-file, --tls-cert and --tls-key" in lines[0]
+    else:
+        assert len(lines) == 1 and "not encrypted" not in err, err

@@ -51,6 +51,30 @@ def connect(address: str, security: Security | None = None,
         ) from None
 
 
+def is_loopback(address: str) -> bool:
+    """Whether the scheduler ``address`` names this machine (127.0.0.0/8, ::1, localhost)."""
+    import ipaddress
+
+    host = address.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: another machine, as far as this one knows
+        return False
+
+
+def unencrypted_line(address: str) -> str | None:
+    """The warning for a plain ``tcp://`` (or scheme-less) address of another machine:
+    what travels unencrypted and how to use TLS; None for ``tls://`` or this machine."""
+    scheme = address.split("://", 1)[0].lower() if "://" in address else "tcp"
+    if scheme != "tcp" or is_loopback(address):
+        return None
+    return (f"{address} is not encrypted: the checkpoint, the painted tiles and the weights "
+            "travel in the clear over the network; use the scheduler's tls:// address with "
+            "--tls-ca-file, --tls-cert and --tls-key (or dask's distributed.comm.tls).")
+
+
 def resources_for(device: str) -> dict[str, float]:
     """The dask resources a run on ``device`` asks for: one GPU unless the CPU was chosen
     ("auto" too: a worker's GPU is what a remote run is for)."""
