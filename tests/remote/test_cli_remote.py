@@ -83,3 +83,14 @@ def test_a_plain_tcp_scheduler_of_another_machine_is_warned_of_before_the_run(
         assert "tls://" in lines[0] and "--tls-ca-file, --tls-cert and --tls-key" in lines[0]
     else:
         assert len(lines) == 1 and "not encrypted" not in err, err
+
+
+def test_train_over_the_send_cap_is_one_line(capsys, tmp_path, painted_store, checkpoint,
+                                             client):
+    code, _, err = run_cli(capsys, "train", painted_store, "-c", checkpoint, "-o",
+                           tmp_path / "o.pt", "--steps", "2", *TRAIN_FAST,
+                           "--max-send-bytes", "1000", "--scheduler", client.scheduler.address)
+    assert_one_line_error(code, err)
+    assert "MB to the dask scheduler at" in err and "over the cap of 0.0 MB" in err
+    assert "image tiles around the painting 0.0 MB" in err  # the worker reads the store
+    assert not (tmp_path / "o.pt").exists()

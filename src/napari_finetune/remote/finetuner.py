@@ -237,6 +237,7 @@ class RemoteFinetuner(Finetuner):
             if workers:  # else the run waits for one; the task checks the versions itself
                 workers = matching_versions(client, workers, versions())
             stored, workers, image_line = self._image_on(client, workers)
+            self._check_size(stored, address)
             inputs = self.inputs(stored)
             self.store_used = stored is not None
             self.bytes_sent = inputs.nbytes
@@ -268,6 +269,37 @@ class RemoteFinetuner(Finetuner):
         why = next((str(a) for a in answers.values() if a), "no worker answered")
         return None, workers, (f"{self.store_path} is not readable on the workers ({why}): "
                                "its tiles around the painting are sent")
+
+    def planned_bytes(self, stored: StoredImage | None = None) -> dict[str, int]:
+        """What :meth:`inputs` would send, in bytes, without reading the image: the
+        ``checkpoint``, the ``painting`` and the ``image`` tiles (0 when the worker reads
+        ``stored`` itself)."""
+        from napari_finetune.remote.tiles import ImageTiles, Painting
+
+        painting = Painting.of(self.corrections)
+        tiles = 0 if stored is not None else ImageTiles.planned_nbytes(
+            self.image, painting, tuple(self.remote_config.patch_shape))
+        return {"checkpoint": len(self.checkpoint), "painting": painting.nbytes,
+                "image": tiles}
+
+    def _check_size(self, stored: StoredImage | None, address: str) -> None:
+        """:class:`RemoteError` (one line) when the run would send more than the config's
+        ``max_send_bytes``; nothing was sent yet."""
+        cap = int(self.remote_config.max_send_bytes)
+        parts = self.planned_bytes(stored)
+        total = sum(parts.values())
+        if total <= cap:
+            return
+        volume = int(np.prod(self.image.shape)) * np.dtype(self.image.dtype).itemsize
+        raise RemoteError(
+            f"the run would send {total / 1e6:.1f} MB to the dask scheduler at {address} "
+            f"(checkpoint {parts['checkpoint'] / 1e6:.1f} MB, painting "
+            f"{parts['painting'] / 1e6:.1f} MB, image tiles around the painting "
+            f"{parts['image'] / 1e6:.1f} MB of a {volume / 1e6:.1f} MB volume), over the cap "
+            f"of {cap / 1e6:.1f} MB (max_send_bytes, --max-send-bytes); nothing was sent: "
+            "put the store where the workers see it (a shared filesystem; the panel and "
+            "train --scheduler pass its path, from Python store_path=), paint in fewer "
+            "regions, or raise the cap.")
 
     def inputs(self, stored: StoredImage | None = None) -> RunInputs:
         """What this run sends (the image tiles are read now, unless the worker reads
