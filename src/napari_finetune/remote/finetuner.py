@@ -19,6 +19,7 @@ status says how many MB that was against the volume's size.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 import uuid
@@ -71,11 +72,19 @@ if TYPE_CHECKING:
     from napari_finetune.remote.channel import MessageChannel
     from napari_finetune.remote.tiles import StoredImage
 
+logger = logging.getLogger(__name__)
+
 # The queue is read without waiting (a get that times out is logged as an error with
 # its traceback by the scheduler, several times a second): this often while it is empty.
 POLL_S = 0.05
 # After this long without a message, whether the worker is still there is asked.
 QUIET_S = 1.0
+
+
+def kept_path(store: str | os.PathLike) -> Path:
+    """Where a remote run cut short keeps its last weights: beside the store whose
+    corrections it trained on, ``<store>.remote-last.pt`` (``cell.zarr.remote-last.pt``)."""
+    return Path(str(store).rstrip("/\\") + ".remote-last.pt")
 
 
 class RemoteWorkerLost(RemoteError):
@@ -590,6 +599,23 @@ class RemoteFinetuner(Finetuner):
 
     # --- using the weights -------------------------------------------------------------
 
+    def keep_beside(self, store: str | os.PathLike) -> Path | None:
+        """After a run that ended before its last step (Stop, napari closed, the worker or
+        the scheduler lost, a failure): write the weights received last beside ``store``,
+        as :func:`kept_path` names it, so they outlive the process; the path, or None when
+        the run finished, none came back, or the file could not be written (logged)."""
+        if self.run_record is None or self.steps_done >= self.remote_config.steps:
+            return None
+        path = kept_path(store)
+        try:
+            self.export(path)
+        except (OSError, RuntimeError) as exc:  # a store on a URL, a full disk: logged
+            logger.warning("the remote run's last weights were not kept at %s: %s", path, exc)
+            return None
+        logger.info("the remote run's weights of step %d kept at %s", self.steps_done, path)
+        return path
+
+
     def export(
         self, path: str | os.PathLike, ended: str | None = None,
         metadata: Mapping[str, Any] | None = None,
@@ -628,4 +654,4 @@ class RemoteFinetuner(Finetuner):
                 f"{ended}")
 
 
-__all__ = ["RemoteFinetuner", "RemoteWorkerLost", "SchedulerLost"]
+__all__ = ["RemoteFinetuner", "RemoteWorkerLost", "SchedulerLost", "kept_path"]
