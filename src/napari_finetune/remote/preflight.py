@@ -44,6 +44,11 @@ def connect(address: str, security: Security | None = None,
             f"the dask scheduler at {address} speaks TLS ({first_line(exc)}); give its "
             "certificates (--tls-ca-file, --tls-cert, --tls-key or dask's distributed.comm.tls)."
         ) from None
+    except MemoryError:  # another server's answer read as a dask frame's length
+        raise RemoteError(
+            f"the server at {address} answered, but not as a dask scheduler; check the "
+            "address and the port (the one `dask scheduler` printed)."
+        ) from None
     except (OSError, TimeoutError, ValueError) as exc:
         raise RemoteError(
             f"cannot reach the dask scheduler at {address} within {timeout_s:g} s "
