@@ -9,11 +9,16 @@ weights back), the overhead, the status latency worker -> client (p50, p95;
 one machine, one clock), and the bytes shipped against the volume's size.
 Budgets are optimizer steps, so results do not depend on load.
 
+Beside it, the bytes a run would send (the checkpoint, the painting, the image
+tiles its patches can reach; counted, not sent or timed) with the same strokes
+spread over the volume and moved into one region; ``--bytes-only`` prints just
+that table (no cluster).
+
 ``--kill-at N`` instead SIGKILLs the worker process at step N of a long run and
 reports how long until the client knew, the step of the last weights it
 received (sent every 5 steps), and a second run that continues from them.
 
-    python benchmarks/bench_remote.py [--steps 20] [--rounds 2] [--kill-at N]
+    python benchmarks/bench_remote.py [--steps 20] [--rounds 2] [--kill-at N] [--bytes-only]
 """
 
 from __future__ import annotations
@@ -62,6 +67,38 @@ def remote(client, image, corrections, steps: int) -> tuple[float, list[float], 
     return time.perf_counter() - began, losses, trainer
 
 
+def in_one_region(corrections: np.ndarray) -> np.ndarray:
+    """As many painted voxels of each label as ``corrections`` has, packed into one
+    region of the volume (a corner box one patch wide), label after label."""
+    shape = corrections.shape
+    box = tuple(slice(0, min(p, s)) for p, s in zip(PATCH, shape, strict=True))
+    painted = corrections[corrections > 0]
+    packed = np.zeros(shape, corrections.dtype)
+    region = packed[box].reshape(-1)
+    if painted.size > region.size:
+        raise ValueError(f"{painted.size} painted voxels do not fit in one patch {PATCH}")
+    region[: painted.size] = np.sort(painted)
+    packed[box] = region.reshape(packed[box].shape)
+    return packed
+
+
+def bytes_by_spread(image, corrections) -> None:
+    """What a run would send with the strokes spread over the volume vs in one region."""
+    ckpt = load_checkpoint(sample_checkpoint_path())
+    rows = []
+    for where, painting in (("spread over the volume", corrections),
+                            ("in one region", in_one_region(corrections))):
+        trainer = RemoteFinetuner.remote(ckpt, image, painting, config(1), "tcp://127.0.0.1:9")
+        parts = trainer.planned_bytes()
+        volume = int(np.prod(image.shape)) * np.dtype(image.dtype).itemsize
+        rows.append([where, str(int(np.count_nonzero(painting))),
+                     f"{parts['image'] / 1e6:.2f}",
+                     f"{(parts['checkpoint'] + parts['painting']) / 1e6:.2f}",
+                     f"{sum(parts.values()) / 1e6:.2f} / {volume / 1e6:.1f}"])
+    print_table(["strokes", "painted voxels", "image tiles MB", "checkpoint + painting MB",
+                 "MB sent / volume MB"], rows)
+
+
 def kill_at(client, image, corrections, step: int) -> None:
     """SIGKILL the worker at ``step``; what the client knew when, and a run from the rest."""
     [pid] = client.run(os.getpid).values()
@@ -104,7 +141,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--kill-at", type=int, default=0)
+    parser.add_argument("--bytes-only", action="store_true",
+                        help="only the bytes sent, strokes spread vs in one region")
     args = parser.parse_args()
+    if args.bytes_only:
+        image = open_volume(ensure_sample()).data
+        print(measured_under())
+        bytes_by_spread(image, corrections_for(tuple(int(s) for s in image.shape)))
+        return
     from distributed import Client, LocalCluster
 
     # What the training task gives torch on a worker of one task thread.
@@ -137,6 +181,7 @@ def main() -> None:
           f"{p50:.1f} / {p95:.1f}", f"{trainer.bytes_sent / 1e6:.2f} / "
           f"{trainer.volume_bytes / 1e6:.1f}", f"{worst:.1e}"]],
     )
+    bytes_by_spread(image, corrections)
 
 
 if __name__ == "__main__":

@@ -107,6 +107,10 @@ class FinetuneConfig:
     queue_timeout_s : float
         On a dask scheduler (``--scheduler``): how long a run may wait for a worker
         with a free GPU before it is given up (every device but "cpu" asks for one).
+    max_send_bytes : int
+        On a dask scheduler (``--scheduler``): the most bytes a run may send (the
+        checkpoint, the painting and the image tiles around it); a run that would
+        send more is refused before anything is sent.
     """
 
     steps: int = 200
@@ -149,6 +153,7 @@ class FinetuneConfig:
     memory_snapshot: str | None = None
     voxel_size: tuple[float, ...] | None = None
     queue_timeout_s: float = 600.0
+    max_send_bytes: int = 2_000_000_000
 
     def __post_init__(self) -> None:
         self.patch_shape = tuple(int(s) for s in self.patch_shape)
@@ -166,6 +171,7 @@ class FinetuneConfig:
         _positive_int(self, "accumulation")
         _positive_int(self, "lora_rank")
         _positive_int(self, "validation_every")
+        _positive_int(self, "max_send_bytes")
         if not 0 <= self.validation_fraction < 1:
             raise ValueError(
                 f"validation_fraction must be in [0, 1), got {self.validation_fraction!r}; "

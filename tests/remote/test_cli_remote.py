@@ -64,3 +64,45 @@ def test_train_with_device_auto_waits_for_a_gpu_worker_and_gives_up_in_one_line(
     assert "no worker with a free GPU (GPU=1)" in err and "within 3 s" in err
     assert "--device cpu" in err
     assert not (tmp_path / "o.pt").exists()
+
+
+@pytest.mark.parametrize("address, warned", [("tcp://10.1.2.3:8786", True),
+                                             ("tcp://127.0.0.1:9", False)])
+def test_a_plain_tcp_scheduler_of_another_machine_is_warned_of_before_the_run(
+        capsys, monkeypatch, tmp_path, painted_store, checkpoint, address, warned):
+    """One line, said before the connection is tried (which fails here: no scheduler; the
+    connection is not made, whatever this machine's network answers at that address)."""
+    from napari_finetune.remote import finetuner
+    from napari_finetune.remote.preflight import RemoteError
+
+    said_before: list[str] = []
+
+    def connect(address, security=None, timeout_s=5.0):
+        said_before.append(capsys.readouterr().err)
+        raise RemoteError(f"cannot reach the dask scheduler at {address} (test)")
+
+    monkeypatch.setattr(finetuner, "connect", connect)
+    code, _, err = run_cli(capsys, "train", painted_store, "-c", checkpoint, "-o",
+                           tmp_path / "o.pt", "--steps", "2", *TRAIN_FAST, "--scheduler", address)
+    assert_one_line_error(code, err)
+    assert f"cannot reach the dask scheduler at {address}" in err
+    [before] = said_before
+    lines = [line for line in before.splitlines() if line.strip()]
+    if warned:
+        assert len(lines) == 1, before
+        assert lines[0].startswith(f"warning: {address} is not encrypted: the checkpoint, "
+                                   "the painted tiles and the weights")
+        assert "tls://" in lines[0] and "--tls-ca-file, --tls-cert and --tls-key" in lines[0]
+    else:
+        assert lines == [], before
+
+
+def test_train_over_the_send_cap_is_one_line(capsys, tmp_path, painted_store, checkpoint,
+                                             client):
+    code, _, err = run_cli(capsys, "train", painted_store, "-c", checkpoint, "-o",
+                           tmp_path / "o.pt", "--steps", "2", *TRAIN_FAST,
+                           "--max-send-bytes", "1000", "--scheduler", client.scheduler.address)
+    assert_one_line_error(code, err)
+    assert "MB to the dask scheduler at" in err and "over the cap of 0.0 MB" in err
+    assert "image tiles around the painting 0.0 MB" in err  # the worker reads the store
+    assert not (tmp_path / "o.pt").exists()

@@ -48,3 +48,6 @@ def test_a_session_run_on_a_scheduler_trains_there_and_its_weights_come_back(rem
     # session's store itself: no tiles went over the wire.
     assert trainer.preview_step is not None and 1 <= trainer.preview_step <= 6
     assert trainer.store_used is True
+    from napari_finetune.remote.finetuner import kept_path
+
+    assert not kept_path(session.store).exists()  # it finished: nothing kept beside the store

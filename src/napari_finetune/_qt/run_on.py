@@ -15,6 +15,7 @@ from pathlib import Path
 
 from magicgui.widgets import ComboBox, LineEdit
 from qtpy.QtCore import QSettings
+from qtpy.QtWidgets import QMessageBox, QWidget
 
 ORGANISATION = APPLICATION = "napari-finetune"
 LOCAL, SCHEDULER = "local", "scheduler"
@@ -126,3 +127,13 @@ class RunOnChoice:
             raise ValueError(f"TLS files are set but the scheduler is {address}; use its "
                              "tls:// address, or clear the TLS files.")
         return files[0], files[1], files[2]
+
+
+def confirm_unencrypted(parent: QWidget, address: str, line: str) -> bool:
+    """Ask before a run on a plain ``tcp://`` scheduler of another machine (modal Yes/No,
+    No the default); True on Yes. The Session asks once per address."""
+    answer = QMessageBox.question(
+        parent, "Send the run unencrypted?",
+        f"{line}\n\nTrain on {address} anyway (asked once per address until napari closes)?",
+        QMessageBox.Yes | QMessageBox.No, QMessageBox.No)
+    return answer == QMessageBox.Yes

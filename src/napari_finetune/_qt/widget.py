@@ -27,7 +27,7 @@ from qtpy.QtWidgets import (
     QWidget,
 )
 
-from napari_finetune._qt import objects_step, results, structure_row
+from napari_finetune._qt import objects_step, results, run_on, structure_row
 from napari_finetune._qt.actions import Controller
 from napari_finetune._qt.channel_pick import CHOOSE_FIRST, ChannelPick, store_image
 from napari_finetune._qt.corrections import (
@@ -82,6 +82,9 @@ class FinetuneWidget(QWidget):
         self.viewer = napari_viewer
         self.state = WidgetState()
         self.controller = Controller(self)
+        # A plain tcp:// scheduler of another machine: the user says yes once per address.
+        self.controller.session.confirm_unencrypted = (
+            lambda address, line: run_on.confirm_unencrypted(self, address, line))
         self.image_combo = layer_combo(napari_viewer, Image, lambda layer: True)
         # A store's channels: which one a single-channel model sees (hidden otherwise).
         self.channel_pick = ChannelPick()

@@ -11,6 +11,7 @@ cluster must be yours.
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -34,7 +35,15 @@ def add_options(parser: argparse.ArgumentParser) -> None:
 
 
 def security(args: argparse.Namespace) -> Security | None:
-    """dask's ``Security`` from the ``--tls-*`` files (None: dask's configuration decides)."""
+    """dask's ``Security`` from the ``--tls-*`` files (None: dask's configuration decides).
+
+    Called before the run connects: a plain ``tcp://`` address of another machine
+    is said first, in one line on stderr (what travels in the clear, how to use TLS).
+    """
+    from napari_finetune.remote.preflight import unencrypted_line
+
+    if args.scheduler is not None and (line := unencrypted_line(args.scheduler)):
+        print(f"warning: {line}", file=sys.stderr)
     files = (args.tls_ca_file, args.tls_cert, args.tls_key)
     if not any(files):
         return None

@@ -19,6 +19,7 @@ status says how many MB that was against the volume's size.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 import uuid
@@ -71,11 +72,19 @@ if TYPE_CHECKING:
     from napari_finetune.remote.channel import MessageChannel
     from napari_finetune.remote.tiles import StoredImage
 
+logger = logging.getLogger(__name__)
+
 # The queue is read without waiting (a get that times out is logged as an error with
 # its traceback by the scheduler, several times a second): this often while it is empty.
 POLL_S = 0.05
 # After this long without a message, whether the worker is still there is asked.
 QUIET_S = 1.0
+
+
+def kept_path(store: str | os.PathLike) -> Path:
+    """Where a remote run cut short keeps its last weights: beside the store whose
+    corrections it trained on, ``<store>.remote-last.pt`` (``cell.zarr.remote-last.pt``)."""
+    return Path(str(store).rstrip("/\\") + ".remote-last.pt")
 
 
 class RemoteWorkerLost(RemoteError):
@@ -237,6 +246,7 @@ class RemoteFinetuner(Finetuner):
             if workers:  # else the run waits for one; the task checks the versions itself
                 workers = matching_versions(client, workers, versions())
             stored, workers, image_line = self._image_on(client, workers)
+            self._check_size(stored, address)
             inputs = self.inputs(stored)
             self.store_used = stored is not None
             self.bytes_sent = inputs.nbytes
@@ -268,6 +278,37 @@ class RemoteFinetuner(Finetuner):
         why = next((str(a) for a in answers.values() if a), "no worker answered")
         return None, workers, (f"{self.store_path} is not readable on the workers ({why}): "
                                "its tiles around the painting are sent")
+
+    def planned_bytes(self, stored: StoredImage | None = None) -> dict[str, int]:
+        """What :meth:`inputs` would send, in bytes, without reading the image: the
+        ``checkpoint``, the ``painting`` and the ``image`` tiles (0 when the worker reads
+        ``stored`` itself)."""
+        from napari_finetune.remote.tiles import ImageTiles, Painting
+
+        painting = Painting.of(self.corrections)
+        tiles = 0 if stored is not None else ImageTiles.planned_nbytes(
+            self.image, painting, tuple(self.remote_config.patch_shape))
+        return {"checkpoint": len(self.checkpoint), "painting": painting.nbytes,
+                "image": tiles}
+
+    def _check_size(self, stored: StoredImage | None, address: str) -> None:
+        """:class:`RemoteError` (one line) when the run would send more than the config's
+        ``max_send_bytes``; nothing was sent yet."""
+        cap = int(self.remote_config.max_send_bytes)
+        parts = self.planned_bytes(stored)
+        total = sum(parts.values())
+        if total <= cap:
+            return
+        volume = int(np.prod(self.image.shape)) * np.dtype(self.image.dtype).itemsize
+        raise RemoteError(
+            f"the run would send {total / 1e6:.1f} MB to the dask scheduler at {address} "
+            f"(checkpoint {parts['checkpoint'] / 1e6:.1f} MB, painting "
+            f"{parts['painting'] / 1e6:.1f} MB, image tiles around the painting "
+            f"{parts['image'] / 1e6:.1f} MB of a {volume / 1e6:.1f} MB volume), over the cap "
+            f"of {cap / 1e6:.1f} MB (max_send_bytes, --max-send-bytes); nothing was sent: "
+            "put the store where the workers see it (a shared filesystem; the panel and "
+            "train --scheduler pass its path, from Python store_path=), paint in fewer "
+            "regions, or raise the cap.")
 
     def inputs(self, stored: StoredImage | None = None) -> RunInputs:
         """What this run sends (the image tiles are read now, unless the worker reads
@@ -558,6 +599,23 @@ class RemoteFinetuner(Finetuner):
 
     # --- using the weights -------------------------------------------------------------
 
+    def keep_beside(self, store: str | os.PathLike) -> Path | None:
+        """After a run that ended before its last step (Stop, napari closed, the worker or
+        the scheduler lost, a failure): write the weights received last beside ``store``,
+        as :func:`kept_path` names it, so they outlive the process; the path, or None when
+        the run finished, none came back, or the file could not be written (logged)."""
+        if self.run_record is None or self.steps_done >= self.remote_config.steps:
+            return None
+        path = kept_path(store)
+        try:
+            self.export(path)
+        except (OSError, RuntimeError) as exc:  # a store on a URL, a full disk: logged
+            logger.warning("the remote run's last weights were not kept at %s: %s", path, exc)
+            return None
+        logger.info("the remote run's weights of step %d kept at %s", self.steps_done, path)
+        return path
+
+
     def export(
         self, path: str | os.PathLike, ended: str | None = None,
         metadata: Mapping[str, Any] | None = None,
@@ -596,4 +654,4 @@ class RemoteFinetuner(Finetuner):
                 f"{ended}")
 
 
-__all__ = ["RemoteFinetuner", "RemoteWorkerLost", "SchedulerLost"]
+__all__ = ["RemoteFinetuner", "RemoteWorkerLost", "SchedulerLost", "kept_path"]

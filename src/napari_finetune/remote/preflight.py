@@ -44,11 +44,40 @@ def connect(address: str, security: Security | None = None,
             f"the dask scheduler at {address} speaks TLS ({first_line(exc)}); give its "
             "certificates (--tls-ca-file, --tls-cert, --tls-key or dask's distributed.comm.tls)."
         ) from None
+    except MemoryError:  # another server's answer read as a dask frame's length
+        raise RemoteError(
+            f"the server at {address} answered, but not as a dask scheduler; check the "
+            "address and the port (the one `dask scheduler` printed)."
+        ) from None
     except (OSError, TimeoutError, ValueError) as exc:
         raise RemoteError(
             f"cannot reach the dask scheduler at {address} within {timeout_s:g} s "
             f"({first_line(exc)}); start one (dask scheduler) or check the address."
         ) from None
+
+
+def is_loopback(address: str) -> bool:
+    """Whether the scheduler ``address`` names this machine (127.0.0.0/8, ::1, localhost)."""
+    import ipaddress
+
+    host = address.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: another machine, as far as this one knows
+        return False
+
+
+def unencrypted_line(address: str) -> str | None:
+    """The warning for a plain ``tcp://`` (or scheme-less) address of another machine:
+    what travels unencrypted and how to use TLS; None for ``tls://`` or this machine."""
+    scheme = address.split("://", 1)[0].lower() if "://" in address else "tcp"
+    if scheme != "tcp" or is_loopback(address):
+        return None
+    return (f"{address} is not encrypted: the checkpoint, the painted tiles and the weights "
+            "travel in the clear over the network; use the scheduler's tls:// address with "
+            "--tls-ca-file, --tls-cert and --tls-key (or dask's distributed.comm.tls).")
 
 
 def resources_for(device: str) -> dict[str, float]:

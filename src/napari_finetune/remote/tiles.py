@@ -87,6 +87,18 @@ class ImageTiles:
         }
         return cls(shape, str(np.dtype(image.dtype)), tuple(int(t) for t in tile_shape), tiles)
 
+    @staticmethod
+    def planned_nbytes(
+        image: VolumeArray, painting: Painting, tile_shape: tuple[int, ...],
+    ) -> int:
+        """What :meth:`read` would read from ``image`` for ``painting``, in bytes (no read)."""
+        shape = tuple(int(s) for s in image.shape)
+        itemsize = np.dtype(image.dtype).itemsize
+        return sum(
+            int(np.prod([b.stop - b.start for b in tile_box(index, tile_shape, shape)]))
+            * itemsize
+            for index in reachable_tiles([painting.coordinates()], tile_shape, shape))
+
     @property
     def nbytes(self) -> int:
         """Bytes of the tiles (what travels of the image)."""

@@ -297,6 +297,8 @@ def _build_and_run(
         # (its sample feed), and give back the optimizer state and the teacher; the
         # weights stay for Export and Predict.
         run.close()
+        if remote is not None and store_path:  # cut short: its weights kept beside the store
+            remote.keep_beside(store_path)
         trainer.release()
 
 

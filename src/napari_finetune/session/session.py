@@ -163,6 +163,10 @@ class Session:
     # the weights come back) and, for TLS, the CA, certificate and key files.
     scheduler: str | None = None
     tls_files: tuple[str, str, str] | None = None
+    # Asked before a run on a plain tcp:// scheduler of another machine, once per address
+    # (its warning line; True goes on, remembered in ``unencrypted_ok``); None: not asked.
+    confirm_unencrypted: Callable[[str, str], bool] | None = None
+    unencrypted_ok: set[str] = field(default_factory=set)
     # The region on screen when no viewer port says it (the widget keeps it as the camera
     # moves and shows the previews itself); a run's previews are of it.
     region: tuple[slice, ...] | None = None
@@ -536,6 +540,9 @@ class Session:
             return self._refuse(
                 f"Cannot fine-tune: corrections {tuple(corrections.shape)} and image "
                 f"{image_shape} differ in shape; paint corrections of the image's shape.")
+        if self.scheduler and not self._unencrypted_accepted(self.scheduler):
+            return self._refuse(f"Cannot fine-tune: the unencrypted run on {self.scheduler} "
+                                "was declined; use its tls:// address with TLS files.")
         from napari_finetune.session.saving import next_snapshot
 
         if snapshot is None:  # the job reads it in another thread: a copy it alone holds
@@ -548,6 +555,19 @@ class Session:
             trust=self.trust, snapshot=snapshot, channel_colors=self.channel_colors,
             scheduler=self.scheduler, tls_files=self.tls_files)
         return self._start(Busy.TRAIN, job, lambda _: None, on_event=self._run_event)
+
+    def _unencrypted_accepted(self, address: str) -> bool:
+        """Whether a run may go to ``address``: encrypted, this machine, accepted before in
+        this session, or accepted now by :attr:`confirm_unencrypted`."""
+        from napari_finetune.remote.preflight import unencrypted_line
+
+        line = unencrypted_line(address)
+        if line is None or address in self.unencrypted_ok or self.confirm_unencrypted is None:
+            return True
+        if not self.confirm_unencrypted(address, line):
+            return False
+        self.unencrypted_ok.add(address)
+        return True
 
     def _shown_region(self) -> tuple[slice, ...] | None:
         """The region on screen now: the viewer port's, else the one the front end keeps."""
