@@ -164,14 +164,6 @@ def test_a_time_series_trains_on_two_painted_time_points_and_predicts_them_all(
         np.testing.assert_array_equal(objects[t], labels_of(alone, "objects-a"))
 
 
-def test_workers_refuse_a_time_series_in_one_line(capsys, tmp_path):
-    store = write_store(tmp_path / "tzyx.zarr", image_of((2, *SPATIAL)), "tzyx")
-    code, _, err = run_cli(capsys, "predict", model_file(tmp_path / "m.pt"), store,
-                           "--workers", "2", *PREDICT_FAST)
-    assert_one_line_error(code, err, expected=2)
-    assert "TZYX" in err
-
-
 def test_a_2d_time_series_with_channels_trains_and_predicts(capsys, tmp_path):
     frames = image_of((3, 2, 48, 48))
     store = write_store(tmp_path / "tcyx.zarr", frames, "tcyx")

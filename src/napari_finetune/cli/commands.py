@@ -305,21 +305,16 @@ def predict(args: argparse.Namespace) -> int:
         ckpt = load_checkpoint(args.checkpoint, trust=args.trust_factory)
         instances = _instance_roles(ckpt, overrides)
     if predict_cluster.wanted(args):  # the default stays in process, below
+        if not args.instances:  # the channel choice is checked before a cluster starts
+            ckpt = load_checkpoint(args.checkpoint, trust=args.trust_factory)
         volume = open_volume(args.volume, keep_axes=True)
-        if not volume.input.is_plain:
-            from napari_finetune.cli import UsageError
-
-            # The cluster's tasks cut spatial regions of one channel; a time series or
-            # channels would need a task per time point: not there yet.
-            raise UsageError(
-                f"--workers and --scheduler predict a single-channel volume of one time "
-                f"point; {args.volume} is {volume.input.axes.upper()}: leave them out."
-            )
-        _say_missing(volume.input)
+        image = _model_input(volume, ckpt, args.channel)
+        _say_missing(image)
         if instances is not None:
             _say_voxel_size(ckpt, args.voxel_size or volume.voxel_size)
             instances = _roles_from_painting(ckpt, instances, args.volume,
-                                             args.voxel_size or volume.voxel_size)
+                                             args.voxel_size or volume.voxel_size,
+                                             time_series=image.has_time)
         return predict_cluster.run(args, config, instances)
     if not args.instances:
         ckpt = load_checkpoint(args.checkpoint, trust=args.trust_factory)

@@ -5,7 +5,9 @@ dask.distributed (:mod:`napari_finetune.predict.distributed`), with a progress b
 (torch threads per worker set so workers x threads <= cores) and prints its
 dashboard address; ``--scheduler`` connects to a running cluster. A rerun of
 the same command resumes where a killed one stopped. With ``--instances`` the
-objects of every channel with a role are labelled on the cluster too.
+objects of every channel with a role are labelled on the cluster too. A store with
+channels is read as the model takes them (``--channel`` for a single-channel model);
+a time series gets a task per time point and region.
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ def run(args: argparse.Namespace, config: PredictConfig,
                 args.checkpoint, args.volume, client, args.name, config,
                 trust=args.trust_factory, torch_threads=threads,
                 progress=bar.update, log=bar.write, instances=instances,
-                voxel_size=args.voxel_size,
+                voxel_size=args.voxel_size, channel=args.channel,
             )
         except PredictOutOfMemoryError as exc:
             raise CLIError(f"{exc} The previous labels of the store are kept.") from None

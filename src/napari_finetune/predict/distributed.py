@@ -29,6 +29,11 @@ cheap: faces only); and one task per block writes its final ids 1..N. Every
 phase keeps markers in the job folder (:mod:`napari_finetune.predict.job`), so
 a killed run resumed finishes with the same objects.
 
+A store with channels is read as the model takes them (all of them, or the one
+``--channel`` picks) and normalised per channel; a time series gets one task per time
+point and region, one labelling per time point and block, and objects numbered per
+time point, as the in-process path writes them.
+
 When every region is done, the client fills the smaller levels and swaps the
 labels images into the store (:func:`~napari_finetune.predict.job.finish_job`):
 until then nothing new is listed in ``labels``.
@@ -103,13 +108,14 @@ class ClusterRun:
     names : list of str
         Labels images written (``labels/<name>``).
     total : int
-        Regions in the volume.
+        Region tasks: regions in the volume, times its time points.
     skipped : list of int
         Regions found done by an earlier run, not computed again.
     computed : list of (int, int)
         (region index, worker process id) of each region computed by this run.
     objects : dict of str to int
-        Per objects image written (``--instances``), its number of objects.
+        Per objects image written (``--instances``), its number of objects (over all
+        time points of a time series: each numbers its own from 1).
     blocks : dict of str to (int, int)
         Per objects image, the blocks this run labelled and relabelled (the
         others were done by an earlier run).
@@ -183,6 +189,7 @@ def predict_on_cluster(
     log: Callable[[str], None] | None = None,
     instances: Mapping[str, ChannelRole] | None = None,
     voxel_size: Sequence[float] | None = None,
+    channel: int | None = None,
 ) -> ClusterRun:
     """Predict an OME-Zarr store region by region on the cluster of ``client``.
 
@@ -215,6 +222,14 @@ def predict_on_cluster(
         as :func:`~napari_finetune.predict.store.predict_to_omezarr` writes them.
     voxel_size : sequence of float, optional
         The volume's voxel size for the objects' distances; default the store's scale.
+    channel : int, optional
+        The store's channel a single-channel model predicts, for a store with several
+        (:meth:`~napari_finetune.arrays.AxesImage.for_model`); a model with as many
+        input channels as the store takes them all.
+
+    A store with time points gets one task per time point and region, and its objects
+    one labelling per time point and block, numbered per time point, as
+    :func:`~napari_finetune.predict.store.predict_to_omezarr` numbers them.
 
     Returns a :class:`ClusterRun`. A task's error (e.g. out of memory at the
     smallest block) is raised here, after cancelling the other tasks.
@@ -222,45 +237,49 @@ def predict_on_cluster(
     require_distributed()
     from distributed import as_completed
 
-    from napari_finetune.data.normalization import intensity_range
-    from napari_finetune.devices import check_model_fits_image
+    from napari_finetune.data.normalization import intensity_ranges
+    from napari_finetune.devices import check_model_fits_image, model_in_channels
     from napari_finetune.io.volume import open_volume
     from napari_finetune.model.checkpoint import load_checkpoint
 
     path = Path(checkpoint).resolve()
     # The public path, not napari_finetune.loading, which sits above the predictor.
     ckpt = load_checkpoint(path, trust=list(trust))  # here: names, range, a clear error early
-    volume = open_volume(Path(store_path))
-    image = volume.data
-    shape = tuple(int(s) for s in image.shape)
+    volume = open_volume(Path(store_path), keep_axes=True)
+    image = volume.input.for_model(model_in_channels(ckpt.model), channel)
+    shape = image.spatial_shape
     check_model_fits_image(ckpt.model, shape)
     block, halo = spatial_config(config or PredictConfig(), len(shape))
     chunks, region_shape, regions = plan_regions(shape, block)
-    low, high = intensity_range(image, ckpt.normalization)
+    ranges = tuple(intensity_ranges(image, ckpt.normalization))
     mtime, size = checkpoint_version(path)
     names = tuple(f"{name_prefix}-{channel}" for channel in ckpt.channel_names)
     roles = instance_roles(instances, ckpt.channel_names)
     object_names = objects_names(name_prefix, list(roles))
     entries = tuple((f"{name_prefix}-{channel}", name, json.dumps(asdict(role), sort_keys=True))
                     for (channel, role), name in zip(roles.items(), object_names, strict=True))
-    spec = JobSpec(str(path), mtime, size, names, shape, region_shape, tuple(halo), low, high,
-                   entries, chunks if entries else ())
+    spec = JobSpec(str(path), mtime, size, names, shape, region_shape, tuple(halo),
+                   *ranges[0], entries, chunks if entries else (), axes=image.axes,
+                   channel=channel, ranges=ranges, time_points=image.time_points)
     store = volume.path.resolve()  # workers elsewhere have another working directory
     classes = list(zip(ckpt.channel_names, ckpt.channel_colors, strict=True))
     folder, resumed = open_job(store, name_prefix, spec, chunks, classes)
     done = done_regions(folder)
+    # Tasks are numbered time point after time point: task t * regions + r.
+    times = list(range(image.time_points)) if image.has_time else [None]
+    tasks = [(t, core) for t in times for core in regions]
     if resumed and log is not None:
-        log(f"resuming: {len(done)} of {len(regions)} regions already written, not recomputed")
-    run = ClusterRun(list(names) + object_names, len(regions), skipped=sorted(done))
+        log(f"resuming: {len(done)} of {len(tasks)} regions already written, not recomputed")
+    run = ClusterRun(list(names) + object_names, len(tasks), skipped=sorted(done))
     task = RegionTask(
         spec, tuple(trust), str(store), str(folder),
         (config or PredictConfig()).device, torch_threads,
     )
     token = uuid.uuid4().hex[:8]  # keys of this run only: a rerun never meets old results
     futures = {
-        i: client.submit(predict_region, task, i, core, key=f"nf-region-{token}-{i}",
+        i: client.submit(predict_region, task, i, core, t, key=f"nf-region-{token}-{i}",
                          pure=False)
-        for i, core in enumerate(regions)
+        for i, (t, core) in enumerate(tasks)
         if i not in done
     }
     # The objects' distances in the store's voxel size, as predict_to_omezarr measures them.
@@ -269,7 +288,7 @@ def predict_on_cluster(
                            default_halo(roles[channel], len(shape)), spacing)
                for (mask, name, _), channel in zip(entries, roles, strict=True)]
     blocks = list(block_cores(shape, chunks))
-    total = len(regions) + 2 * len(blocks) * len(objects)
+    total = len(tasks) + 2 * len(blocks) * len(times) * len(objects)
     counted = [len(done) + sum(len(labelled_blocks(folder, o.name)) + len(final_blocks(
         folder, o.name)) for o in objects)]
 
@@ -281,12 +300,15 @@ def predict_on_cluster(
 
     tick()
     labelling = []
-    for o in objects:  # each block once the regions it reads are written
-        labelling += submit_labelling(
-            client, o, blocks, token,
-            functools.partial(_regions_read, halo=o.halo, shape=shape,
-                              region_shape=region_shape, futures=futures),
-        )
+    for o in objects:  # each block once the regions it reads (at its time point) are written
+        for n, t in enumerate(times):
+            labelling += submit_labelling(
+                client, o, blocks, token,
+                functools.partial(_regions_read, halo=o.halo, shape=shape,
+                                  region_shape=region_shape, futures=futures,
+                                  first=n * len(regions)),
+                time=t, first=n * len(blocks),
+            )
     try:
         for future in as_completed([*futures.values(), *labelling]):
             result = future.result()  # re-raises the task's error
@@ -294,8 +316,13 @@ def predict_on_cluster(
                 run.computed.append(result)
             tick(future)
         for o in objects:
-            run.objects[o.name], relabelled = relabel_blocks(client, o, blocks, shape, token,
-                                                             tick)
+            counts, relabelled = [], 0
+            for n, t in enumerate(times):  # ids are numbered per time point
+                count, done_now = relabel_blocks(client, o, blocks, shape, token, tick,
+                                                 time=t, first=n * len(blocks))
+                counts.append(count)
+                relabelled += done_now
+            run.objects[o.name] = sum(counts)
             run.blocks[o.name] = (sum(str(f.key).startswith(f"nf-label-{token}-{o.name}-")
                                       for f in labelling), relabelled)
     except BaseException:
@@ -306,8 +333,10 @@ def predict_on_cluster(
 
 
 def _regions_read(core: tuple[slice, ...], halo: Sequence[int], shape: Sequence[int],
-                  region_shape: Sequence[int], futures: Mapping[int, object]) -> list[object]:
-    """The futures of the regions (not yet done) that a block's core plus halo reads.
+                  region_shape: Sequence[int], futures: Mapping[int, object],
+                  first: int = 0) -> list[object]:
+    """The futures of the regions (not yet done) that a block's core plus halo reads;
+    ``first`` is the index of its time point's first region.
 
     One voxel more below: the boundary role may start its read one voxel lower
     (its coarse grid stays on the volume's even voxels).
@@ -315,44 +344,49 @@ def _regions_read(core: tuple[slice, ...], halo: Sequence[int], shape: Sequence[
     per_axis = [range(max(0, c.start - h - 1) // r, (min(n, c.stop + h) - 1) // r + 1)
                 for c, h, n, r in zip(core, halo, shape, region_shape, strict=True)]
     counts = [-(-n // r) for n, r in zip(shape, region_shape, strict=True)]
-    wanted = (int(np.ravel_multi_index(i, counts)) for i in itertools.product(*per_axis))
+    wanted = (first + int(np.ravel_multi_index(i, counts))
+              for i in itertools.product(*per_axis))
     return [futures[i] for i in wanted if i in futures]
 
 
 def submit_labelling(
     client: Client, task: ObjectsTask, blocks: list[tuple[tuple[int, ...], tuple[slice, ...]]],
     token: str, after: Callable[[tuple[slice, ...]], list[object]] = lambda core: [],
+    time: int | None = None, first: int = 0,
 ) -> list[Future]:
     """One labelling task per block of ``task``'s objects image not labelled yet.
 
     ``after(core)`` gives the futures the block must wait for (the regions it
-    reads). Blocks are ``block_cores(shape, block)``, in its order.
+    reads). Blocks are ``block_cores(shape, block)``, in its order; in a time
+    series, those of time point ``time``, numbered from ``first``.
     """
     labelled = labelled_blocks(Path(task.folder), task.name)
     return [
-        client.submit(label_object_block, task, b, core, *after(core),
-                      key=f"nf-label-{token}-{task.name}-{b}", pure=False)
-        for b, (_, core) in enumerate(blocks) if b not in labelled
+        client.submit(label_object_block, task, first + b, core, *after(core), time=time,
+                      key=f"nf-label-{token}-{task.name}-{first + b}", pure=False)
+        for b, (_, core) in enumerate(blocks) if first + b not in labelled
     ]
 
 
 def relabel_blocks(
     client: Client, task: ObjectsTask, blocks: list[tuple[tuple[int, ...], tuple[slice, ...]]],
     shape: tuple[int, ...], token: str, tick: Callable[[object], None] | None = None,
+    time: int | None = None, first: int = 0,
 ) -> tuple[int, int]:
     """Join every labelled block's record on the client (every block must be labelled),
-    then one task per block without a final marker writes its final ids.
+    then one task per block without a final marker writes its final ids. In a time
+    series, the blocks of time point ``time``, numbered from ``first``: its own ids.
 
     Returns (objects N, blocks relabelled by this call). ``tick(future)`` after each.
     """
     from distributed import as_completed
 
-    tables = join_blocks(task, blocks, shape)
+    tables = join_blocks(task, blocks, shape, first)
     final = final_blocks(Path(task.folder), task.name)
     futures = [
-        client.submit(relabel_object_block, task, b, core, tables[b],
-                      key=f"nf-relabel-{token}-{task.name}-{b}", pure=False)
-        for b, (_, core) in enumerate(blocks) if b not in final
+        client.submit(relabel_object_block, task, first + b, core, tables[b], time,
+                      key=f"nf-relabel-{token}-{task.name}-{first + b}", pure=False)
+        for b, (_, core) in enumerate(blocks) if first + b not in final
     ]
     try:
         for future in as_completed(futures):
@@ -367,10 +401,11 @@ def relabel_blocks(
 
 def join_blocks(
     task: ObjectsTask, blocks: list[tuple[tuple[int, ...], tuple[slice, ...]]],
-    shape: tuple[int, ...],
+    shape: tuple[int, ...], first: int = 0,
 ) -> list[np.ndarray]:
     """Per block, its own ids 0..n -> final ids 1..N (uint32; 0 stays 0), from the blocks'
-    records alone (every block labelled), as the in-process join gives them.
+    records alone (every block labelled), as the in-process join gives them; the
+    records are those numbered from ``first`` (a time point's, in a time series).
 
     Reads one record at a time; holds what :class:`FaceJoiner` holds (the faces
     waiting for their upper block, the links, one size per id), never a block.
@@ -379,7 +414,8 @@ def join_blocks(
     joiner = FaceJoiner(shape, contextual(task.role))
     offsets, counts = [], []
     for b, (index, core) in enumerate(blocks):  # C order, as the in-process join
-        record = read_block_record(block_record_path(folder, task.name, b), len(shape))
+        record = read_block_record(block_record_path(folder, task.name, first + b),
+                                   len(shape))
         offsets.append(joiner.add(index, core, record))
         counts.append(record.n)
     lut = joiner.final_ids(task.role.min_size)

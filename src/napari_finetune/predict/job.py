@@ -16,6 +16,10 @@ With instances (``predict --instances``), per objects image ``labels/<objects na
     blocks/<objects name>/<b>.npz  block b labelled: n, voxels per id, its face slabs
     final/<objects name>/<b>       block b's final ids written into the labels image
 
+A time series' regions and blocks are numbered time point after time point (region
+``t * regions + r``), and its labels, probability and provisional ids have the time
+axis first.
+
 Each marker (``.npz`` or empty file) is written atomically after what it
 records, and every phase is idempotent (the final ids are read from the
 provisional ones, never from themselves), so a killed job resumed finishes
@@ -74,6 +78,17 @@ class JobSpec:
         name, the role as JSON).
     object_block : tuple of int
         The core block of the instance labelling (the output chunks).
+    axes : str
+        The model input's axes (:class:`~napari_finetune.arrays.AxesImage`: ``"zyx"``,
+        ``"czyx"``, ``"tzyx"``...): a ``t`` gives the labels a time axis, one task per
+        time point and region.
+    channel : int or None
+        The store's channel a single-channel model reads (``--channel``); None: the
+        channels the model takes, all of them.
+    ranges : tuple of (float, float)
+        One normalisation range per input channel (one for a single channel).
+    time_points : int
+        Time points predicted (1 without a time axis).
     """
 
     checkpoint: str
@@ -87,10 +102,28 @@ class JobSpec:
     high: float
     instances: tuple[tuple[str, str, str], ...] = ()
     object_block: tuple[int, ...] = ()
+    axes: str = ""
+    channel: int | None = None
+    ranges: tuple[tuple[float, float], ...] = ()
+    time_points: int = 1
 
     def to_json(self) -> str:
         """The spec as JSON text (tuples become lists)."""
         return json.dumps(asdict(self), sort_keys=True)
+
+    @property
+    def has_time(self) -> bool:
+        """Whether the labels have a time axis (first), one time point per task."""
+        return "t" in self.axes
+
+    @property
+    def labels_shape(self) -> tuple[int, ...]:
+        """The shape of the labels arrays: ``shape``, after the time points if any."""
+        return (self.time_points,) * self.has_time + tuple(self.shape)
+
+    def labels_chunks(self, chunks: tuple[int, ...]) -> tuple[int, ...]:
+        """The labels arrays' chunks of spatial ``chunks``: one time point per chunk."""
+        return (1,) * self.has_time + tuple(chunks)
 
 
 def job_dir(store: Path, name_prefix: str) -> Path:
@@ -119,7 +152,8 @@ def open_job(
     spec : JobSpec
         What the job computes.
     chunks : tuple of int
-        Level-0 chunks of the labels images (a fresh job creates them).
+        Level-0 spatial chunks of the labels images (a fresh job creates them; a time
+        series' have one time point each).
     classes : sequence of (channel, colour)
         Per labels image, the class name and colour its value 1 gets in the
         NGFF metadata (none: no colours).
@@ -140,13 +174,14 @@ def open_job(
     metadata: list[tuple[list[dict[str, Any]] | None, list[dict[str, Any]] | None]] = [
         prediction_metadata(*c) for c in classes
     ] or [(None, None)] * len(spec.names)
+    shape, label_chunks = spec.labels_shape, spec.labels_chunks(chunks)
     for name, (colors, properties) in zip(spec.names, metadata, strict=True):
-        create_labels_array(store, name, spec.shape, np.uint8, chunks, colors, properties,
+        create_labels_array(store, name, shape, np.uint8, label_chunks, colors, properties,
                             staging=folder)
     (folder / "done").mkdir()
     for mask, name, _ in spec.instances:
-        create_labels_array(store, name, spec.shape, np.uint32, chunks, staging=folder)
-        prepare_objects(folder, mask, name, spec.shape, chunks)
+        create_labels_array(store, name, shape, np.uint32, label_chunks, staging=folder)
+        prepare_objects(folder, mask, name, shape, label_chunks)
     # Written last: a folder without it (killed while being made) is never resumed.
     _atomic_write(folder / "job.json", spec.to_json())
     return folder, False

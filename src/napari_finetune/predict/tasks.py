@@ -1,7 +1,8 @@
 """The worker side of :mod:`napari_finetune.predict.distributed`: one region per task.
 
 A task carries a :class:`RegionTask` (paths, the job's spec: a few hundred
-bytes) and a region; the model never travels with it. Each worker process
+bytes) and a region (with a time point, in a time series); the model never travels
+with it. Each worker process
 loads the checkpoint at its first task and keeps it, keyed by path, mtime,
 size, trust and device (one model and one job at a time per process: a new
 one replaces them), so a worker loads a model once per job, not once per task.
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from napari_finetune.arrays import ArrayTarget
+from napari_finetune.arrays import ArrayTarget, AxisTaken, WritableVolume
 from napari_finetune.objects.blockwise import LabelledBlock, label_block
 from napari_finetune.objects.roles import ChannelRole
 from napari_finetune.predict.job import (
@@ -93,21 +94,30 @@ def _model(task: RegionTask, device: str) -> torch.nn.Module:
     return _MODELS[key]
 
 
-def _predictor(task: RegionTask) -> RegionPredictor:
-    """This process's RegionPredictor for ``task``'s job."""
-    from napari_finetune.devices import resolve_device
+def _predictor(task: RegionTask, time: int | None) -> RegionPredictor:
+    """This process's RegionPredictor for ``task``'s job at time point ``time`` (None:
+    the image has no time axis)."""
+    from napari_finetune.devices import model_in_channels, resolve_device
     from napari_finetune.io.volume import open_volume
     from napari_finetune.predict.regions import RegionPredictor
 
-    key = (task.spec, task.trust, task.store, task.device)
+    spec = task.spec
+    key = (spec, task.trust, task.store, task.device, time)
     with _LOCK:
         if key not in _PREDICTORS:
-            _PREDICTORS.clear()
+            # One job at a time: its time points' predictors stay, another job's go.
+            for old in [k for k in _PREDICTORS if k[:4] != key[:4]]:
+                del _PREDICTORS[old]
             device = resolve_device(task.device)
-            image = open_volume(task.store).data
-            _PREDICTORS[key] = RegionPredictor(
-                _model(task, device), image, task.spec.low, task.spec.high, task.spec.halo, device
-            )
+            model = _model(task, device)
+            # The channels the client chose, as the client chose them (same call).
+            image = open_volume(task.store, keep_axes=True).input.for_model(
+                model_in_channels(model), spec.channel)
+            if time is not None:
+                image = image.at_time(time)
+            ranges = list(spec.ranges) or [(spec.low, spec.high)]
+            _PREDICTORS[key] = RegionPredictor(model, image, spec.low, spec.high, spec.halo,
+                                               device, ranges=ranges)
         return _PREDICTORS[key]
 
 
@@ -117,31 +127,38 @@ def model_loads() -> dict[str, int]:
         return {f"{path}@{mtime}": n for (path, mtime), n in _LOADS.items()}
 
 
-def predict_region(task: RegionTask, index: int, core: tuple[slice, ...]) -> tuple[int, int]:
-    """Compute region ``index`` (its ``core`` slices), write it, then mark it done.
+def predict_region(task: RegionTask, index: int, core: tuple[slice, ...],
+                   time: int | None = None) -> tuple[int, int]:
+    """Compute region ``index`` (its spatial ``core`` slices, at time point ``time`` of a
+    time series), write it, then mark it done.
 
     Returns (index, this worker's process id).
     """
     import dask
     import zarr
 
-    predictor = _predictor(task)
+    predictor = _predictor(task, time)
     # The image is a dask array: read it here, not as new tasks on the cluster
     # this task runs on (a one-thread worker would wait on itself).
     with dask.config.set(scheduler="synchronous"):
         probs = predictor(core)
     folder = Path(task.folder)
     targets: list[ArrayTarget] = [
-        zarr.open_array(str(labels_array_path(folder, name)), mode="r+")
+        at_time(zarr.open_array(str(labels_array_path(folder, name)), mode="r+"), time)
         for name in task.spec.names
     ]
     for mask, _, _ in task.spec.instances:  # its probability too, for the objects
         at = task.spec.names.index(mask)
         prob = zarr.open_array(str(probability_path(folder, mask)), mode="r+")
-        targets[at] = MaskAndProbability(targets[at], prob)
+        targets[at] = MaskAndProbability(targets[at], at_time(prob, time))
     write_probs(targets, core, probs)
     mark_done(folder, index)  # after the chunks: a marked region is always complete
     return index, os.getpid()
+
+
+def at_time(array: WritableVolume, time: int | None) -> WritableVolume:
+    """``array`` at time point ``time`` (a view read and written there); itself for None."""
+    return array if time is None else AxisTaken(array, 0, time)
 
 
 @dataclass(frozen=True)
@@ -174,8 +191,9 @@ class ObjectsTask:
 
 
 def label_object_block(task: ObjectsTask, block: int, core: tuple[slice, ...],
-                       *after: object) -> tuple[int, int]:
-    """Label block ``block`` (its ``core``) in its own ids; write them and its record.
+                       *after: object, time: int | None = None) -> tuple[int, int]:
+    """Label block ``block`` (its spatial ``core``, at time point ``time`` of a time
+    series) in its own ids; write them and its record.
 
     ``after`` are the regions whose probabilities the block reads (futures on
     the cluster: the scheduler runs this once they are written). Reads the
@@ -186,9 +204,10 @@ def label_object_block(task: ObjectsTask, block: int, core: tuple[slice, ...],
     import zarr
 
     folder = Path(task.folder)
-    prob = zarr.open_array(str(probability_path(folder, task.mask)), mode="r")
+    prob = at_time(zarr.open_array(str(probability_path(folder, task.mask)), mode="r"), time)
     labelled = label_block(prob, task.role, core, task.halo, task.voxel_size)
-    provisional = zarr.open_array(str(provisional_path(folder, task.name)), mode="r+")
+    provisional = at_time(
+        zarr.open_array(str(provisional_path(folder, task.name)), mode="r+"), time)
     provisional[core] = labelled.core_ids
     _write_record(block_record_path(folder, task.name, block), labelled)
     return block, os.getpid()
@@ -223,8 +242,9 @@ def read_block_record(path: Path, ndim: int) -> LabelledBlock:
 
 
 def relabel_object_block(task: ObjectsTask, block: int, core: tuple[slice, ...],
-                         lut: np.ndarray) -> tuple[int, int]:
-    """Write block ``block``'s final ids: ``lut[local id]`` (``lut[0]`` is 0), then mark it.
+                         lut: np.ndarray, time: int | None = None) -> tuple[int, int]:
+    """Write block ``block``'s final ids (at time point ``time`` of a time series):
+    ``lut[local id]`` (``lut[0]`` is 0), then mark it.
 
     Reads the provisional ids, never the labels it writes, so a rerun of a
     killed task writes the same. Returns (block, process id).
@@ -232,8 +252,10 @@ def relabel_object_block(task: ObjectsTask, block: int, core: tuple[slice, ...],
     import zarr
 
     folder = Path(task.folder)
-    local = np.asarray(zarr.open_array(str(provisional_path(folder, task.name)), mode="r")[core])
-    out = zarr.open_array(str(labels_array_path(folder, task.name)), mode="r+")
+    provisional = at_time(
+        zarr.open_array(str(provisional_path(folder, task.name)), mode="r"), time)
+    local = np.asarray(provisional[core])
+    out = at_time(zarr.open_array(str(labels_array_path(folder, task.name)), mode="r+"), time)
     out[core] = lut[local]
     mark_final(folder, task.name, block)
     return block, os.getpid()
