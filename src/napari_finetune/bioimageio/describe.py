@@ -54,6 +54,8 @@ class PackageFields:
     axes: str
     scale: list[float] | None = None
     units: dict[str, str] = field(default_factory=dict)
+    # The model's input channels, in order (a store's omero labels when known).
+    input_channels: list[str] = field(default_factory=lambda: ["raw"])
 
 
 def build_description(
@@ -126,10 +128,12 @@ def _input(
     float32 = v0_5.EnsureDtypeDescr(kwargs=v0_5.EnsureDtypeKwargs(dtype="float32"))
     return v0_5.InputTensorDescr(
         id=v0_5.TensorId(INPUT_ID),
-        description="the image, one channel",
+        description=("the image, one channel" if len(fields.input_channels) == 1 else
+                     f"the image, {len(fields.input_channels)} channels, each normalised "
+                     "on its own"),
         axes=[
             v0_5.BatchAxis(),
-            v0_5.ChannelAxis(channel_names=["raw"]),
+            v0_5.ChannelAxis(channel_names=list(fields.input_channels)),
             *(
                 v0_5.SpaceInputAxis(
                     id=v0_5.AxisId(a),

@@ -26,15 +26,15 @@ from typing import Any, BinaryIO, Protocol
 import numpy as np
 import torch
 
-from napari_finetune.arrays import VolumeArray
+from napari_finetune.arrays import SPATIAL, AxesImage, ChannelChoiceError, VolumeArray
 from napari_finetune.bioimageio import require
-from napari_finetune.data.normalization import intensity_range, normalize
-from napari_finetune.devices import check_model_fits_image
+from napari_finetune.data.normalization import intensity_ranges, normalize_channels
+from napari_finetune.devices import check_model_fits_image, model_in_channels
 from napari_finetune.model.architectures import Trust
 from napari_finetune.model.atomic_write import write_atomically
 from napari_finetune.model.checkpoint import Checkpoint, load_checkpoint
 from napari_finetune.model.geometry import shape_multiple
-from napari_finetune.predict import predict_block
+from napari_finetune.predict.volume import predict_batch
 from napari_finetune.voxel_size import for_axes, trained_voxel_size
 
 DEFAULT_LICENSE = "CC-BY-4.0"
@@ -60,7 +60,7 @@ class ExportsCheckpoint(Protocol):
 def export_bioimageio(
     source: Checkpoint | ExportsCheckpoint | str | os.PathLike,
     out_path: str | os.PathLike,
-    volume: VolumeArray | str | os.PathLike,
+    volume: VolumeArray | AxesImage | str | os.PathLike,
     *,
     name: str | None = None,
     description: str | None = None,
@@ -81,9 +81,12 @@ def export_bioimageio(
         current weights are exported first), or a checkpoint / package path.
     out_path : path-like
         The ``.zip`` to write (atomically).
-    volume : array-like or path-like
+    volume : array-like, AxesImage or path-like
         The image the test tensors are cut from: a ZYX / YX array (numpy, zarr,
-        dask) or an OME-Zarr store (its level 0).
+        dask), an :class:`~napari_finetune.arrays.AxesImage` or an OME-Zarr store
+        (its level 0). A model of several input channels gets a test tensor of all
+        of them, each normalised on its own; a time series gives its middle time
+        point (the model is spatial: one time point at a time).
     name, description : str, optional
         Defaults: the checkpoint's file name, and a sentence on how it was made.
     authors : sequence of str, optional
@@ -129,18 +132,20 @@ def export_bioimageio(
         ckpt = _as_checkpoint(source, folder, trust)
         if metadata:
             ckpt = replace(ckpt, metadata={**ckpt.metadata, **metadata})
-        image, volume_name, scale, units = _image_of(volume)
-        trained = for_axes(trained_voxel_size(ckpt.metadata), image.ndim)
+        image, volume_name, scale, units = _image_of(volume, model_in_channels(ckpt.model))
+        ndim = len(image.spatial_shape)
+        trained = for_axes(trained_voxel_size(ckpt.metadata), ndim)
         if scale is None and trained is not None:  # an array: the voxel size trained at
             scale = list(trained)
-        check_model_fits_image(ckpt.model, tuple(image.shape))
-        axes = "zyx"[-image.ndim :]
-        raw = _test_input(image, ckpt.model, tile_shape)
-        spec = ckpt.normalization
-        low, high = intensity_range(raw, spec)
+        check_model_fits_image(ckpt.model, image.spatial_shape)
+        axes = "zyx"[-ndim:]
+        raw = _test_input(image, ckpt.model, tile_shape)  # (C, *tile)
         # napari-finetune's own prediction of the tile: test_model compares bioimage.io's to it.
-        expected = predict_block(ckpt.model, normalize(raw, low, high))
-        np.save(folder / "input.npy", raw[None, None])
+        expected = predict_batch(
+            ckpt.model, normalize_channels(raw, intensity_ranges(
+                AxesImage(raw, "c" + axes), ckpt.normalization))[None], "cpu", channels=True,
+        )[0]
+        np.save(folder / "input.npy", raw[None])
         np.save(folder / "output.npy", expected[None].astype(np.float32))
         provenance = ckpt.metadata.get("bioimageio") or {}
         fields = PackageFields(
@@ -148,13 +153,15 @@ def export_bioimageio(
             description=description or _description(ckpt, volume_name),
             authors=list(authors or provenance.get("authors") or [_login()]),
             license=license,
-            cite=_cites(cite, provenance, image.ndim),
+            cite=_cites(cite, provenance, ndim),
             axes=axes,
             scale=scale,
             units=units,
+            input_channels=_input_channels(ckpt, image),
         )
         try:
-            descr = build_description(ckpt, folder, fields, raw.shape, shape_multiple(ckpt.model))
+            descr = build_description(ckpt, folder, fields, raw.shape[1:],
+                                      shape_multiple(ckpt.model))
         except ValueError as exc:
             raise BioimageioExportError(str(exc)) from None
         from bioimageio.spec import save_bioimageio_package_to_stream
@@ -194,28 +201,59 @@ def _as_checkpoint(
 
 
 def _image_of(
-    volume: VolumeArray | str | os.PathLike,
-) -> tuple[VolumeArray, str, list[float] | None, dict[str, str]]:
-    """``(array, name, scale, units)``: an OME-Zarr store's level 0, or the array as given."""
+    volume: VolumeArray | AxesImage | str | os.PathLike, in_channels: int,
+) -> tuple[AxesImage, str, list[float] | None, dict[str, str]]:
+    """``(image, name, scale, units)``: the model's input (its channels, one time point) of
+    an OME-Zarr store's level 0, of an AxesImage, or of an array as given."""
+    scale: list[float] | None = None
+    units: dict[str, str] = {}
     if isinstance(volume, (str, os.PathLike)):
         from napari_finetune.io.omezarr import open_volume
 
-        opened = open_volume(volume)
-        scale = [float(s) for s in opened.scale[0]]
-        return opened.data, opened.name, scale, dict(opened.axis_units)
-    if not hasattr(volume, "shape") or len(volume.shape) not in (2, 3):
+        opened = open_volume(volume, keep_axes=True)
+        image, name = opened.input, opened.name
+        # The spatial axes' scale: the package's axes are the model's, without c and t.
+        scale = [float(s) for a, s in zip(opened.axes, opened.scale[0], strict=True)
+                 if a in SPATIAL]
+        units = {a: u for a, u in opened.axis_units.items() if a in SPATIAL}
+    elif isinstance(volume, AxesImage):
+        image, name = volume, "the given image"
+    elif hasattr(volume, "shape") and len(volume.shape) in (2, 3):
+        image, name = AxesImage.of(volume), "the given image"
+    else:
         raise BioimageioExportError(
-            "the volume for the test tensors must be a ZYX or YX array or an OME-Zarr store"
+            "the volume for the test tensors must be a ZYX or YX array, an AxesImage or an "
+            "OME-Zarr store"
         )
-    return volume, "the given image", None, {}
+    try:
+        image = image.for_model(in_channels, what="the volume")
+    except ChannelChoiceError:
+        listed = ", ".join(image.describe_channel(c) for c in range(image.channels))
+        raise BioimageioExportError(
+            f"the volume has {image.channels} channels ({listed}) and the model takes "
+            f"{in_channels}: cut the test tensors from the channel the model reads (save "
+            "it as its own OME-Zarr image, or pass the model's input image)"
+        ) from None
+    # The middle time point: a spatial model sees one at a time; a package has no time axis.
+    return image.at_time(image.time_points // 2), name, scale, units
+
+
+def _input_channels(ckpt: Checkpoint, image: AxesImage) -> list[str]:
+    """Names of the package's input channels: the run's record, the image's, or c0, c1..."""
+    count = image.channels
+    for names in (ckpt.metadata.get("input_channels"), list(image.channel_names)):
+        if isinstance(names, list) and len(names) == count and count > 1:
+            return [str(n) for n in names]
+    return ["raw"] if count == 1 else [f"c{i}" for i in range(count)]
 
 
 def _test_input(
-    image: VolumeArray, model: torch.nn.Module, tile_shape: Sequence[int] | None
+    image: AxesImage, model: torch.nn.Module, tile_shape: Sequence[int] | None
 ) -> np.ndarray:
-    """A tile from the centre of ``image``, each side a multiple of the model's."""
+    """A tile from the centre of ``image``, each side a multiple of the model's, as
+    ``(C, *tile)``."""
     multiple = shape_multiple(model)
-    shape = tuple(int(s) for s in image.shape)
+    shape = image.spatial_shape
     wanted = tuple(tile_shape) if tile_shape else DEFAULT_TILE[len(shape)]
     if len(wanted) != len(shape):
         raise BioimageioExportError(
@@ -228,7 +266,7 @@ def _test_input(
             "axis; use a bigger volume for the test tensors"
         )
     start = [(s - t) // 2 for s, t in zip(shape, tile, strict=True)]
-    raw = np.asarray(image[tuple(slice(a, a + t) for a, t in zip(start, tile, strict=True))])
+    raw = image.read(tuple(slice(a, a + t) for a, t in zip(start, tile, strict=True)))
     if raw.dtype.kind not in "uif" or raw.dtype.itemsize > 8:
         raw = raw.astype(np.float32)
     if raw.dtype.kind == "f" and not np.isfinite(raw).all():
