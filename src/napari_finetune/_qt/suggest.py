@@ -50,12 +50,13 @@ def go_to(viewer: ViewerModel, image_layer: Image, suggestion: Suggestion) -> No
     camera_of(viewer).center = tuple(float(w) for w in world[-2:])
 
 
-def describe(suggestion: Suggestion | None) -> str:
-    """The log line for a suggestion."""
+def describe(suggestion: Suggestion | None, axes: str | None = None) -> str:
+    """The log line for a suggestion; ``axes`` names its centre's axes (the painting's,
+    e.g. ``"tzyx"``; by default ZYX or YX, and TZYX for four)."""
     if suggestion is None:
         return "paint here next: every region is painted or was suggested already"
-    where = " ".join(f"{axis}={c}" for axis, c in zip("zyx"[-len(suggestion.center):],
-                                                      suggestion.center, strict=True))
+    names = axes or "tzyx"[-len(suggestion.center):]
+    where = " ".join(f"{axis}={c}" for axis, c in zip(names, suggestion.center, strict=True))
     return (
         f"paint here next: {where} (mean uncertainty {suggestion.uncertainty:.2f}, "
         "the most uncertain region with nothing painted)"

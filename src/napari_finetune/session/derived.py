@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from napari_finetune.arrays import AxesImage
 from napari_finetune.session.events import Progress
 from napari_finetune.session.jobs import model_to_predict
 from napari_finetune.session.work import Job, core_left_for_the_ui, with_progress
@@ -69,21 +70,24 @@ def objects_job(
 
 def uncertainty_job(
     checkpoint_path: str,
-    image: VolumeArray,
+    image: VolumeArray | AxesImage,
     channel_count: int | None,
     device: str,
     model: nn.Module | None = None,
     normalization: dict | None = None,
     trust: Sequence[str] = (),
 ) -> Job[np.ndarray]:
-    """Whole-volume probabilities, blockwise, turned into the entropy of each voxel."""
+    """Whole-volume probabilities, blockwise, turned into the entropy of each voxel (of
+    each voxel and time point of an image with time points; the channels a model reads
+    give one uncertainty)."""
     from napari_finetune.config import PredictConfig
     from napari_finetune.predict import predict_volume
 
     model, low_high, channel_count = model_to_predict(
         checkpoint_path, image, channel_count, model, normalization, trust
     )
-    shape = tuple(int(s) for s in image.shape)
+    # The painting's shape: channels are read together, time points one after the other.
+    shape = AxesImage.of(image).labels_shape
     probabilities = [np.zeros(shape, np.float32) for _ in range(channel_count)]
     with core_left_for_the_ui():
         yield from with_progress(

@@ -724,12 +724,17 @@ class Session:
             return self._refuse(reason)
         # The inputs as they are now: the job reads them in the runner's thread, and the
         # caller may change them for its next action meanwhile.
+        from napari_finetune.arrays import AxesImage
+
         image, checkpoint, trainer = self.image, str(self.checkpoint), self.trainer
         trust, count, device = self.trust, len(self.channel_names) or None, self.config.device
-        shape = tuple(int(n) for n in np.shape(image))
+        axes_image = AxesImage.of(image)  # channels and time points come as an AxesImage
+        shape = axes_image.spatial_shape
         # Half a training patch: a region a few strokes cover, and a patch's context around it.
         region = tuple(region_shape or (max(1, p // 2)
                                         for p in self.config.patch_shape[-len(shape):]))
+        if axes_image.has_time and len(region) == len(shape):
+            region = (1, *region)  # the uncertainty has the time axis; a stroke paints one
         key = (checkpoint, id(trainer), trainer.steps_done if trainer is not None else -1)
         fresh = self._uncertainty is None or self._uncertainty[0] != key
         cached = None if fresh or self._uncertainty is None else self._uncertainty[1]
