@@ -101,3 +101,27 @@ def test_the_model_input_image_of_a_session_exports(tmp_path):
     rdf, tensor = rdf_and_input(package)
     assert rdf["inputs"][0]["axes"][1]["channel_names"] == ["raw"]
     assert tensor.shape == (1, 1, *TILE)
+
+
+def test_a_session_on_a_time_series_or_channels_exports_a_tested_package(tmp_path):
+    """The panel's Export as bioimage.io on what the Session holds (its AxesImage)."""
+    from tests.session.conftest import RecordingViewer, tiny_config
+
+    from napari_finetune.io.omezarr import open_volume
+    from napari_finetune.session.runner import InlineRunner
+    from napari_finetune.session.session import Busy, Outcome, Session
+
+    frames = np.stack([volume(SHAPE), volume(SHAPE) // 2 + 60])
+    for axes, in_channels in (("tzyx", 1), ("czyx", 2)):
+        store = write_store(tmp_path / f"{axes}.zarr", frames, axes)
+        session = Session(InlineRunner(), viewer=RecordingViewer(),
+                          image=open_volume(store, keep_axes=True).input,
+                          checkpoint=str(checkpoint(tmp_path / f"{axes}.pt", in_channels)),
+                          store=str(store), channel_names=CHANNELS, config=tiny_config())
+        ends = []
+        session.events.ended.connect(lambda end, ends=ends: ends.append(end))
+        out = tmp_path / f"{axes}.zip"
+        assert session.export_bioimageio(str(out)) is True  # test_model runs in the job
+        assert [(e.action, e.outcome, e.reason) for e in ends] == [
+            (Busy.BIOIMAGEIO, Outcome.DONE, "")]
+        assert rdf_and_input(out)[1].shape[:2] == (1, in_channels)
