@@ -54,6 +54,21 @@ def labels(store: Path, name: str) -> tuple[list[str], np.ndarray]:
     return list(volume.axes), np.asarray(volume.data)
 
 
+def median_roles(checkpoint: Path, frame: np.ndarray) -> dict[str, ChannelRole]:
+    """Roles whose thresholds sit at the medians of the untrained model's output on
+    ``frame``: many objects to compare."""
+    from napari_finetune.data.normalization import intensity_range
+    from napari_finetune.model.checkpoint import load_checkpoint
+    from napari_finetune.predict import predict_volume
+
+    ckpt = load_checkpoint(checkpoint)
+    probs = np.asarray(predict_volume(ckpt.model, frame,
+                                      intensity_range(frame, ckpt.normalization), CONFIG))
+    return {"a": ChannelRole("object", threshold=float(np.median(probs[0])), min_size=3),
+            "b": ChannelRole("boundary", threshold=float(np.median(probs[1])),
+                             seed_distance=1.0)}
+
+
 def assert_same_masks(store: Path, reference: Path) -> None:
     for name in MASKS:
         got, want = labels(store, name), labels(reference, name)
@@ -94,19 +109,9 @@ def test_a_one_channel_model_predicts_the_channel_asked_for(tmp_path, client):
 def test_a_time_series_is_a_task_per_time_point_and_region_with_objects_per_time_point(
     tmp_path, client
 ):
-    from napari_finetune.data.normalization import intensity_range
-    from napari_finetune.model.checkpoint import load_checkpoint
-    from napari_finetune.predict import predict_volume
-
     frames = np.stack([image_of(SPATIAL, seed) for seed in range(3)])
     checkpoint = model(tmp_path / "m.pt")
-    # Thresholds at the medians of the untrained model's output: many objects.
-    ckpt = load_checkpoint(checkpoint)
-    probs = np.asarray(predict_volume(ckpt.model, frames[0],
-                                      intensity_range(frames[0], ckpt.normalization), CONFIG))
-    roles = {"a": ChannelRole("object", threshold=float(np.median(probs[0])), min_size=3),
-             "b": ChannelRole("boundary", threshold=float(np.median(probs[1])),
-                              seed_distance=1.0)}
+    roles = median_roles(checkpoint, frames[0])
     reference = write_store(tmp_path / "ref.zarr", frames, "tzyx")
     predict_to_omezarr(checkpoint, reference, config=CONFIG, instances=roles)
     store = write_store(tmp_path / "tzyx.zarr", frames, "tzyx")
@@ -147,3 +152,43 @@ def test_cli_workers_predict_a_time_series_and_check_the_channel_first(capsys, t
     assert "the store has 2 channels and the model takes 1: pass --channel 0 or --channel 1." \
         in err
     assert "local dask cluster" not in out
+
+
+def test_an_interrupted_time_series_resumes_with_the_same_masks_and_objects(tmp_path, client):
+    """Ctrl-C in the client after about half the region tasks of a TZYX store; the same call
+    again computes only the tasks without a done marker (numbered time point after time
+    point) and writes what the in-process prediction writes."""
+    from test_predict_distributed import _wait_idle
+
+    from napari_finetune.predict.job import done_regions
+
+    frames = np.stack([image_of(SPATIAL, seed) for seed in range(2)])
+    checkpoint = model(tmp_path / "m.pt")
+    roles = median_roles(checkpoint, frames[0])
+    reference = write_store(tmp_path / "ref.zarr", frames, "tzyx")
+    predict_to_omezarr(checkpoint, reference, config=CONFIG, instances=roles)
+    store = write_store(tmp_path / "tzyx.zarr", frames, "tzyx")
+
+    def interrupt_at_half(done: int, total: int) -> None:
+        if done >= 4:  # of 8 region tasks (and the objects' blocks)
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        predict_on_cluster(checkpoint, store, client, config=CONFIG, instances=roles,
+                           progress=interrupt_at_half)
+    _wait_idle(client)
+    assert list_labels(store) == []  # nothing listed: no reader sees a half result
+    before = done_regions(job_dir(store, "prediction"))
+    assert 4 <= len(before) < 8
+    lines: list[str] = []
+    run = predict_on_cluster(checkpoint, store, client, config=CONFIG, instances=roles,
+                             log=lines.append)
+    assert f"{len(before)} of 8 regions already written" in lines[0]
+    assert set(run.skipped) == before
+    assert sorted(i for i, _ in run.computed) == sorted(set(range(8)) - before)
+    assert_same_masks(store, reference)
+    for name in ("objects-a", "objects-b"):
+        got, want = labels(store, name)[1], labels(reference, name)[1]
+        for t in range(2):
+            assert want[t].max() > 1, (name, t)
+            assert same_up_to_relabelling(got[t], want[t]), (name, t)
