@@ -106,6 +106,8 @@ def test_a_client_re_attaches_within_the_grace_period_and_gets_status_and_weight
     assert again.steps_done == last.step == again.run_record["steps_done"]
     assert again.worker in client.scheduler_info()["workers"]
     assert again.run_record["worker"] == again.worker
+    assert again.placement.startswith(f"the dask worker {again.worker} (host ")
+    assert again.placement.endswith(", device cpu)")
     again.export(tmp_path / "reattached.pt")
     assert load_checkpoint(tmp_path / "reattached.pt").metadata["run"]["steps_done"] == last.step
     assert client.run_on_scheduler(run_leftovers, run_id=inputs.run_id) == []

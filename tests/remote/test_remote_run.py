@@ -73,6 +73,13 @@ def test_a_remote_run_gives_the_in_process_losses_and_weights(client, model_file
     assert statuses[-1].kind == "finished"
     assert statuses[-1].validation is not None  # held-out checks ran on the shipped tiles
     assert not [s for s in statuses if s.message.startswith("waiting for")]  # it started
+    # Where it trains, said once the worker built the run (a front end shows it).
+    import socket
+
+    worker = next(iter(client.scheduler_info()["workers"]))
+    assert remote.placement == f"the dask worker {worker} (host {socket.gethostname()}, device cpu)"
+    assert [s.message for s in statuses if s.message.startswith("training on ")] == [
+        f"training on {remote.placement}"]
     sent = [s.message for s in statuses if s.message.startswith("sending ")]
     assert sent and "MB" in sent[0]
     assert remote.bytes_sent < remote.volume_bytes  # only the reachable tiles travelled

@@ -39,6 +39,7 @@ from napari_finetune.remote.messages import (
     FAILED,
     KEPT,
     LOST,
+    PLACED,
     PREVIEW,
     STARTED,
     STATUS,
@@ -136,6 +137,10 @@ class RemoteFinetuner(Finetuner):
         step and score, as a local run keeps its own; the model holds the last.
     worker, bytes_sent, volume_bytes
         The worker that trains; what the inputs weighed against the image.
+    placement : str or None
+        Where the run is, for a front end: "the dask worker ADDRESS (host H, device
+        D)" once the worker built it, or what it waits for while queued ("waiting for
+        a worker with a GPU (GPU=1), k runs ahead"); None before either.
     run_id : str or None
         Names the last run's queues and events on the scheduler (None before one).
     store_used : bool
@@ -190,6 +195,7 @@ class RemoteFinetuner(Finetuner):
         self._preview_answer_step = 0
         self._preview_failure: str | None = None
         self._kept_on: str | None = None  # the worker holding the run's kept end
+        self.placement: str | None = None
 
     @classmethod
     def remote(
@@ -430,7 +436,9 @@ class RemoteFinetuner(Finetuner):
                     if future is not None and not said_waiting and (not workers or (
                             waited > QUIET_S and self._queued(client, future))):
                         said_waiting = True
-                        yield self.status("probe", self._waiting_line(client, resources, wait_s))
+                        line = self._waiting_line(client, resources, wait_s, future)
+                        self.placement = line.split(", on the dask scheduler")[0]
+                        yield self.status("probe", line)
                     if waited > wait_s:
                         raise RemoteError(
                             self._queue_timeout_line(client, resources, wait_s)
@@ -457,6 +465,8 @@ class RemoteFinetuner(Finetuner):
                 if message["kind"] == STATUS:
                     self.status_latency_s.append(time.time() - message["sent"])
                     yield status_from_plain(message["status"])
+                elif message["kind"] == PLACED:
+                    yield self.status("probe", f"training on {self.placement}")
         except (OSError, TimeoutError) as exc:  # dask's CommClosedError is an OSError
             lost = True
             raise SchedulerLost(self._scheduler_lost_line(messages.address, exc)) from None
@@ -524,6 +534,10 @@ class RemoteFinetuner(Finetuner):
         if kind == STARTED:
             self.worker = message["worker"]
             self.worker_tuning = dict(message["tuning"])
+        elif kind == PLACED:
+            self.worker = message["worker"]
+            self.placement = (f"the dask worker {message['worker']} (host {message['host']}, "
+                              f"device {message['device']})")
         elif kind == WEIGHTS:
             self._receive(message)
         elif kind == BEST:
@@ -656,9 +670,14 @@ class RemoteFinetuner(Finetuner):
         return client.run_on_scheduler(waits_for_a_worker, key=str(future.key)) is True
 
     def _waiting_line(self, client: Client, resources: Mapping[str, float],
-                      wait_s: float) -> str:
+                      wait_s: float, future: Future) -> str:
+        from napari_finetune.remote.worker import runs_ahead
+
         what = "a worker with a GPU" if "GPU" in resources else "a free worker"
-        return (f"waiting for {what} ({asked(resources) or 'no resources'}) on the dask "
+        ahead = client.run_on_scheduler(runs_ahead, key=str(future.key))
+        ahead = int(ahead) if isinstance(ahead, int) else 0
+        return (f"waiting for {what} ({asked(resources) or 'no resources'}), {ahead} "
+                f"run{'' if ahead == 1 else 's'} ahead, on the dask "
                 f"scheduler at {client.scheduler.address}: none is free yet; up to {wait_s:g} s "
                 "(--queue-timeout-s), Ctrl-C or Stop ends the wait")
 

@@ -31,6 +31,7 @@ PREVIEW = "preview"  # probabilities of a region the client asked for, after a s
 # The run ended with its client gone past the grace period; its last weights wait on the
 # worker named here (fetch_kept sends them on).
 KEPT = "kept"
+PLACED = "placed"  # the run is built on the worker: its host and torch device
 
 
 ARRAY = "__napari_finetune_array__"  # marks an array's dict: dtype, shape, raw bytes

@@ -44,6 +44,7 @@ from napari_finetune.remote.messages import (
     FAILED,
     KEPT,
     LOST,
+    PLACED,
     PREVIEW,
     STARTED,
     STATUS,
@@ -239,6 +240,18 @@ def train_on_worker(inputs: RunInputs) -> str:
         return "failed"
 
 
+def runs_ahead(dask_scheduler: Any, key: str) -> int:
+    """On the scheduler: how many other fine-tunes the task ``key`` waits behind (those
+    running or submitted before it, not yet done)."""
+    task = dask_scheduler.tasks.get(key)
+    if task is None:
+        return 0
+    return sum(1 for other in dask_scheduler.tasks.values()
+               if other is not task and str(other.key).startswith("napari-finetune-train-")
+               and other.state in ("processing", "no-worker", "queued")
+               and other.priority < task.priority)
+
+
 def task_error(dask_scheduler: Any, key: str) -> str | None:
     """On the scheduler: the exception of the task ``key`` that erred, as dask's text
     (its type and message), or None (a string: nothing pickled comes back)."""
@@ -293,6 +306,9 @@ def _train(inputs: RunInputs, messages: Outbox, stop: Event, address: str,
     except Exception as exc:  # a bad input: one line, nothing trained
         messages.put(_failed(exc))
         return "failed"
+    # Where it trains, for the panel; sent again to a client that re-attaches.
+    placed = {**hello, "kind": PLACED, "device": str(trainer.device)}
+    messages.put(placed)
     ended = "finished"
     every = max(1, inputs.weights_every)
     best_sent: int | None = None  # the step of the best weights sent last
@@ -302,7 +318,7 @@ def _train(inputs: RunInputs, messages: Outbox, stop: Event, address: str,
             # When it left (wall clock): on one machine the client measures the latency.
             last = {"kind": STATUS, "status": status_to_plain(status), "sent": time.time()}
             if link.check():  # re-attached: the run's state first, then the run goes on
-                _greet(trainer, messages, address, hello)
+                _greet(trainer, messages, address, [hello, placed])
                 best_sent = trainer.validator.best.step
             elif not link.attached:
                 _gone(trainer, status, link)
@@ -329,7 +345,7 @@ def _train(inputs: RunInputs, messages: Outbox, stop: Event, address: str,
         end = [{"kind": DONE}]
     link.check(force=True)  # a client that left in the last second gets its end kept
     if not link.attached:
-        _keep(inputs, trainer, messages, address, [hello, *([last] if last else []),
+        _keep(inputs, trainer, messages, address, [hello, placed, *([last] if last else []),
                                                    *_last_weights(trainer, address), *end])
     else:
         if ended == "finished" or trainer.steps_done:
@@ -349,10 +365,13 @@ def _gone(trainer: Finetuner, status: Status, link: ClientLink) -> None:
                          f"for {link.grace_s:g} s (remote_grace_s)")
 
 
-def _greet(trainer: Finetuner, messages: Outbox, address: str, hello: dict[str, Any]) -> None:
-    """What a client that re-attached needs: where the run is, its weights so far."""
+def _greet(trainer: Finetuner, messages: Outbox, address: str,
+           where: list[dict[str, Any]]) -> None:
+    """What a client that re-attached needs: where the run is (``where``: the started and
+    placed messages), its weights so far."""
     messages.queue.get(batch=True)  # what nobody read: the state below replaces it
-    messages.put(hello)
+    for message in where:
+        messages.put(message)
     for message in _last_weights(trainer, address):
         messages.put(message)
 
