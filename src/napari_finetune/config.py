@@ -111,6 +111,11 @@ class FinetuneConfig:
         On a dask scheduler (``--scheduler``): the most bytes a run may send (the
         checkpoint, the painting and the image tiles around it); a run that would
         send more is refused before anything is sent.
+    remote_grace_s : float
+        On a dask scheduler (``--scheduler``): how long a worker whose client is gone
+        (a laptop asleep, Wi-Fi dropped) trains on, waiting for a client to re-attach
+        to the run by its id; after it, the run stops and its last weights stay on the
+        worker for a client to fetch.
     """
 
     steps: int = 200
@@ -154,6 +159,7 @@ class FinetuneConfig:
     voxel_size: tuple[float, ...] | None = None
     queue_timeout_s: float = 600.0
     max_send_bytes: int = 2_000_000_000
+    remote_grace_s: float = 300.0
 
     def __post_init__(self) -> None:
         self.patch_shape = tuple(int(s) for s in self.patch_shape)
@@ -172,6 +178,9 @@ class FinetuneConfig:
         _positive_int(self, "lora_rank")
         _positive_int(self, "validation_every")
         _positive_int(self, "max_send_bytes")
+        if not self.remote_grace_s >= 0:  # NaN too: the worker compares against it
+            raise ValueError(f"remote_grace_s must be >= 0 seconds, got {self.remote_grace_s!r}; "
+                             "300 lets a client re-attach within 5 minutes, 0 stops at once.")
         if not 0 <= self.validation_fraction < 1:
             raise ValueError(
                 f"validation_fraction must be in [0, 1), got {self.validation_fraction!r}; "

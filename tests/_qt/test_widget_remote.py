@@ -58,6 +58,11 @@ def test_the_widget_trains_on_a_dask_worker_with_status_labels_and_a_preview(
     panel = widget.status_panel
     log = panel.log.toPlainText()
     assert f"to the dask scheduler at {cluster_address}" in log  # what went over the wire
+    # Which worker and device the run got, in the panel's log and on the Session's trainer.
+    trainer = widget.state.trainer
+    assert trainer.placement.startswith("the dask worker tcp://")
+    assert trainer.placement.endswith(", device cpu)")
+    assert f"training on {trainer.placement}" in log
     assert panel.dtype_label.text() == "fp32 (mixed precision off)"
     assert panel.batch_label.text() == "batch 1 × accumulation 1 (effective 1)"
     assert len(panel.loss_plot.losses) == 6

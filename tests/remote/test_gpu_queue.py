@@ -51,7 +51,10 @@ def test_a_run_waits_while_the_gpu_is_busy_and_stop_ends_the_wait(gpu_client, tm
         statuses.append(status)
         if status.message.startswith("waiting for a worker with a GPU (GPU=1)"):
             waiting.stop()
-    assert statuses[-1].message.startswith("waiting for a worker with a GPU (GPU=1)")
+    assert statuses[-1].message.startswith(
+        "waiting for a worker with a GPU (GPU=1), 1 run ahead, on the dask scheduler")
+    # What a front end shows while it waits, and for what.
+    assert waiting.placement == "waiting for a worker with a GPU (GPU=1), 1 run ahead"
     assert waiting.steps_done == 0 and waiting.worker is None
     assert gpu_client.run_on_scheduler(run_leftovers, run_id=waiting.run_id) == []
     holding.close()  # the busy run stops after its step; its weights come back

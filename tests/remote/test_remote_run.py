@@ -7,7 +7,6 @@ the checks before anything starts are one line each.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -74,6 +73,13 @@ def test_a_remote_run_gives_the_in_process_losses_and_weights(client, model_file
     assert statuses[-1].kind == "finished"
     assert statuses[-1].validation is not None  # held-out checks ran on the shipped tiles
     assert not [s for s in statuses if s.message.startswith("waiting for")]  # it started
+    # Where it trains, said once the worker built the run (a front end shows it).
+    import socket
+
+    worker = next(iter(client.scheduler_info()["workers"]))
+    assert remote.placement == f"the dask worker {worker} (host {socket.gethostname()}, device cpu)"
+    assert [s.message for s in statuses if s.message.startswith("training on ")] == [
+        f"training on {remote.placement}"]
     sent = [s.message for s in statuses if s.message.startswith("sending ")]
     assert sent and "MB" in sent[0]
     assert remote.bytes_sent < remote.volume_bytes  # only the reachable tiles travelled
@@ -262,31 +268,3 @@ def test_no_queue_or_event_of_a_run_stays_on_the_scheduler(client, model_file, m
     for run_id in ids:
         assert client.run_on_scheduler(run_leftovers, run_id=run_id) == [], run_id
 
-
-def test_a_run_whose_client_left_stops_and_leaves_nothing_on_the_scheduler(client, model_file):
-    """The laptop vanished mid-run (its client closed, no cleanup of its own): the scheduler
-    releases the task, the worker stops after its step and deletes the run's queues and
-    events."""
-    from distributed import Client, Queue
-
-    from napari_finetune.remote.worker import run_leftovers, train_on_worker
-
-    image, corrections = volume()
-    remote = RemoteFinetuner.remote(load_checkpoint(model_file), image, corrections,
-                                    config(steps=100_000, validation_fraction=0.0), client)
-    inputs = remote.inputs()
-    with Client(client.scheduler.address, set_as_default=False) as gone:
-        Queue(inputs.queue_name(), client=gone)
-        future = gone.submit(train_on_worker, inputs, pure=False)
-        deadline = time.monotonic() + 120
-        while len(client.run_on_scheduler(run_leftovers, run_id=inputs.run_id)) < 3:
-            assert time.monotonic() < deadline and not future.done()  # started: set
-            time.sleep(0.2)
-    deadline = time.monotonic() + 120
-    while client.run_on_scheduler(run_leftovers, run_id=inputs.run_id):
-        assert time.monotonic() < deadline, "the abandoned run left its queues or events"
-        time.sleep(0.2)
-    # The worker is free again: the next run trains.
-    again = RemoteFinetuner.remote(load_checkpoint(model_file), image, corrections,
-                                   config(steps=1, validation_fraction=0.0), client)
-    assert list(again.run())[-1].kind == "finished"

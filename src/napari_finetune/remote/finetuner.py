@@ -37,12 +37,15 @@ from napari_finetune.remote.messages import (
     BEST,
     DONE,
     FAILED,
+    KEPT,
     LOST,
+    PLACED,
     PREVIEW,
     STARTED,
     STATUS,
     WEIGHTS,
     RunInputs,
+    RunNames,
     encode,
     region_from_plain,
     region_to_plain,
@@ -79,6 +82,8 @@ logger = logging.getLogger(__name__)
 POLL_S = 0.05
 # After this long without a message, whether the worker is still there is asked.
 QUIET_S = 1.0
+# How long a re-attached run may take to answer (the worker reads requests between steps).
+ATTACH_WAIT_S = 60.0
 
 
 def kept_path(store: str | os.PathLike) -> Path:
@@ -132,6 +137,10 @@ class RemoteFinetuner(Finetuner):
         step and score, as a local run keeps its own; the model holds the last.
     worker, bytes_sent, volume_bytes
         The worker that trains; what the inputs weighed against the image.
+    placement : str or None
+        Where the run is, for a front end: "the dask worker ADDRESS (host H, device
+        D)" once the worker built it, or what it waits for while queued ("waiting for
+        a worker with a GPU (GPU=1), k runs ahead"); None before either.
     run_id : str or None
         Names the last run's queues and events on the scheduler (None before one).
     store_used : bool
@@ -185,6 +194,8 @@ class RemoteFinetuner(Finetuner):
         self.preview_step: int | None = None
         self._preview_answer_step = 0
         self._preview_failure: str | None = None
+        self._kept_on: str | None = None  # the worker holding the run's kept end
+        self.placement: str | None = None
 
     @classmethod
     def remote(
@@ -328,27 +339,93 @@ class RemoteFinetuner(Finetuner):
 
     def _relay(self, client: Client, inputs: RunInputs, workers: list[str],
                resources: Mapping[str, float]) -> Iterator[Status]:
-        from distributed import Event, Queue
+        from distributed import Queue
 
-        from napari_finetune.remote.channel import MessageChannel
         from napari_finetune.remote.worker import train_on_worker
 
         self.run_id = inputs.run_id
         Queue(inputs.queue_name(), client=client)  # made before the task puts on it
-        messages = MessageChannel(client)
-        name = inputs.queue_name()
-        previews = Queue(inputs.preview_name(), client=client)
-        stop = Event(inputs.stop_name(), client=client)
         [shipped] = client.scatter([inputs], workers=workers or None)
         future = client.submit(
             train_on_worker, shipped, key=f"napari-finetune-train-{inputs.run_id}",
             resources=dict(resources) or None, workers=workers or None,
             allow_other_workers=False, pure=False,
         )
+        yield from self._follow(client, inputs, future, workers, resources)
+
+    def attach(self, run_id: str) -> Generator[Status, None, None]:
+        """Re-attach to the run ``run_id`` (its :attr:`run_id`), whose client is gone (a
+        laptop that slept, a napari that was killed), and yield its statuses from where
+        it is.
+
+        Nothing is sent but the request: this client is the run's reader from now
+        on. A run still within its grace period (the config's ``remote_grace_s``)
+        answers with where it is and its weights so far, then goes on as a run of
+        this client would (:meth:`stop`, previews, the weights at its end); a run
+        that stopped when its grace ran out sends the last weights its worker kept.
+
+        Parameters
+        ----------
+        run_id : str
+            The run's id, as its first client held it (:attr:`run_id`).
+
+        Raises
+        ------
+        RemoteError
+            The scheduler knows no such run (it ended and its end was read, or the
+            scheduler restarted), or nothing answered in time.
+        """
+        from distributed import Queue
+
+        from napari_finetune.remote.messages import RunNames
+        from napari_finetune.remote.worker import run_leftovers
+
+        if self._released:
+            raise RuntimeError("this Finetuner was released; build a new one to re-attach.")
+        self.run_id = str(run_id)
+        self._start_time = time.perf_counter()
+        if isinstance(self.scheduler, str):
+            address = self.scheduler
+            client = connect(address, self.security, self.connect_timeout_s)
+        else:
+            address, client = str(self.scheduler.scheduler.address), self.scheduler
+        try:
+            names = RunNames(self.run_id)
+            held = client.run_on_scheduler(run_leftovers, run_id=self.run_id)
+            if not isinstance(held, list) or names.queue_name() not in held:
+                raise RemoteError(
+                    f"the dask scheduler at {address} holds no run {self.run_id}: it ended "
+                    "and its end was read already, or the scheduler restarted (a run's kept "
+                    "weights are found through the scheduler).")
+            Queue(names.attach_name(), client=client).put(encode({"client": str(client.id)}))
+            yield self.status("probe", f"re-attaching to the run {self.run_id} on the dask "
+                                       f"scheduler at {address}")
+            yield from self._follow(client, names, None, [], {})
+        finally:
+            if client is not self.scheduler:
+                client.close()
+
+    def _follow(self, client: Client, names: RunNames, future: Future | None,
+                workers: list[str], resources: Mapping[str, float]) -> Iterator[Status]:
+        """Read the run's queue until its end: the statuses yielded, the weights held.
+
+        ``future`` is the run's task (None for a client that re-attached: the task
+        is no longer its to watch)."""
+        from distributed import Event, Queue
+
+        from napari_finetune.remote.channel import MessageChannel
+
+        messages = MessageChannel(client)
+        name = names.queue_name()
+        previews = Queue(names.preview_name(), client=client)
+        stop = Event(names.stop_name(), client=client)
+        fetching: Future | None = None  # the task that sends kept weights on (held: a
+        # released future's task is cancelled)
         ended = stop_sent = lost = said_waiting = False
         heard = submitted = time.monotonic()
-        wait_s = float(self.remote_config.queue_timeout_s)
+        wait_s = float(self.remote_config.queue_timeout_s) if future is not None else ATTACH_WAIT_S
         pending: deque[dict[str, Any]] = deque()  # taken from the queue, not yet applied
+        self._kept_on = None
         try:
             while not ended:
                 if self.worker is None and not pending:  # queued: no worker took it yet
@@ -356,16 +433,24 @@ class RemoteFinetuner(Finetuner):
                         ended = True  # Stop or Ctrl-C while queued ends it at once
                         break
                     waited = time.monotonic() - submitted
-                    if not said_waiting and (not workers or (
+                    if future is not None and not said_waiting and (not workers or (
                             waited > QUIET_S and self._queued(client, future))):
                         said_waiting = True
-                        yield self.status("probe", self._waiting_line(client, resources, wait_s))
+                        line = self._waiting_line(client, resources, wait_s, future)
+                        self.placement = line.split(", on the dask scheduler")[0]
+                        yield self.status("probe", line)
                     if waited > wait_s:
-                        raise RemoteError(self._queue_timeout_line(client, resources, wait_s))
+                        raise RemoteError(
+                            self._queue_timeout_line(client, resources, wait_s)
+                            if future is not None else
+                            f"the run {names.run_id} did not answer within {wait_s:g} s: its "
+                            "dask worker is gone or busy with a step.")
                 if self._stop.is_set() and not stop_sent:
                     stop.set()  # read by the worker after the step in progress
                     stop_sent = True
                 self._send_preview_request(previews)
+                if self._kept_on is not None and fetching is None:
+                    fetching = self._fetch(client, names, self._kept_on)
                 if not pending:
                     pending.extend(messages.take(name))  # maybe nothing
                 if not pending:
@@ -380,6 +465,8 @@ class RemoteFinetuner(Finetuner):
                 if message["kind"] == STATUS:
                     self.status_latency_s.append(time.time() - message["sent"])
                     yield status_from_plain(message["status"])
+                elif message["kind"] == PLACED:
+                    yield self.status("probe", f"training on {self.placement}")
         except (OSError, TimeoutError) as exc:  # dask's CommClosedError is an OSError
             lost = True
             raise SchedulerLost(self._scheduler_lost_line(messages.address, exc)) from None
@@ -398,31 +485,44 @@ class RemoteFinetuner(Finetuner):
                     pass
             messages.close()
             if not lost:
-                self._forget(client, future, inputs)
+                self._forget(client, future, names)
+
+    def _fetch(self, client: Client, names: RunNames, worker: str) -> Future:
+        """Ask ``worker``, which kept the run's last messages, to send them on."""
+        from napari_finetune.remote.worker import fetch_kept
+
+        if worker not in client.scheduler_info(n_workers=-1)["workers"]:
+            raise RemoteWorkerLost(
+                f"the dask worker {worker} that kept the weights of the run {names.run_id} "
+                "is gone: they went with it.")
+        return client.submit(fetch_kept, names.run_id, workers=[worker],
+                             allow_other_workers=False, pure=False,
+                             key=f"napari-finetune-fetch-{names.run_id}-{uuid.uuid4().hex[:8]}")
 
     @staticmethod
-    def _forget(client: Client, future: Future, inputs: RunInputs) -> None:
+    def _forget(client: Client, future: Future | None, names: RunNames) -> None:
         """However the run ended: no retry of its task, and its queues and events are
         deleted on the scheduler (a task still running ends at its next message)."""
         from napari_finetune.remote.worker import forget_run
 
         try:
-            future.cancel()  # a running task goes on; a retry not started never starts
-            client.run_on_scheduler(forget_run, queues=inputs.queue_names(),
-                                    events=inputs.event_names())
+            if future is not None:  # a running task goes on; a retry not started never starts
+                future.cancel()
+            client.run_on_scheduler(forget_run, queues=names.queue_names(),
+                                    events=names.event_names())
         except Exception:  # the scheduler went away meanwhile: nothing is left there
             pass
 
-    def _check_alive(self, client: Client, future: Future) -> None:
+    def _check_alive(self, client: Client, future: Future | None) -> None:
         """:class:`RemoteError` with the worker's exception when the task failed (read on
         the scheduler as text), :class:`RemoteWorkerLost` when its worker left."""
-        if future.status == "error":
+        if future is not None and future.status == "error":
             from napari_finetune.remote.worker import task_error
 
             text = client.run_on_scheduler(task_error, key=str(future.key))
             if isinstance(text, str) and text.strip():
                 raise RemoteError(self._failed_line(text.strip().splitlines()[0], None))
-        if future.status in ("error", "cancelled", "lost") or (
+        if (future is not None and future.status in ("error", "cancelled", "lost")) or (
             self.worker is not None
             and self.worker not in client.scheduler_info(n_workers=-1)["workers"]
         ):
@@ -434,6 +534,10 @@ class RemoteFinetuner(Finetuner):
         if kind == STARTED:
             self.worker = message["worker"]
             self.worker_tuning = dict(message["tuning"])
+        elif kind == PLACED:
+            self.worker = message["worker"]
+            self.placement = (f"the dask worker {message['worker']} (host {message['host']}, "
+                              f"device {message['device']})")
         elif kind == WEIGHTS:
             self._receive(message)
         elif kind == BEST:
@@ -457,6 +561,8 @@ class RemoteFinetuner(Finetuner):
                                                 message.get("worker")))
         elif kind == LOST:
             raise RemoteWorkerLost(self._lost_line())
+        elif kind == KEPT:  # the run ended unread: its worker sends the kept end on asking
+            self._kept_on = str(message["worker"])
         return kind == DONE
 
     def _drain(self, messages: MessageChannel, name: str, pending: deque[dict[str, Any]],
@@ -564,9 +670,14 @@ class RemoteFinetuner(Finetuner):
         return client.run_on_scheduler(waits_for_a_worker, key=str(future.key)) is True
 
     def _waiting_line(self, client: Client, resources: Mapping[str, float],
-                      wait_s: float) -> str:
+                      wait_s: float, future: Future) -> str:
+        from napari_finetune.remote.worker import runs_ahead
+
         what = "a worker with a GPU" if "GPU" in resources else "a free worker"
-        return (f"waiting for {what} ({asked(resources) or 'no resources'}) on the dask "
+        ahead = client.run_on_scheduler(runs_ahead, key=str(future.key))
+        ahead = int(ahead) if isinstance(ahead, int) else 0
+        return (f"waiting for {what} ({asked(resources) or 'no resources'}), {ahead} "
+                f"run{'' if ahead == 1 else 's'} ahead, on the dask "
                 f"scheduler at {client.scheduler.address}: none is free yet; up to {wait_s:g} s "
                 "(--queue-timeout-s), Ctrl-C or Stop ends the wait")
 
@@ -584,10 +695,16 @@ class RemoteFinetuner(Finetuner):
     def _scheduler_lost_line(self, address: str, exc: BaseException) -> str:
         from napari_finetune.errors import first_line
 
+        # A dropped connection is not a dead scheduler: the worker trains on for the
+        # grace period, and the run's id is what re-attaches to it.
+        grace = float(self.remote_config.remote_grace_s)
+        again = (f"; if the scheduler is still up, the worker trains on for {grace:g} s "
+                 f"(remote_grace_s): re-attach to the run {self.run_id} "
+                 "(RemoteFinetuner.attach) for its weights" if grace > 0 and self.run_id else "")
         return (
             f"the dask scheduler at {address} was lost ({type(exc).__name__}: "
             f"{first_line(exc) or 'no answer'}); the weights of step {self.steps_done} "
-            "received last are kept: export them and fine-tune from them to continue."
+            f"received last are kept: export them and fine-tune from them to continue{again}."
         )
 
     def _lost_line(self) -> str:

@@ -28,6 +28,10 @@ STARTED, STATUS, WEIGHTS, FAILED, DONE, LOST = (
 )
 BEST = "best"  # the best validation weights so far, their step and score
 PREVIEW = "preview"  # probabilities of a region the client asked for, after a step
+# The run ended with its client gone past the grace period; its last weights wait on the
+# worker named here (fetch_kept sends them on).
+KEPT = "kept"
+PLACED = "placed"  # the run is built on the worker: its host and torch device
 
 
 ARRAY = "__napari_finetune_array__"  # marks an array's dict: dtype, shape, raw bytes
@@ -143,7 +147,51 @@ def region_from_plain(plain: list[list[int]]) -> tuple[slice, ...]:
 
 
 @dataclass(frozen=True)
-class RunInputs:
+class RunNames:
+    """The names of one run's queues and events on the scheduler, from its id alone (a
+    client that re-attaches to a run knows nothing else of it).
+
+    Attributes
+    ----------
+    run_id : str
+        The run's id (:attr:`RemoteFinetuner.run_id
+        <napari_finetune.remote.finetuner.RemoteFinetuner.run_id>`).
+    """
+
+    run_id: str
+
+    def queue_name(self) -> str:
+        """The run's message queue, worker -> client."""
+        return f"napari-finetune-{self.run_id}-messages"
+
+    def stop_name(self) -> str:
+        """The run's Stop event, client -> worker."""
+        return f"napari-finetune-{self.run_id}-stop"
+
+    def preview_name(self) -> str:
+        """The run's preview requests, client -> worker."""
+        return f"napari-finetune-{self.run_id}-previews"
+
+    def attach_name(self) -> str:
+        """The run's re-attach requests, client -> worker: the id of the client that reads
+        the run from now on."""
+        return f"napari-finetune-{self.run_id}-attach"
+
+    def started_name(self) -> str:
+        """Set by the task when it starts: a second start is a retry after a lost worker."""
+        return f"napari-finetune-{self.run_id}-started"
+
+    def queue_names(self) -> list[str]:
+        """The run's queues on the scheduler."""
+        return [self.queue_name(), self.preview_name(), self.attach_name()]
+
+    def event_names(self) -> list[str]:
+        """The run's events on the scheduler."""
+        return [self.stop_name(), self.started_name()]
+
+
+@dataclass(frozen=True)
+class RunInputs(RunNames):
     """Everything one remote run needs, sent with its task.
 
     Attributes
@@ -170,7 +218,6 @@ class RunInputs:
         with other ones; empty: not checked).
     """
 
-    run_id: str
     checkpoint: bytes
     suffix: str
     trust: tuple[str, ...]
@@ -185,27 +232,3 @@ class RunInputs:
     def nbytes(self) -> int:
         """Bytes of the payload (checkpoint, painting, image tiles or none)."""
         return len(self.checkpoint) + self.painting.nbytes + self.image.nbytes
-
-    def queue_name(self) -> str:
-        """The run's message queue, worker -> client."""
-        return f"napari-finetune-{self.run_id}-messages"
-
-    def stop_name(self) -> str:
-        """The run's Stop event, client -> worker."""
-        return f"napari-finetune-{self.run_id}-stop"
-
-    def preview_name(self) -> str:
-        """The run's preview requests, client -> worker."""
-        return f"napari-finetune-{self.run_id}-previews"
-
-    def started_name(self) -> str:
-        """Set by the task when it starts: a second start is a retry after a lost worker."""
-        return f"napari-finetune-{self.run_id}-started"
-
-    def queue_names(self) -> list[str]:
-        """The run's queues on the scheduler."""
-        return [self.queue_name(), self.preview_name()]
-
-    def event_names(self) -> list[str]:
-        """The run's events on the scheduler."""
-        return [self.stop_name(), self.started_name()]

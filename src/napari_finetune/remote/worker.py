@@ -9,6 +9,16 @@ after the step in progress. Every ``weights_every`` steps, and at the end
 however the run ended, it sends the weights (adapters merged) and the run
 record, which names the host and device that trained.
 
+A worker whose client is gone (its process killed, a laptop asleep: the
+scheduler released the task) trains on for the config's ``remote_grace_s``,
+sending nothing meanwhile: a client that re-attaches to the run by its id (a
+request on the run's attach queue) gets its status and weights at once and
+reads the run from there. When the grace runs out, or the run ends with nobody
+reading it, its last messages (status, weights, best weights, how it ended) are
+kept in a file of the worker's local directory, a small ``kept`` note on the
+run's queue names the worker, and :func:`fetch_kept` sends them to the client
+that asks.
+
 dask retries a task whose worker died from scratch; a retry of a run would
 report steps the client already saw from another start, so a second start
 only says the first worker was lost (the client keeps the last weights it
@@ -32,12 +42,15 @@ from napari_finetune.remote.messages import (
     BEST,
     DONE,
     FAILED,
+    KEPT,
     LOST,
+    PLACED,
     PREVIEW,
     STARTED,
     STATUS,
     WEIGHTS,
     RunInputs,
+    RunNames,
     decode,
     encode,
     region_from_plain,
@@ -46,9 +59,15 @@ from napari_finetune.remote.messages import (
 )
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from distributed import Event, Queue
 
     from napari_finetune.trainer.loop import Finetuner
+    from napari_finetune.trainer.status import Status
+
+# How often the worker asks whether its client is still there (a scheduler round trip).
+CHECK_CLIENT_S = 1.0
 
 
 class Outbox:
@@ -60,6 +79,105 @@ class Outbox:
     def put(self, message: dict[str, Any]) -> None:
         """Send ``message`` (plain data; a value that is not raises ``PlainDataError``)."""
         self.queue.put(encode(message))
+
+
+class ClientLink:
+    """Who reads the run, and since when nobody has.
+
+    The client that submitted the task is there while the scheduler holds the task
+    (a local check); a client that re-attached is there while the scheduler knows
+    its id (a round trip, at most every :data:`CHECK_CLIENT_S`).
+
+    Parameters
+    ----------
+    names : RunNames
+        The run's queues (its attach requests are read here).
+    grace_s : float
+        How long the run goes on with nobody reading it.
+    messages : Outbox
+        The run's messages: emptied when nobody reads them (the scheduler holds them).
+    """
+
+    def __init__(self, names: RunNames, grace_s: float, messages: Outbox) -> None:
+        from distributed import Queue
+
+        self.messages = messages
+        self.grace_s = float(grace_s)
+        self.reader: str | None = None  # None: the client that submitted the task
+        self.gone_since: float | None = None
+        self.checked = -float("inf")
+        self.requests = Queue(names.attach_name())
+
+    @property
+    def attached(self) -> bool:
+        """Whether a client reads the run (as far as the last check knows)."""
+        return self.gone_since is None
+
+    def expired(self) -> bool:
+        """Whether nobody has read the run for the grace period."""
+        return self.gone_since is not None and time.monotonic() - self.gone_since >= self.grace_s
+
+    def check(self, force: bool = False) -> bool:
+        """Look for a re-attach request and for the reader; True when a client has just
+        re-attached (it is owed the run's state)."""
+        now = time.monotonic()
+        if not force and now - self.checked < CHECK_CLIENT_S:
+            return False
+        self.checked = now
+        requests = self.requests.get(batch=True)  # what is there now, maybe nothing
+        if requests:
+            self.reader = str(decode(requests[-1])["client"])
+            self.gone_since = None
+            return True
+        if self.gone_since is None and not self._present():
+            self.gone_since = now
+            # Unread weights would sit in the scheduler's memory; a client that
+            # re-attaches gets the run's state afresh.
+            self.messages.queue.get(batch=True)
+        return False
+
+    def _present(self) -> bool:
+        if self.reader is None:
+            return not _abandoned()
+        from distributed import get_client
+
+        return get_client().run_on_scheduler(client_present, client_id=self.reader) is True
+
+
+def client_present(dask_scheduler: Any, client_id: str) -> bool:
+    """On the scheduler: whether the client ``client_id`` is connected."""
+    return client_id in dask_scheduler.clients
+
+
+def kept_file(run_id: str) -> Path:
+    """Where this worker keeps the last messages of ``run_id`` when nobody read its end."""
+    from pathlib import Path
+
+    from distributed import get_worker
+
+    return Path(get_worker().local_directory) / f"napari-finetune-kept-{run_id}.msgpack"
+
+
+def fetch_kept(run_id: str) -> str:
+    """On the worker that kept ``run_id``'s last messages: put them on the run's queue for
+    the client that asked (and delete the file); how it went, in a word."""
+    import msgpack  # type: ignore[import-untyped]  # dask.distributed's own dependency
+    from distributed import Queue, get_worker
+
+    queue = Queue(RunNames(run_id).queue_name())
+    path = kept_file(run_id)
+    try:
+        kept = msgpack.unpackb(path.read_bytes(), raw=False)
+    except FileNotFoundError:
+        queue.put(encode({
+            "kind": FAILED, "type": "RemoteError", "worker": get_worker().address,
+            "line": f"the weights of the run {run_id} are no longer on the dask worker "
+                    f"{get_worker().address} (it restarted, or another client fetched them)"}))
+        return "missing"
+    for message in kept:
+        queue.put(message)
+    path.unlink()
+    return "fetched"
 
 
 def forget_run(dask_scheduler: Any, queues: list[str], events: list[str]) -> None:
@@ -109,16 +227,29 @@ def train_on_worker(inputs: RunInputs) -> str:
 
     try:
         with training_process(get_worker().state.nthreads) as tuning:
-            messages.put({"kind": STARTED, "worker": address, "host": socket.gethostname(),
-                          "tuning": dataclasses.asdict(tuning)})
+            hello = {"kind": STARTED, "worker": address, "host": socket.gethostname(),
+                     "tuning": dataclasses.asdict(tuning)}
+            messages.put(hello)
+            link = ClientLink(inputs, float(inputs.config.remote_grace_s), messages)
             return _train(inputs, messages, Event(inputs.stop_name()), address,
-                          Queue(inputs.preview_name()))
+                          Queue(inputs.preview_name()), link, hello)
     except Exception as exc:  # outside the training loop: its own type and line, not "lost"
         messages.put({**_failed(exc), "worker": address})
-        return "failed"
-    finally:
         if _abandoned():  # nobody reads the run any more: nothing of it stays behind
-            _forget_from_worker(inputs)
+            _forget_from_worker(inputs.queue_names(), inputs.event_names())
+        return "failed"
+
+
+def runs_ahead(dask_scheduler: Any, key: str) -> int:
+    """On the scheduler: how many other fine-tunes the task ``key`` waits behind (those
+    running or submitted before it, not yet done)."""
+    task = dask_scheduler.tasks.get(key)
+    if task is None:
+        return 0
+    return sum(1 for other in dask_scheduler.tasks.values()
+               if other is not task and str(other.key).startswith("napari-finetune-train-")
+               and other.state in ("processing", "no-worker", "queued")
+               and other.priority < task.priority)
 
 
 def task_error(dask_scheduler: Any, key: str) -> str | None:
@@ -157,32 +288,43 @@ def _abandoned() -> bool:
     return task is None or task.state in ("cancelled", "released", "forgotten")
 
 
-def _forget_from_worker(inputs: RunInputs) -> None:
+def _forget_from_worker(queues: list[str], events: list[str]) -> None:
     from distributed import get_client
 
     try:
-        get_client().run_on_scheduler(forget_run, queues=inputs.queue_names(),
-                                      events=inputs.event_names())
+        get_client().run_on_scheduler(forget_run, queues=queues, events=events)
     except Exception:  # the scheduler is gone: nothing is left there
         pass
 
 
 def _train(inputs: RunInputs, messages: Outbox, stop: Event, address: str,
-           previews: Queue) -> str:
-    """Build and run the fine-tune, sending its statuses and weights; how it ended."""
+           previews: Queue, link: ClientLink, hello: dict[str, Any]) -> str:
+    """Build and run the fine-tune, sending its statuses and weights while a client reads
+    them (else keeping them); how it ended."""
     try:
         trainer = _build(inputs)
     except Exception as exc:  # a bad input: one line, nothing trained
         messages.put(_failed(exc))
         return "failed"
+    # Where it trains, for the panel; sent again to a client that re-attaches.
+    placed = {**hello, "kind": PLACED, "device": str(trainer.device)}
+    messages.put(placed)
     ended = "finished"
     every = max(1, inputs.weights_every)
     best_sent: int | None = None  # the step of the best weights sent last
+    last: dict[str, Any] | None = None  # the last status, for a client that re-attaches
     try:
         for status in trainer.run():
             # When it left (wall clock): on one machine the client measures the latency.
-            messages.put({"kind": STATUS, "status": status_to_plain(status), "sent": time.time()})
-            if stop.is_set() or _abandoned():  # Stop, or the client left without it
+            last = {"kind": STATUS, "status": status_to_plain(status), "sent": time.time()}
+            if link.check():  # re-attached: the run's state first, then the run goes on
+                _greet(trainer, messages, address, [hello, placed])
+                best_sent = trainer.validator.best.step
+            elif not link.attached:
+                _gone(trainer, status, link)
+                continue
+            messages.put(last)
+            if stop.is_set():
                 trainer.stop()  # after this step: the run's next check ends it
             step = status.step
             if status.kind == "step" and step % every == 0:
@@ -198,17 +340,64 @@ def _train(inputs: RunInputs, messages: Outbox, stop: Event, address: str,
     except Exception as exc:
         ended = "failed"
         trainer.ended = f"{type(exc).__name__} at step {trainer.steps_done + 1}: {first_line(exc)}"
-        if trainer.steps_done:
+        end = [_failed(exc)]
+    else:
+        end = [{"kind": DONE}]
+    link.check(force=True)  # a client that left in the last second gets its end kept
+    if not link.attached:
+        _keep(inputs, trainer, messages, address, [hello, placed, *([last] if last else []),
+                                                   *_last_weights(trainer, address), *end])
+    else:
+        if ended == "finished" or trainer.steps_done:
             _send_best_unsent(trainer, messages, best_sent)
             messages.put(_weights(trainer, address))
-        messages.put(_failed(exc))
-        trainer.release()
-        return ended
-    _send_best_unsent(trainer, messages, best_sent)
-    messages.put(_weights(trainer, address))
+        for message in end:
+            messages.put(message)
     trainer.release()
-    messages.put({"kind": DONE})
     return ended
+
+
+def _gone(trainer: Finetuner, status: Status, link: ClientLink) -> None:
+    """Nobody reads the run: nothing is sent; past the grace period it stops."""
+    if link.expired() and status.kind == "step":
+        trainer.stop()
+        trainer.ended = (f"stopped after step {trainer.steps_done}: no client read the run "
+                         f"for {link.grace_s:g} s (remote_grace_s)")
+
+
+def _greet(trainer: Finetuner, messages: Outbox, address: str,
+           where: list[dict[str, Any]]) -> None:
+    """What a client that re-attached needs: where the run is (``where``: the started and
+    placed messages), its weights so far."""
+    messages.queue.get(batch=True)  # what nobody read: the state below replaces it
+    for message in where:
+        messages.put(message)
+    for message in _last_weights(trainer, address):
+        messages.put(message)
+
+
+def _last_weights(trainer: Finetuner, address: str) -> list[dict[str, Any]]:
+    """The best weights (when there are any) then the last ones, as messages."""
+    if not trainer.steps_done:
+        return []
+    best = [_best(trainer)] if trainer.validator.best.step is not None else []
+    return [*best, _weights(trainer, address)]
+
+
+def _keep(inputs: RunInputs, trainer: Finetuner, messages: Outbox, address: str,
+          kept: list[dict[str, Any]]) -> None:
+    """Nobody read the run's end: keep its last messages in this worker's local
+    directory, leave a note naming this worker on the run's queue, forget the rest."""
+    import msgpack
+
+    path = kept_file(inputs.run_id)
+    partial = path.with_suffix(".partial")
+    partial.write_bytes(msgpack.packb([encode(m) for m in kept], use_bin_type=True))
+    partial.replace(path)  # a fetch never reads half a file
+    messages.queue.get(batch=True)  # what nobody read: the file holds the end
+    messages.put({"kind": KEPT, "worker": address, "steps_done": int(trainer.steps_done),
+                  "ended": trainer.ended})
+    _forget_from_worker([inputs.preview_name(), inputs.attach_name()], inputs.event_names())
 
 
 def _failed(exc: BaseException) -> dict[str, Any]:
