@@ -247,7 +247,7 @@ def walk(args: argparse.Namespace) -> int:
     floor = f"{idle.gaps_ms().max():.0f} ms"
     rows.append(("idle window (the floor)", f"{args.idle:.1f} s", floor, floor, "-"))
 
-    step("open the sample (first time: generated)",
+    step("open the sample (first time: empty cache)",
          lambda: viewer.open_sample("napari-finetune", "synthetic-em"), lambda: True)
 
     def dock() -> None:
