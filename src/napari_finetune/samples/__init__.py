@@ -43,8 +43,9 @@ def synthetic_em_layers() -> list[tuple[Any, dict[str, Any], str]]:
     one read from the package, :mod:`~napari_finetune.samples.shipped`, another
     shape drawn) and the store is written by a child process
     (:func:`~napari_finetune.samples.store.sample_in_memory`): drawing and
-    writing it here, on napari's main thread, froze the viewer for seconds. The ground truth comes as a hidden labels
-    layer: showing it by default would give the answer away in the demo.
+    writing it here, on napari's main thread, froze the viewer for seconds. The
+    ground truth comes as a hidden labels layer: showing it by default would
+    give the answer away in the demo.
     """
     from napari_finetune.samples.store import sample_in_memory
 
