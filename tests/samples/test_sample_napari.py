@@ -40,13 +40,6 @@ def test_sample_shape_from_environment(monkeypatch):
     assert sample_shape() == (64, 256, 256)
 
 
-def no_child(*args: object) -> None:
-    """``store._write_in_child`` on a machine where no child Python can start."""
-    from napari_finetune.samples import store
-
-    raise store.ChildUnavailable("no Python to start here")
-
-
 def test_first_opening_returns_before_the_store_is_written(small_sample, monkeypatch):
     # Writing the store on napari's main thread froze the viewer ~5 s: the layers come
     # from memory at once, the store follows in a background thread, and whoever opens
@@ -65,7 +58,6 @@ def test_first_opening_returns_before_the_store_is_written(small_sample, monkeyp
         return real(*args, **kwargs)
 
     monkeypatch.setattr(store, "write_store", slow_write)
-    monkeypatch.setattr(store, "_write_in_child", no_child)  # this process writes it
     t = time.perf_counter()
     layers = synthetic_em_layers()
     elapsed = time.perf_counter() - t
@@ -98,7 +90,6 @@ def test_a_failed_background_write_is_raised_to_whoever_waits(small_sample, monk
         raise OSError("disk full")
 
     monkeypatch.setattr(store, "write_store", broken)
-    monkeypatch.setattr(store, "_write_in_child", no_child)
     (_, kw, _), _ = synthetic_em_layers()
     with pytest.raises(OSError, match="disk full"):
         wait_written(kw["metadata"]["ome_zarr_path"], timeout_s=30)
@@ -127,49 +118,3 @@ def test_open_default_sample_reads_the_shipped_volume(make_napari_viewer, tmp_pa
     np.testing.assert_array_equal(np.asarray(image.data), expected[0])
     np.testing.assert_array_equal(np.asarray(viewer.layers["ground truth"].data), expected[1])
     wait_written(image.metadata["ome_zarr_path"], timeout_s=120)  # drawn by nobody either
-
-
-def test_the_store_is_written_by_a_child_process(small_sample, monkeypatch):
-    # A thread of napari's process writing it held the GIL and the import locks of zarr,
-    # ome-zarr and dask: docking the widget right after the first opening froze 1.5-3 s
-    # longer. This process must not write it at all.
-    from napari_finetune.io.pending import wait_written
-    from napari_finetune.samples import store, synthetic_em_layers
-
-    def not_here(*args, **kwargs):
-        raise AssertionError("the store was written in napari's process")
-
-    monkeypatch.setattr(store, "write_store", not_here)
-    monkeypatch.setattr(store, "WRITE_DELAY_S", 0.0)
-    (image, kw, _), _ = synthetic_em_layers()
-    path = kw["metadata"]["ome_zarr_path"]
-    wait_written(path, timeout_s=120)
-    assert store.is_complete(Path(path), store._record("target", SHAPE, 1))
-    from napari_finetune.io.omezarr import open_volume
-
-    np.testing.assert_array_equal(np.asarray(open_volume(path).levels[0]), image)
-
-
-def test_without_a_child_python_this_process_writes_the_store(small_sample, monkeypatch):
-    import sys
-
-    from napari_finetune.io.pending import wait_written
-    from napari_finetune.samples import store, synthetic_em_layers
-
-    monkeypatch.setattr(sys, "executable", str(small_sample / "no-python-here"))
-    monkeypatch.setattr(store, "WRITE_DELAY_S", 0.0)
-    (_, kw, _), _ = synthetic_em_layers()
-    wait_written(kw["metadata"]["ome_zarr_path"], timeout_s=120)
-    assert store.is_complete(Path(kw["metadata"]["ome_zarr_path"]))
-
-
-def test_a_failing_child_says_why(small_sample, monkeypatch):
-    from napari_finetune.samples import store
-
-    target, record = small_sample / "x.ome.zarr", store._record("target", SHAPE, 1)
-    monkeypatch.setattr(store, "CHILD_SCRIPT", "raise SystemExit('disk full')")
-    with pytest.raises(RuntimeError, match="exited with 1: disk full"):
-        store._write_in_child(target, "target", record)
-    monkeypatch.setattr(store, "CHILD_SCRIPT", "raise SystemExit({unavailable})")
-    with pytest.raises(store.ChildUnavailable):
-        store._write_in_child(target, "target", record)

@@ -12,8 +12,6 @@ import json
 import logging
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -35,24 +33,6 @@ CHUNKS = (32, 128, 128)
 # The sample's store is written this long after its layers were returned (see
 # sample_in_memory); whoever needs it sooner waits for it (io/pending.py).
 WRITE_DELAY_S = 3.0
-# The child that writes it (see _write_in_child) is given this long, as a waiter is.
-CHILD_TIMEOUT_S = 600.0
-# The child's exit status when it cannot import this package (a frozen app whose
-# sys.executable is no Python, a path only the parent process has): written here instead.
-CHILD_UNAVAILABLE = 3
-CHILD_SCRIPT = """
-import sys
-try:
-    from napari_finetune.samples.store import ensure_sample
-except ImportError as exc:
-    print(exc, file=sys.stderr)
-    sys.exit({unavailable})
-ensure_sample({domain!r}, {shape!r}, {seed!r})
-"""
-
-
-class ChildUnavailable(RuntimeError):
-    """No child Python could write the store (it did not start, or lacks this package)."""
 
 
 def store_name(domain: str, shape: tuple[int, int, int], seed: int) -> str:
@@ -242,10 +222,9 @@ def sample_in_memory(
     Returns the store's path when the cache holds it complete; else the volume
     and its truth in memory (the shipped one, :mod:`~napari_finetune.samples.
     shipped`, or generated), with the path the store will have: it is
-    written there by a child process that a background thread waits for
-    (:func:`_write_in_child`), announced to :mod:`napari_finetune.io.pending`,
-    so whoever reads or writes it first (an autosave, a run) waits for it
-    there, in a job's thread.
+    written there by a background thread, announced to
+    :mod:`napari_finetune.io.pending`, so whoever reads or writes it first
+    (an autosave, a run) waits for it there, in a job's thread.
     """
     final, record = _place(domain, shape, seed)
     if looks_complete(final, record):
@@ -271,68 +250,21 @@ def sample_in_memory(
         def write() -> None:
             failure: BaseException | None = None
             try:
-                try:
-                    _write_in_child(final, domain, record)
-                except ChildUnavailable as exc:
-                    logger.info("the sample store %s is written in this process: %s", final, exc)
-                    _write_final(final, record, *arrays())
+                _write_final(final, record, *arrays())
             except BaseException as exc:  # handed to whoever waits for the store
                 logger.warning("the sample store %s could not be written: %s", final, exc)
                 failure = exc
             ended(failure)
 
-        # Started a moment later: napari builds its first image layer meanwhile, and the
-        # child's imports and compression would take a core from it. A daemon: the child
-        # outlives the app's exit and finishes the store (or leaves a temporary, removed
-        # later).
+        # Started a moment later: napari's first image layer imports modules (dask among
+        # them) that the writer's imports of zarr and ome-zarr hold the import locks of,
+        # and both share the GIL; the opening took 7.0 s with the writer at once, 5.1 s
+        # without it (2 loaded cores). A daemon: a store cut short by the app's exit is a
+        # temporary, removed later.
         timer = threading.Timer(WRITE_DELAY_S, write)
         timer.name, timer.daemon = "napari-finetune sample store", True
         timer.start()
     return final, image, truth
-
-
-def _write_in_child(final: Path, domain: str, record: dict[str, Any]) -> None:
-    """Write the sample's store at ``final`` with :func:`ensure_sample` in a child Python.
-
-    A thread of napari's process writing it took the GIL and the import locks
-    of zarr, ome-zarr and dask from napari's main thread: docking the widget
-    right after the first opening froze 1.5-3 s longer (2 loaded cores). The
-    child draws nothing that is shipped (:mod:`~napari_finetune.samples.
-    shipped`); a volume of another shape it draws again, deterministically.
-
-    Raises
-    ------
-    ChildUnavailable
-        The child did not start or cannot import this package.
-    RuntimeError
-        It failed otherwise (its last line of stderr) or ran past
-        :data:`CHILD_TIMEOUT_S`.
-    """
-    import napari_finetune
-
-    shape = [int(n) for n in record["shape"]]
-    script = CHILD_SCRIPT.format(unavailable=CHILD_UNAVAILABLE, domain=domain,
-                                 shape=(shape[0], shape[1], shape[2]), seed=int(record["seed"]))
-    # The same copy of the package and the same cache folder as this process.
-    package_root = str(Path(napari_finetune.__file__).resolve().parents[1])
-    env = dict(os.environ, NAPARI_FINETUNE_CACHE=str(final.parent))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
-    try:
-        done = subprocess.run(
-            [sys.executable, "-c", script], env=env, capture_output=True, text=True,
-            timeout=CHILD_TIMEOUT_S, stdin=subprocess.DEVNULL,
-            # No console window flashing up beside napari on Windows.
-            creationflags=getattr(subprocess, "CREATE_NO_WINDOW", 0),
-        )
-    except OSError as exc:
-        raise ChildUnavailable(f"{sys.executable} did not start: {exc}") from exc
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"writing {final} took over {CHILD_TIMEOUT_S:.0f} s") from None
-    last = (done.stderr.strip().splitlines() or [""])[-1]
-    if done.returncode == CHILD_UNAVAILABLE:
-        raise ChildUnavailable(last)
-    if done.returncode != 0:
-        raise RuntimeError(f"the writer of {final} exited with {done.returncode}: {last}")
 
 
 def _remove_stale_temporaries(folder: Path, name: str, age_s: float = 3600.0) -> None:
