@@ -93,3 +93,28 @@ def test_a_failed_background_write_is_raised_to_whoever_waits(small_sample, monk
     (_, kw, _), _ = synthetic_em_layers()
     with pytest.raises(OSError, match="disk full"):
         wait_written(kw["metadata"]["ome_zarr_path"], timeout_s=30)
+
+
+def test_open_default_sample_reads_the_shipped_volume(make_napari_viewer, tmp_path, monkeypatch):
+    # The sample a user opens (no shape set): read from the package, never drawn on
+    # napari's main thread (2-3 s there, with scipy's import).
+    from napari_finetune.io.pending import wait_written
+    from napari_finetune.samples import shipped
+    from napari_finetune.samples import synthetic_em as gen
+
+    monkeypatch.setenv("NAPARI_FINETUNE_CACHE", str(tmp_path))
+    monkeypatch.delenv("NAPARI_FINETUNE_SAMPLE_SHAPE", raising=False)
+
+    def no_drawing(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the default sample was drawn, not read")
+
+    monkeypatch.setattr(gen, "generate_volume", no_drawing)
+    viewer = make_napari_viewer()
+    viewer.open_sample("napari-finetune", "synthetic-em")
+    image = viewer.layers["synthetic-em (target)"]
+    expected = shipped.read({"domain": "target", "seed": 1, "shape": list(gen.DEFAULT_SHAPE),
+                             "generator_version": gen.GENERATOR_VERSION})
+    assert expected is not None
+    np.testing.assert_array_equal(np.asarray(image.data), expected[0])
+    np.testing.assert_array_equal(np.asarray(viewer.layers["ground truth"].data), expected[1])
+    wait_written(image.metadata["ome_zarr_path"], timeout_s=120)  # drawn by nobody either

@@ -19,7 +19,6 @@ from qtpy.QtWidgets import (
 
 from napari_finetune._qt.loss_plot import LossPlot, recovery_marks
 from napari_finetune._qt.parts import WrapLabel
-from napari_finetune.trainer.precision import precision_words
 from napari_finetune.trainer.status import Status
 
 MAX_LOG_LINES = 500
@@ -27,6 +26,11 @@ MAX_LOG_LINES = 500
 
 def dtype_text(status: Status) -> str:
     """"bf16", "fp16 with loss scaling" or "fp32 (mixed precision off)"."""
+    # Here, not at the top: trainer.precision imports torch, and this module is imported
+    # when the widget docks, on napari's main thread (2.6-8 s there). A Status exists only
+    # once a job ran, which imported torch already.
+    from napari_finetune.trainer.precision import precision_words
+
     return precision_words(status.dtype, status.grad_scaler)
 
 

@@ -39,11 +39,13 @@ def synthetic_em_layers() -> list[tuple[Any, dict[str, Any], str]]:
 
     The store's path is in ``metadata["ome_zarr_path"]`` (corrections are
     saved there). Cached, the image is a lazy multiscale layer read from it. On
-    the first opening the layers come from the volume generated in memory and
-    the store is written by a background thread (:func:`~napari_finetune.
-    samples.store.sample_in_memory`): writing it here, on napari's main thread,
-    froze the viewer for seconds. The ground truth comes as a hidden labels
-    layer: showing it by default would give the answer away in the demo.
+    the first opening the layers come from the volume in memory (the default
+    one read from the package, :mod:`~napari_finetune.samples.shipped`, another
+    shape drawn) and the store is written by a background thread
+    (:func:`~napari_finetune.samples.store.sample_in_memory`): drawing and
+    writing it here, on napari's main thread, froze the viewer for seconds. The
+    ground truth comes as a hidden labels layer: showing it by default would
+    give the answer away in the demo.
     """
     from napari_finetune.samples.store import sample_in_memory
 

@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Literal, overload
 
 import numpy as np
-from scipy import ndimage
-from scipy.spatial import cKDTree
 
+# scipy is imported by the functions that draw (0.3-0.8 s): the constants and paths
+# here are read on napari's main thread when the sample opens, which then draws
+# nothing (the shipped volume, samples/shipped.py) or draws and needs scipy anyway.
 CHANNEL_NAMES = ["membrane", "mitochondria"]
 DEFAULT_SHAPE = (64, 256, 256)
 DEFAULT_SEEDS = {"source": 0, "target": 1}
@@ -101,6 +102,8 @@ def _smooth_noise(rng: np.random.Generator, shape, scale: float) -> np.ndarray:
     Drawn on a grid ``scale`` times coarser and upsampled linearly, so a 4 M
     voxel field costs a fraction of a full-resolution gaussian filter.
     """
+    from scipy import ndimage
+
     coarse = tuple(max(2, int(np.ceil(s / scale)) + 2) for s in shape)
     field = ndimage.gaussian_filter(rng.standard_normal(coarse).astype(np.float32), 1.0)
     zoom = [(s + 2 * scale) / c for s, c in zip(shape, coarse, strict=True)]
@@ -146,6 +149,8 @@ def _geometry(shape, seed: int, instances: bool = False):
     The instance arrays are bookkeeping beside the drawing: they consume no random
     numbers, so the image and the semantic truth are the same with or without them.
     """
+    from scipy.spatial import cKDTree
+
     rng = np.random.default_rng([seed, 0xCE11])
     n_cells = max(4, int(round(np.prod(shape) / (0.5 * CELL_DIAMETER**3))))
     # Seeds a little outside the volume too, so cells are cut at the borders.
@@ -183,6 +188,8 @@ def _cell_instances(cells: np.ndarray, truth: np.ndarray) -> np.ndarray:
     conversely a rare gap in a thin membrane must not merge two cells, so the
     Voronoi id separates regions that touch.
     """
+    from scipy import ndimage
+
     interior = truth != 1
     # 6-connectivity: membranes are drawn ~3 voxels thick, a diagonal step through
     # one would be a leak the segmentation cannot see either.
@@ -243,6 +250,8 @@ def _random_rotation(rng: np.random.Generator) -> np.ndarray:
 
 def _vesicles(rng, shape, truth) -> np.ndarray:
     """Small dark spheres in the cytoplasm: not labelled, they make mitochondria less trivial."""
+    from scipy import ndimage
+
     mask = np.zeros(shape, bool)
     n = int(np.prod(shape) / 6000)
     centers = (rng.uniform(0, 1, size=(n, 3)) * np.array(shape)).astype(int)
@@ -307,6 +316,8 @@ def generate_volume(
         1..M, one per drawn mitochondrion (two may touch; an id may be cut in
         pieces by its cell's membrane), 0 elsewhere.
     """
+    from scipy import ndimage
+
     shape = _check(shape, domain)
     seed = DEFAULT_SEEDS[domain] if seed is None else int(seed)
     look = APPEARANCES[domain] if appearance is None else appearance
