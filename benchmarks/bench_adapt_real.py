@@ -130,7 +130,7 @@ def run_variant(
     pos_weight = float(change.pop("pos_weight", 1.0))
     inverted = bool(change.pop("inverted", False))
     steps = int(change.pop("steps", steps))
-    config = config_for("full", steps)
+    config = config_for("full", steps, voxel_size=volume.voxel_size)
     config = dataclasses.replace(config, **change)
     rng = (low_high[1], low_high[0]) if inverted else low_high
     original = step_module.finetune_loss
@@ -156,11 +156,11 @@ def run_variant(
 def volume_rows(volume: Any, variants: list[str], steps: int, workdir: Path,
                 baselines: bool) -> list[dict[str, Any]]:
     """Pretrained, Otsu and every variant's row for one volume."""
-    from napari_finetune.cli.demo import predict_all
     from napari_finetune.cli.real import channel_of, classical, paint_sparse, score, semantic_truth
+    from napari_finetune.cli.simulate import predict_all
     from napari_finetune.data.normalization import intensity_range
     from napari_finetune.loading import load_checkpoint
-    from napari_finetune.objects import instances_of, roles_from_metadata
+    from napari_finetune.objects import instances_of, roles_from_metadata, roles_from_painting
     from napari_finetune.samples.synthetic_em import sample_checkpoint_path
 
     pretrained = load_checkpoint(sample_checkpoint_path())
@@ -172,10 +172,14 @@ def volume_rows(volume: Any, variants: list[str], steps: int, workdir: Path,
     low_high = intensity_range(volume.image, pretrained.normalization)
     rows: list[dict[str, Any]] = []
 
-    def objects_of(checkpoint: Any, probs: np.ndarray) -> np.ndarray:
+    def objects_of(checkpoint: Any, probs: np.ndarray, painting: np.ndarray | None) -> np.ndarray:
+        # As the widget's Objects (sizes from the painting, else the prediction).
         names = checkpoint.channel_names
         roles = roles_from_metadata(checkpoint.metadata, names)
-        return instances_of(np.asarray(probs), roles, names)[names[channel]]
+        probs = np.asarray(probs)
+        found = roles_from_painting(roles, painting, names, volume.voxel_size,
+                                    probabilities={names[channel]: probs[channel]})
+        return instances_of(probs, found.roles, names, volume.voxel_size)[names[channel]]
 
     def add(row: str, probs: np.ndarray | None, objects: np.ndarray, steps_done: int,
             secs: float, fraction: float) -> None:
@@ -187,12 +191,12 @@ def volume_rows(volume: Any, variants: list[str], steps: int, workdir: Path,
         print(f"  {r}", flush=True)
 
     if baselines:
-        add("pretrained", before, objects_of(pretrained, before), 0, 0.0, 0.0)
+        add("pretrained", before, objects_of(pretrained, before, None), 0, 0.0, 0.0)
         add("otsu", None, classical(volume), 0, 0.0, 0.0)
     for name in variants:
         probs, tuned, done, secs = run_variant(name, volume, pretrained, corrections, steps,
                                                low_high, workdir / f"{volume.name}-{name}.pt")
-        add(name, probs, objects_of(tuned, probs), done, secs, painted)
+        add(name, probs, objects_of(tuned, probs, corrections), done, secs, painted)
     return rows
 
 

@@ -21,6 +21,7 @@ from napari_finetune.objects.from_painting import (
     SET_BY_YOU,
     painted_objects,
     parameters_for,
+    predicted_objects,
     user_set_from_sources,
 )
 
@@ -146,3 +147,63 @@ def test_the_smallest_painted_objects_still_give_a_valid_role():
     found.roles["m"].validate("m")
     corrections[0, 20:23, 20:22] = 0  # 3 x 1: below MIN_AREA, a click, not an object
     assert roles_from_painting({"m": TODAY}, corrections, ["m"]).roles["m"] == TODAY
+
+
+def _dabs(truth: np.ndarray, channel: int, z: int = 3) -> np.ndarray:
+    """Brush dabs 5 voxels across inside each object on one slice: strokes, no outlines."""
+    corrections = np.zeros(truth.shape, np.uint8)
+    for k in np.unique(truth[z])[1:]:
+        ys, xs = np.nonzero(truth[z] == k)
+        cy, cx = int(ys.mean()), int(xs.mean())
+        yy, xx = np.ogrid[:truth.shape[1], :truth.shape[2]]
+        corrections[z][(yy - cy) ** 2 + (xx - cx) ** 2 <= 4] = channel + 2
+    return corrections
+
+
+def test_predicted_objects_measure_the_nuclei_not_the_specks():
+    from tests.objects.speckled_nuclei import RADIUS, VOXEL_SIZE, speckled
+
+    prob, _ = speckled()
+    rng = np.random.default_rng(1)
+    specks = rng.random(prob.shape) < 0.01  # single voxels above the threshold outside
+    prob[specks & (prob < 0.4)] = 0.6
+    found = predicted_objects(prob, 0.4, VOXEL_SIZE)
+    # The widest section of a 25-voxel ball, touching pairs included (one piece, as
+    # wide as one of them), not the specks' 1 voxel that most pieces are.
+    assert found.extent == pytest.approx(2 * RADIUS, abs=1.5)
+    assert found.count == 3  # two apart and the touching pair as one piece
+    assert predicted_objects(np.zeros((4, 8, 8), np.float32), 0.5).count == 0
+
+
+def test_strokes_inside_nuclei_give_way_to_the_predicted_sizes():
+    """A user who paints dabs inside the nuclei (no outlines): the dabs are no objects
+    (before, 4 dabs 5 voxels wide made the nuclei's seed distance 2.5 and cut each
+    nucleus into pieces); the prediction's objects say the size instead."""
+    from tests.objects.speckled_nuclei import VOXEL_SIZE, speckled
+
+    prob, truth = speckled()
+    sure = np.where(truth > 0, 0.95, 0.05).astype(np.float32)
+    names = ["membrane", "nuclei"]
+    dabs = _dabs(truth, channel=1)
+    painted_only = roles_from_painting(ROLES, dabs, names, VOXEL_SIZE)
+    assert painted_only.roles["nuclei"].seed_distance < 4  # the dabs taken for objects
+    found = roles_from_painting(ROLES, dabs, names, VOXEL_SIZE,
+                                probabilities={"nuclei": sure})
+    role = found.roles["nuclei"]
+    assert role.seed_distance == pytest.approx(12.0, abs=1.0)
+    assert found.sources["nuclei"]["seed_distance"].startswith("from the prediction (3 objects")
+    labels = object_instances(prob, replace(role, seed_threshold=None), VOXEL_SIZE)
+    assert np.unique(labels[truth > 0]).size - (0 in labels[truth > 0]) == 4
+
+
+def test_predicted_objects_of_the_size_the_values_are_for_keep_the_values():
+    # Objects about two seed distances wide: the values came with the model, chosen by
+    # measurement on its own objects; they stay, and say default.
+    from tests.objects.speckled_nuclei import VOXEL_SIZE, speckled
+
+    prob, _ = speckled()
+    role = ChannelRole("object", threshold=0.4, min_size=100, seed_distance=10.0, split=True)
+    found = roles_from_painting({"nuclei": role}, None, ["nuclei"], VOXEL_SIZE,
+                                probabilities={"nuclei": prob})
+    assert found.roles["nuclei"] == role
+    assert found.sources["nuclei"] == {"seed_distance": DEFAULT, "min_size": DEFAULT}

@@ -354,3 +354,42 @@ def test_equal_depth_maxima_that_touch_diagonally_seed_one_object():
     # their own (depth 1), which is right; the line along the middle was 20 seeds before.
     labels = object_instances(prob, ChannelRole("object", seed_distance=2, split=True))
     assert labels.max() == 1
+
+
+def test_a_speckled_prediction_gives_one_object_per_nucleus_not_one_per_core():
+    """A model unsure of a new volume: nuclei above the threshold everywhere, above the
+    seed threshold only in specks. The specks are no cores deep enough at the nuclei's
+    seed distance; each nucleus is seeded by its shape (before: one object per speck)."""
+    from tests.objects.speckled_nuclei import VOXEL_SIZE, speckled
+
+    prob, truth = speckled()
+    cores = ndimage.label(prob > 0.9)[1]
+    assert cores > 400  # a speck each, as before every one a seed
+    role = ChannelRole("object", threshold=0.4, min_size=200, seed_distance=12.5, split=True,
+                       seed_threshold=0.9)
+    labels = object_instances(prob, role, VOXEL_SIZE)
+    assert labels.max() == 4
+    scores = object_scores(labels, truth)
+    assert scores["f1"] == 1.0, scores
+    # The two touching nuclei are cut apart at their neck (by the shape: the speckled
+    # probability would cut them anywhere), each nearly whole in its own id.
+    ids = []
+    for k in (3, 4):
+        counts = np.bincount(labels[truth == k])
+        assert counts.max() >= 0.97 * (truth == k).sum(), counts
+        ids.append(counts.argmax())
+    assert ids[0] != ids[1]
+
+
+def test_at_the_sample_seed_distance_every_core_seeds_as_before():
+    # Cores one voxel deep are deep enough for seed_distance 4: the sample's mitochondria
+    # (a sure model's cores) are labelled exactly as they were.
+    prob, a, b = _bridged_balls(0.6)
+    prob[a] = 0.95
+    specks = np.zeros_like(prob, bool)
+    specks[10, 10, 21] = specks[10, 10, 26] = True  # two one-voxel cores on the bridge
+    prob[specks] = 0.95
+    role = ChannelRole("object", threshold=0.4, min_size=0, seed_distance=4.0, split=True,
+                       seed_threshold=0.9)  # the sample's, keeping every piece
+    labels = object_instances(prob, role)
+    assert labels.max() == 4  # the balls and the two specks, each a seed

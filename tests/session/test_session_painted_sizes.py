@@ -38,17 +38,30 @@ def test_objects_take_the_painted_nuclei_sizes_and_keep_them_whole():
     assert session.roles == {"nuclei": TODAY}  # the user's roles are left as they were
 
 
-def test_without_painting_objects_are_todays_and_say_default():
+def test_without_painting_the_predicted_nuclei_give_the_sizes():
     session, truth = _session(None)
     assert session.objects() is True
-    assert session.found_objects["nuclei"].count == 4  # today's sizes cut each nucleus in two
+    # Today's sizes cut each nucleus in two (4 objects); the predicted nuclei, 29 voxels
+    # wide where the values are for 8, give theirs, and each nucleus stays whole.
+    labels = session.found_objects["nuclei"].labels
+    assert session.found_objects["nuclei"].count == 2 and whole(labels, truth) == [1, 1]
+    found = session.roles_found
+    assert found is not None and found.roles["nuclei"].seed_distance == pytest.approx(14.5)
+    assert found.sources["nuclei"]["seed_distance"].startswith("from the prediction (2 objects")
+    # Painted on another image (another shape): it says nothing of these objects.
+    session.corrections = np.zeros((2, 8, 8), np.uint8)
+    assert session.objects() is True and session.found_objects["nuclei"].count == 2
+
+
+def test_without_painting_or_prediction_sizes_the_values_stay_and_say_default():
+    session, _ = _session(None)
+    assert session.prediction is not None
+    session.prediction.probabilities[1] = np.zeros_like(session.prediction.probabilities[1])
+    assert session.objects() is True
     assert session.roles_found is not None
     assert session.roles_found.roles == {"nuclei": TODAY}
     assert session.roles_found.sources == {"nuclei": {"seed_distance": "default",
                                                       "min_size": "default"}}
-    # Painted on another image (another shape): it says nothing of these objects.
-    session.corrections = np.zeros((2, 8, 8), np.uint8)
-    assert session.objects() is True and session.found_objects["nuclei"].count == 4
 
 
 def test_a_size_the_user_set_is_kept():

@@ -146,12 +146,14 @@ def train(
     return step, elapsed
 
 
-def config_for(run: str, steps: int, device: str = "cpu") -> FinetuneConfig:
+def config_for(run: str, steps: int, device: str = "cpu",
+               voxel_size: tuple[float, ...] | None = None) -> FinetuneConfig:
     """The widget's default settings for ``run``, on the CPU, checked once at the end
-    (a held-out check every 10 steps would cost several steps' time on a CPU)."""
+    (a held-out check every 10 steps would cost several steps' time on a CPU), with the
+    volume's voxel size as the widget reads it from a store's scale."""
     mode: Mode = "lora" if run.startswith("lora") else "full"
     config = FinetuneConfig(steps=steps, mode=mode, device=device, seed=0,
-                            validation_every=steps)
+                            validation_every=steps, voxel_size=voxel_size)
     if run == "dense":
         config = dataclasses.replace(config, distillation=0.0, hold_other_channels=False,
                                      validation_fraction=0.0)
@@ -275,7 +277,7 @@ def real_rows(
     """
     from napari_finetune.cli.simulate import predict_all
     from napari_finetune.loading import load_checkpoint
-    from napari_finetune.objects import instances_of, roles_from_metadata
+    from napari_finetune.objects import instances_of, roles_from_metadata, roles_from_painting
     from napari_finetune.samples.synthetic_em import sample_checkpoint_path
 
     unknown = sorted(set(runs) - set(RUNS))
@@ -301,14 +303,20 @@ def real_rows(
         if progress:
             print(f"  {volume.name} {run}: {row}", flush=True)
 
-    def objects_of(checkpoint: Checkpoint, probs: np.ndarray) -> np.ndarray:
+    def objects_of(checkpoint: Checkpoint, probs: np.ndarray,
+                   painting: np.ndarray | None) -> np.ndarray:
+        # As the widget's Objects: the checkpoint's roles, each object channel's sizes
+        # from the painting or else the prediction, distances in the voxel size.
         names = checkpoint.channel_names
         roles = roles_from_metadata(checkpoint.metadata, names)
-        return instances_of(np.asarray(probs), roles, names)[names[channel]]
+        probs = np.asarray(probs)
+        found = roles_from_painting(roles, painting, names, volume.voxel_size,
+                                    probabilities={names[channel]: probs[channel]})
+        return instances_of(probs, found.roles, names, volume.voxel_size)[names[channel]]
 
     for run in runs:
         if run == "pretrained":
-            add(run, before, objects_of(pretrained, before), 0, 0.0, None)
+            add(run, before, objects_of(pretrained, before, None), 0, 0.0, None)
         elif run == "otsu":
             t0 = time.perf_counter()
             labels = classical(volume)
@@ -317,13 +325,13 @@ def real_rows(
             painting = paint_dense(volume, semantic) if run == "dense" else sparse
             timed = run.endswith("-time")
             # A timed run stops on the clock; its step budget only has to be out of reach.
-            config = config_for(run, 100_000 if timed else steps, device)
+            config = config_for(run, 100_000 if timed else steps, device, volume.voxel_size)
             out = workdir / f"{volume.name}-{run}.pt"
             done, secs = train(pretrained.path, volume, painting, config,
                                seconds if timed else None, out)
             tuned = load_checkpoint(out)
             probs = predict_all(tuned.model, volume.image, tuned, device)
-            add(run, probs, objects_of(tuned, probs), done, secs, painting)
+            add(run, probs, objects_of(tuned, probs, painting), done, secs, painting)
     return rows
 
 

@@ -37,13 +37,16 @@ def roles_job(
     roles: Mapping[str, ChannelRole], corrections: np.ndarray | None,
     channel_names: Sequence[str], user_set: Mapping[str, set[str]],
     voxel_size: Sequence[float] | None = None,
+    probabilities: Mapping[str, np.ndarray] | None = None,
 ) -> Job[RolesFromPainting]:
     """The roles with each object channel's seed distance and min size from its painted
-    objects where the user set none (:func:`~napari_finetune.objects.roles_from_painting`)."""
+    objects, else its predicted ones (``probabilities``), where the user set none
+    (:func:`~napari_finetune.objects.roles_from_painting`)."""
     from napari_finetune.objects import roles_from_painting
 
     yield Progress(0, 1, "object sizes from the painting")
-    found = roles_from_painting(roles, corrections, channel_names, voxel_size, user_set)
+    found = roles_from_painting(roles, corrections, channel_names, voxel_size, user_set,
+                                probabilities)
     yield Progress(1, 1, "object sizes from the painting")
     return found
 

@@ -684,8 +684,9 @@ class Session:
             return self._refuse(
                 f"No objects: press Predict again: the last Predict kept no probability of "
                 f"{', '.join(missing)} (no role then)")
-        # The painting gives each object channel's seed distance and min size where the
-        # user set none: a copy of it as it is now (the job reads it in another thread).
+        # The painting (else the prediction) gives each object channel's seed distance and
+        # min size where the user set none: a copy of it as it is now (the job reads it in
+        # another thread).
         corrections = self.corrections
         shape = np.shape(next(iter(probabilities.values())))
         if corrections is not None and tuple(np.shape(corrections)) != tuple(shape):
@@ -696,9 +697,12 @@ class Session:
         voxel_size = self.config.voxel_size
 
         def job() -> Job[tuple[RolesFromPainting, dict[str, derived.ChannelObjects]]]:
-            found = yield from derived.roles_job(roles, painted, names, user_set, voxel_size)
-            objects = yield from derived.objects_job(
-                {c: probabilities[c] for c in roles}, found.roles, voxel_size)
+            mine = {c: probabilities[c] for c in roles}
+            # Where the painting shows no whole objects (strokes), the predicted ones say
+            # how large the channel's objects are.
+            found = yield from derived.roles_job(roles, painted, names, user_set, voxel_size,
+                                                 mine)
+            objects = yield from derived.objects_job(mine, found.roles, voxel_size)
             return found, objects
 
         return self._start(Busy.OBJECTS, job(), self._objects_found)
