@@ -47,6 +47,13 @@ class FinetuneConfig:
         Weight of the teacher's supervision on unpainted voxels; 0 turns it off.
     hold_other_channels : bool
         Keep channels that no correction touches close to the teacher everywhere.
+    distillation_check : bool
+        Before step 1, measure how much of the painting the starting model gets
+        right, and train without distillation when it is under half (a large shift:
+        distillation would hold the model to the errors the painting corrects).
+        A distillation named in ``explicit_settings`` stays. Off here, so a
+        Finetuner built directly does what its config says; the widget and the
+        command line turn it on.
     mixed_precision : bool
         Faster, lower-precision arithmetic on a GPU (bf16, or fp16 with loss
         scaling on older cards), checked against full precision before the first
@@ -140,6 +147,7 @@ class FinetuneConfig:
     lora_alpha: float = 64.0
     distillation: float = 0.5
     hold_other_channels: bool = True
+    distillation_check: bool = False
     mixed_precision: bool = True
     cpu_bf16: bool = False
     device: str = "auto"

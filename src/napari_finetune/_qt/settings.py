@@ -262,6 +262,8 @@ class SettingsForm(QWidget):
             max_grad_norm=self.max_grad_norm.value or None,
             resume_degraded=self.resume_degraded.value,
             explicit_settings=tuple(sorted(self._explicit)),
+            # A starting model that gets most of the painting wrong is no teacher.
+            distillation_check=True,
         )
         values.update(overrides)
         return FinetuneConfig(**values)

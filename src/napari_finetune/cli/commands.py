@@ -186,6 +186,8 @@ def train(args: argparse.Namespace) -> int:
         args,
         resume_degraded=not args.fresh,
         explicit_settings=given_options(FinetuneConfig, args),
+        # On unless --no-distillation-check, as in the widget.
+        distillation_check=args.distillation_check is not False,
     )
     if args.scheduler is not None and (world_size > 1 or (args.nproc or 1) > 1):
         from napari_finetune.cli import UsageError

@@ -197,6 +197,7 @@ def demo_config(
         mode=mode,
         device=device,
         seed=seed,
+        distillation_check=True,  # as the widget
     )
 
 

@@ -153,7 +153,8 @@ def config_for(run: str, steps: int, device: str = "cpu",
     volume's voxel size as the widget reads it from a store's scale."""
     mode: Mode = "lora" if run.startswith("lora") else "full"
     config = FinetuneConfig(steps=steps, mode=mode, device=device, seed=0,
-                            validation_every=steps, voxel_size=voxel_size)
+                            validation_every=steps, voxel_size=voxel_size,
+                            distillation_check=True)
     if run == "dense":
         config = dataclasses.replace(config, distillation=0.0, hold_other_channels=False,
                                      validation_fraction=0.0)

@@ -289,6 +289,10 @@ class Finetuner:
             fitted = fit_new_channels(self.model, sampler, taught, state.batch_size, self.device)
             if fitted:
                 state.recovery_log.append(fitted)
+        # Distillation the user chose (the widget's field, the CLI's option) stays.
+        if (state.distillation > 0 and self.config.distillation_check
+                and "distillation" not in self.config.explicit_settings):
+            self._check_agreement(sampler)
         parts, state.teacher = build_parts(
             self.model,
             self.config,
@@ -304,6 +308,20 @@ class Finetuner:
         self.model, self._parts = parts.model, parts
         for hook in self.after_build:
             hook(self)
+
+    def _check_agreement(self, sampler: PatchSampler) -> None:
+        """Distillation off when the starting model gets less than half of the painting
+        right (:mod:`napari_finetune.trainer.teacher_agreement`): it would hold the model
+        to the errors the painting corrects. Every rank does what any rank found."""
+        from napari_finetune.trainer.teacher_agreement import painted_agreement
+
+        agreement = painted_agreement(self.model, sampler, self.device)
+        line = agreement.describe()
+        if self.sync.any(not agreement.keeps_distillation):
+            if agreement.keeps_distillation:
+                line += "; another rank's painting does not: distillation off"
+            self.state.distillation = 0.0
+        self.state.recovery_log.append(line)
 
     @property
     def starting_channels(self) -> int | None:
