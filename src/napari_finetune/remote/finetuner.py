@@ -33,6 +33,7 @@ import torch
 
 from napari_finetune.config import FinetuneConfig
 from napari_finetune.errors import RecoveryError
+from napari_finetune.remote.kept import KEPT_KEY, kept_path, kept_stamp
 from napari_finetune.remote.messages import (
     BEST,
     DONE,
@@ -84,12 +85,6 @@ POLL_S = 0.05
 QUIET_S = 1.0
 # How long a re-attached run may take to answer (the worker reads requests between steps).
 ATTACH_WAIT_S = 60.0
-
-
-def kept_path(store: str | os.PathLike) -> Path:
-    """Where a remote run cut short keeps its last weights: beside the store whose
-    corrections it trained on, ``<store>.remote-last.pt`` (``cell.zarr.remote-last.pt``)."""
-    return Path(str(store).rstrip("/\\") + ".remote-last.pt")
 
 
 class RemoteWorkerLost(RemoteError):
@@ -725,13 +720,13 @@ class RemoteFinetuner(Finetuner):
             return None
         path = kept_path(store)
         try:
-            self.export(path)
+            # Stamped with its store and run: the next start offers it for that store only.
+            self.export(path, metadata={KEPT_KEY: kept_stamp(store, self.run_id)})
         except (OSError, RuntimeError) as exc:  # a store on a URL, a full disk: logged
             logger.warning("the remote run's last weights were not kept at %s: %s", path, exc)
             return None
         logger.info("the remote run's weights of step %d kept at %s", self.steps_done, path)
         return path
-
 
     def export(
         self, path: str | os.PathLike, ended: str | None = None,
