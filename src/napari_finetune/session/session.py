@@ -285,8 +285,13 @@ class Session:
             # whole, and saying "stopped" of it would be false.
             return self._predict_stop.is_set() and (
                 self.prediction is None or not self.prediction.complete)
-        return (action is Busy.TRAIN and self.status is not None
-                and self.status.kind == "stopped")
+        if action is not Busy.TRAIN:
+            return False
+        if self.status is not None and self.status.kind == "stopped":
+            return True
+        # A remote run stopped while queued ends with no "stopped" status of its own (no
+        # worker ran it): a Stop before its end is what ended it, not a finish.
+        return self._stop_asked and (self.status is None or self.status.kind != "finished")
 
     def _stopped_reason(self, action: Busy) -> str:
         if action is Busy.PREDICT and self.prediction is not None \
