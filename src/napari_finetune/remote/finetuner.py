@@ -83,6 +83,8 @@ logger = logging.getLogger(__name__)
 POLL_S = 0.05
 # After this long without a message, whether the worker is still there is asked.
 QUIET_S = 1.0
+# While a run is queued, how often the scheduler is asked again how many runs are ahead.
+RECHECK_QUEUE_S = 5.0
 # How long a re-attached run may take to answer (the worker reads requests between steps).
 ATTACH_WAIT_S = 60.0
 
@@ -417,7 +419,7 @@ class RemoteFinetuner(Finetuner):
         fetching: Future | None = None  # the task that sends kept weights on (held: a
         # released future's task is cancelled)
         ended = stop_sent = lost = said_waiting = False
-        heard = submitted = time.monotonic()
+        heard = submitted = asked_at = time.monotonic()
         wait_s = float(self.remote_config.queue_timeout_s) if future is not None else ATTACH_WAIT_S
         pending: deque[dict[str, Any]] = deque()  # taken from the queue, not yet applied
         self._kept_on = None
@@ -430,10 +432,19 @@ class RemoteFinetuner(Finetuner):
                     waited = time.monotonic() - submitted
                     if future is not None and not said_waiting and (not workers or (
                             waited > QUIET_S and self._queued(client, future))):
-                        said_waiting = True
+                        said_waiting, asked_at = True, time.monotonic()
                         line = self._waiting_line(client, resources, wait_s, future)
                         self.placement = line.split(", on the dask scheduler")[0]
                         yield self.status("probe", line)
+                    elif said_waiting and future is not None \
+                            and time.monotonic() - asked_at > RECHECK_QUEUE_S \
+                            and self._queued(client, future):
+                        # Runs ahead end or stop: the wait is said anew when it changed.
+                        asked_at = time.monotonic()
+                        line = self._waiting_line(client, resources, wait_s, future)
+                        if line.split(", on the dask scheduler")[0] != self.placement:
+                            self.placement = line.split(", on the dask scheduler")[0]
+                            yield self.status("probe", line)
                     if waited > wait_s:
                         raise RemoteError(
                             self._queue_timeout_line(client, resources, wait_s)
