@@ -78,6 +78,14 @@ def progress_text(done: int, total: int, what: str) -> str:
     return f"{what}: {done} / {total}"
 
 
+def placement_text(placement: str) -> str:
+    """"Trains on the dask worker tcp://… (host h, device cuda:0)", or "Queued: waiting for
+    a worker with a GPU (GPU=1), 1 run ahead" (a remote run's ``placement``)."""
+    if placement.startswith("waiting"):
+        return f"Queued: {placement}"
+    return f"Trains on {placement}"
+
+
 def eta_text(status: Status) -> str:
     """"step 12 / 200, ETA 3:10" (no ETA before the first step)."""
     text = f"step {status.step} / {status.total_steps}"
@@ -130,6 +138,15 @@ class StatusPanel(QWidget):
         self.progress.setMaximumHeight(8)
         self.line = WrapLabel("idle")
         self.line.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        # A remote run's worker, or what it waits for: its own line, not only a log entry
+        # (hidden for a run here).
+        self.placement_label = WrapLabel("")
+        self.placement_label.setTextInteractionFlags(
+            Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.placement_label.setToolTip(
+            "Where the dask scheduler put the run: its worker, host and device; or, while "
+            "the run is queued, what it waits for and how many runs are ahead")
+        self.placement_label.setVisible(False)
         self.loss_plot = LossPlot()
         self.log = QPlainTextEdit()
         self.log.setReadOnly(True)
@@ -139,6 +156,7 @@ class StatusPanel(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addLayout(form)
+        layout.addWidget(self.placement_label)
         layout.addWidget(self.progress)
         layout.addWidget(self.line)
         layout.addWidget(self.loss_plot)
@@ -168,6 +186,7 @@ class StatusPanel(QWidget):
         self.loss_plot.clear()
         self.validation_label.setText("–")
         self._last_validation = self._previous = None
+        self.placement_label.setVisible(False)  # a new run says where, if remote
         self._set_bar(0, total_steps, "starting…")
 
     def show_status(self, status: Status) -> None:
@@ -195,6 +214,11 @@ class StatusPanel(QWidget):
             self.loss_plot.add_score(status.step, validation)
         if (status.kind != "step" or checked) and status.message:
             self.append_log(status.message)
+
+    def show_placement(self, placement: str) -> None:
+        """Where the remote run trains, or what it waits for (see :func:`placement_text`)."""
+        self.placement_label.setText(placement_text(placement))
+        self.placement_label.setVisible(True)
 
     def show_progress(self, done: int, total: int, what: str) -> None:
         """Block progress: "predicting block 3 / 8" (the one being computed), "export: 3 / 8"."""

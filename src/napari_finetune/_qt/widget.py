@@ -36,6 +36,7 @@ from napari_finetune._qt.corrections import (
     is_corrections_candidate,
     store_path_of,
 )
+from napari_finetune._qt.kept_offer import KeptOffer
 from napari_finetune._qt.layers import camera_of, visible_region
 from napari_finetune._qt.parts import (
     PathEdit,
@@ -116,6 +117,10 @@ class FinetuneWidget(QWidget):
         self.stop_button.setToolTip("End the run after the current step (the weights are "
                                     "kept), or the prediction (what it predicted is kept)")
         self.status_panel = StatusPanel()
+        # Weights a remote run kept beside the image's store: Use / Discard, in the dock.
+        self.kept_offer = KeptOffer(self.controller.session, self._use_checkpoint,
+                                    self.status_panel.append_log, lambda: self.state.closed)
+        self.controller.session.events.placement.connect(self._show_placement)
         self.export_button = QPushButton("Export checkpoint…")
         self.paint_next_button = QPushButton("Paint here next")
         self.paint_next_button.setToolTip(
@@ -142,7 +147,8 @@ class FinetuneWidget(QWidget):
         self.model_section = section("Data and model", [
             row(QLabel("Image:"), self.image_combo.native), self.channel_pick,
             row(QLabel("Model:"), self.checkpoint_edit, browse),
-            self.checkpoint_label, row(self.predict_button, self.objects_button),
+            self.checkpoint_label, self.kept_offer,
+            row(self.predict_button, self.objects_button),
             SideScroll(self.roles_editor), self.objects_label,
         ])
         self.corrections_section = section("Corrections", [
@@ -506,9 +512,27 @@ class FinetuneWidget(QWidget):
         self._sync_buttons()
 
     def _image_changed(self, *_: object) -> None:
+        # Weights kept beside its store are looked for after the dock is shown.
+        QTimer.singleShot(0, self._look_for_kept)
         self._update_region()
         self._show_channels()
         self._sync_buttons()
+
+    def _look_for_kept(self) -> None:
+        """The Session looks beside the chosen image's store for weights kept by a remote
+        run (a stat; the file is read in a job); its offer shows in :attr:`kept_offer`."""
+        if not self.state.closed:
+            store = self.store_hint()
+            self.controller.session.open_store(str(store) if store is not None else None)
+
+    def _use_checkpoint(self, path: str) -> None:
+        """``path`` becomes the model, as if typed into the model field."""
+        self.checkpoint_edit.setText(path)
+        self._checkpoint_changed()
+
+    def _show_placement(self, placement: str) -> None:
+        if not self.state.closed:
+            self.status_panel.show_placement(placement)
 
     def _show_channels(self, *_: object) -> None:
         """The Channel row: shown for a single-channel model on a store of several."""

@@ -33,6 +33,7 @@ import torch
 
 from napari_finetune.config import FinetuneConfig
 from napari_finetune.errors import RecoveryError
+from napari_finetune.remote.kept import KEPT_KEY, kept_path, kept_stamp
 from napari_finetune.remote.messages import (
     BEST,
     DONE,
@@ -82,14 +83,10 @@ logger = logging.getLogger(__name__)
 POLL_S = 0.05
 # After this long without a message, whether the worker is still there is asked.
 QUIET_S = 1.0
+# While a run is queued, how often the scheduler is asked again how many runs are ahead.
+RECHECK_QUEUE_S = 5.0
 # How long a re-attached run may take to answer (the worker reads requests between steps).
 ATTACH_WAIT_S = 60.0
-
-
-def kept_path(store: str | os.PathLike) -> Path:
-    """Where a remote run cut short keeps its last weights: beside the store whose
-    corrections it trained on, ``<store>.remote-last.pt`` (``cell.zarr.remote-last.pt``)."""
-    return Path(str(store).rstrip("/\\") + ".remote-last.pt")
 
 
 class RemoteWorkerLost(RemoteError):
@@ -422,7 +419,7 @@ class RemoteFinetuner(Finetuner):
         fetching: Future | None = None  # the task that sends kept weights on (held: a
         # released future's task is cancelled)
         ended = stop_sent = lost = said_waiting = False
-        heard = submitted = time.monotonic()
+        heard = submitted = asked_at = time.monotonic()
         wait_s = float(self.remote_config.queue_timeout_s) if future is not None else ATTACH_WAIT_S
         pending: deque[dict[str, Any]] = deque()  # taken from the queue, not yet applied
         self._kept_on = None
@@ -435,10 +432,19 @@ class RemoteFinetuner(Finetuner):
                     waited = time.monotonic() - submitted
                     if future is not None and not said_waiting and (not workers or (
                             waited > QUIET_S and self._queued(client, future))):
-                        said_waiting = True
+                        said_waiting, asked_at = True, time.monotonic()
                         line = self._waiting_line(client, resources, wait_s, future)
                         self.placement = line.split(", on the dask scheduler")[0]
                         yield self.status("probe", line)
+                    elif said_waiting and future is not None \
+                            and time.monotonic() - asked_at > RECHECK_QUEUE_S \
+                            and self._queued(client, future):
+                        # Runs ahead end or stop: the wait is said anew when it changed.
+                        asked_at = time.monotonic()
+                        line = self._waiting_line(client, resources, wait_s, future)
+                        if line.split(", on the dask scheduler")[0] != self.placement:
+                            self.placement = line.split(", on the dask scheduler")[0]
+                            yield self.status("probe", line)
                     if waited > wait_s:
                         raise RemoteError(
                             self._queue_timeout_line(client, resources, wait_s)
@@ -725,13 +731,13 @@ class RemoteFinetuner(Finetuner):
             return None
         path = kept_path(store)
         try:
-            self.export(path)
+            # Stamped with its store and run: the next start offers it for that store only.
+            self.export(path, metadata={KEPT_KEY: kept_stamp(store, self.run_id)})
         except (OSError, RuntimeError) as exc:  # a store on a URL, a full disk: logged
             logger.warning("the remote run's last weights were not kept at %s: %s", path, exc)
             return None
         logger.info("the remote run's weights of step %d kept at %s", self.steps_done, path)
         return path
-
 
     def export(
         self, path: str | os.PathLike, ended: str | None = None,

@@ -48,6 +48,14 @@ class RunStatus:
 
 
 @dataclass(frozen=True)
+class Placement:
+    """Where a remote run trains ("the dask worker ADDR (host H, device D)"), or what it
+    waits for while queued ("waiting for a worker with a GPU (GPU=1), 1 run ahead")."""
+
+    text: str
+
+
+@dataclass(frozen=True)
 class Preview:
     """Probabilities of ``region`` with the current weights (channels first)."""
 
@@ -72,7 +80,8 @@ class RegionPredicted:
     masks: list[np.ndarray]
 
 
-Event = Progress | Saved | TrainerReady | RunStatus | Preview | PreviewFailed | RegionPredicted
+Event = (Progress | Saved | TrainerReady | RunStatus | Placement | Preview | PreviewFailed
+         | RegionPredicted)
 
 
 class JobError(Exception):

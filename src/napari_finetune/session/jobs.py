@@ -23,6 +23,7 @@ import numpy.typing as npt
 from napari_finetune.arrays import AxesImage
 from napari_finetune.errors import one_line
 from napari_finetune.session.events import (
+    Placement,
     Preview,
     PreviewFailed,
     Progress,
@@ -310,8 +311,14 @@ def _with_previews(
     probabilities: predicted here between two steps, or (``remote``) asked of the worker,
     which answers after its next step, and shown as the answer comes back."""
     last: float | None = None
+    placement: str | None = None
     for status in run:
         yield RunStatus(status)
+        # Set before the status that says it (queued, then placed): a front end's label.
+        if remote is not None and remote.placement is not None \
+                and remote.placement != placement:
+            placement = remote.placement
+            yield Placement(placement)
         if interval_s > 0 and status.kind == "step" and _due(last, interval_s):
             where = region()
             if where is not None and remote is not None:

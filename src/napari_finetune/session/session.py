@@ -24,6 +24,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -43,11 +44,13 @@ from napari_finetune.session.checkpoint import (
 from napari_finetune.session.estimate import RunEstimate, StepTimes, estimate, unknown_text
 from napari_finetune.session.events import (
     Event,
+    Placement,
     Preview,
     RegionPredicted,
     RunStatus,
     TrainerReady,
 )
+from napari_finetune.session.kept import KeptWeights
 from napari_finetune.session.runner import JobCallbacks, JobHandle, JobRunner
 from napari_finetune.session.saving import (
     CorrectionsFailed,
@@ -125,6 +128,11 @@ class SessionEvents(SignalGroup):
     # next save goes.
     corrections_saved = Signal(object)
     corrections_failed = Signal(object)
+    # The weights a remote run kept beside the store opened (open_store): KeptWeights,
+    # offered to use or set aside; None when no offer stands (used, set aside, a run began).
+    kept_weights = Signal(object)
+    # Where a remote run trains, or what it waits for (a line; see Session.placement).
+    placement = Signal(str)
 
 
 @dataclass
@@ -186,6 +194,12 @@ class Session:
     package: str | None = None  # the last bioimage.io package written
     added: StructureAdded | None = None  # the last structure added (its new checkpoint)
     last_end: ActionEnd | None = None
+    # What a remote run cut short kept beside the store (open_store found it), until used
+    # or set aside; None when nothing is offered.
+    kept: KeptWeights | None = field(default=None, init=False)
+    # Where the last remote run trains ("the dask worker ADDR (host H, device D)") or what
+    # it waits for while queued; None before a remote run says either.
+    placement: str | None = field(default=None, init=False)
     # Seconds per step measured here (the last runs, a timed step): the next run's estimate.
     step_times: StepTimes = field(default_factory=StepTimes)
     events: SessionEvents = field(default_factory=SessionEvents, init=False, repr=False)
@@ -202,6 +216,7 @@ class Session:
     _run_key: tuple[str, str] = field(default=("auto", "full"), init=False, repr=False)
     _reading: str | None = field(default=None, init=False, repr=False)  # the file asked last
     _held: Busy | None = field(default=None, init=False, repr=False)  # see hold()
+    _looking: int = field(default=0, init=False, repr=False)  # which open_store is the latest
 
     @property
     def busy(self) -> Busy | None:
@@ -270,8 +285,13 @@ class Session:
             # whole, and saying "stopped" of it would be false.
             return self._predict_stop.is_set() and (
                 self.prediction is None or not self.prediction.complete)
-        return (action is Busy.TRAIN and self.status is not None
-                and self.status.kind == "stopped")
+        if action is not Busy.TRAIN:
+            return False
+        if self.status is not None and self.status.kind == "stopped":
+            return True
+        # A remote run stopped while queued ends with no "stopped" status of its own (no
+        # worker ran it): a Stop before its end is what ended it, not a finish.
+        return self._stop_asked and (self.status is None or self.status.kind != "finished")
 
     def _stopped_reason(self, action: Busy) -> str:
         if action is Busy.PREDICT and self.prediction is not None \
@@ -397,6 +417,126 @@ class Session:
         self._reading = None
         self.events.checkpoint_unusable.emit(CheckpointUnusable(
             request.path, refusal(request.path, request.factory), untrusted=True))
+
+    # -- weights a remote run kept beside the store ----------------------------------------
+    def open_store(self, store: str | None) -> None:
+        """The image's store is ``store`` now (None: the image has none); look beside it for
+        weights a remote run kept when it ended early.
+
+        When ``<store>.remote-last.pt`` exists it is read in the runner's thread (as
+        plain data: nothing it names is imported); ``kept_weights`` then brings a
+        :class:`~napari_finetune.session.kept.KeptWeights` (also :attr:`kept`): its
+        ``line`` says what it is, from when, of how many steps, or why it cannot be
+        this store's checkpoint. Answer with :meth:`use_kept_weights` or
+        :meth:`discard_kept_weights`. Another store withdraws the offer.
+        """
+        from napari_finetune.remote.kept import kept_path
+        from napari_finetune.session.kept import find_kept_job
+
+        self._looking += 1
+        looking = self._looking
+        self.store = store
+        self._withdraw_kept()
+        # A stat here: the file is read in a job only when there is one (most stores).
+        if store is None or not kept_path(store).is_file():
+            return
+
+        def found(kept: KeptWeights | None) -> None:
+            if looking != self._looking or kept is None:
+                return  # another store was opened meanwhile, or the file went
+            self.kept = kept
+            self.events.kept_weights.emit(kept)
+
+        self._background(find_kept_job(store), "Reading the weights kept beside the store "
+                                               "failed", on_result=found)
+
+    def _withdraw_kept(self) -> None:
+        if self.kept is not None:
+            self.kept = None
+            self.events.kept_weights.emit(None)
+
+    def _kept_refusal(self, what: str) -> str:
+        """Why the offered kept weights cannot be ``what`` ("used", "set aside") now."""
+        from napari_finetune.session.kept import changed_since
+
+        if self.kept is None:
+            return f"No kept weights to be {what}: none were found beside the store."
+        if self._busy is not None:
+            return (f"Cannot have the kept weights {what} now: busy with {self._busy.value}; "
+                    "wait for it to end.")
+        if changed_since(self.kept):
+            name = Path(self.kept.path).name
+            self.open_store(self.kept.store)  # what is there now is offered instead
+            return (f"The kept weights were not {what}: {name} changed since it was "
+                    "offered; it is read again.")
+        return ""
+
+    def use_kept_weights(self, read: Callable[[str], None] | None = None) -> str | None:
+        """Load the kept weights offered (:attr:`kept`) as the checkpoint.
+
+        The file is renamed first (``<store>.remote-last.used-<when>.pt``: the
+        offer is not made again, and a later run cut short keeps its weights
+        without overwriting the checkpoint in use), then read as any checkpoint
+        (its trust asked like any other's). The last run's trainer is dropped.
+
+        Parameters
+        ----------
+        read : callable, optional
+            The front end's own way to load a checkpoint path (e.g. its model field);
+            :meth:`read_checkpoint` by default.
+
+        Returns
+        -------
+        str or None
+            The checkpoint's new path; None when refused (``refused`` says why: nothing
+            offered, busy, a file that cannot be used, or one that cannot be renamed).
+        """
+        from napari_finetune.session.kept import move_aside
+
+        if reason := self._kept_refusal("used"):
+            return self._refuse_kept(reason)
+        kept = self.kept
+        assert kept is not None  # _kept_refusal said so
+        if not kept.usable:
+            return self._refuse_kept(f"Cannot use the kept weights: {kept.problem}; set them "
+                                     "aside instead.")
+        try:
+            path = str(move_aside(kept, "used"))
+        except OSError as exc:
+            return self._refuse_kept(f"Cannot use the kept weights: {kept.path} cannot be "
+                                     f"renamed ({first_line(exc)}).")
+        self._withdraw_kept()
+        self.release_trainer()  # the run's weights no longer are the model's
+        (read or self.read_checkpoint)(path)
+        return path
+
+    def discard_kept_weights(self) -> str | None:
+        """Set the kept weights offered aside: renamed to
+        ``<store>.remote-last.discarded-<when>.pt``, never deleted; the offer ends.
+
+        Returns
+        -------
+        str or None
+            Where the file is now; None when refused (``refused`` says why).
+        """
+        from napari_finetune.session.kept import move_aside
+
+        if reason := self._kept_refusal("set aside"):
+            return self._refuse_kept(reason)
+        kept = self.kept
+        assert kept is not None  # _kept_refusal said so
+        try:
+            path = str(move_aside(kept, "discarded"))
+        except OSError as exc:
+            return self._refuse_kept(f"Cannot set the kept weights aside: {kept.path} cannot "
+                                     f"be renamed ({first_line(exc)}).")
+        self._withdraw_kept()
+        return path
+
+    def _refuse_kept(self, reason: str) -> str | None:
+        """Refuse a use or a discard of the kept weights: no path; ``refused`` says why."""
+        self._refuse(reason)
+        return None
 
     def save_corrections(
         self, labels: np.ndarray, snapshot: int | None = None, store: str | None = None,
@@ -548,6 +688,9 @@ class Session:
         if snapshot is None:  # the job reads it in another thread: a copy it alone holds
             corrections, snapshot = np.array(corrections, copy=True), next_snapshot()
         self.trainer, self.status, self.history = None, None, []
+        self.placement = None
+        # This run may keep its own weights under the offered file's name: no stale offer.
+        self._withdraw_kept()
         self._run_key = (self._where(), self.config.mode)
         job = jobs.train_job(
             str(self.checkpoint), self.image, corrections, self.store,
@@ -587,6 +730,9 @@ class Session:
                 self.step_times.record_run(*self._run_key, event.status.step,
                                            event.status.elapsed_s, resolved=device)
             self.events.status.emit(event.status)
+        elif isinstance(event, Placement):
+            self.placement = event.text
+            self.events.placement.emit(event.text)
         elif isinstance(event, Preview) and self.viewer is not None:
             for i, probs in enumerate(event.probs):
                 self.viewer.show_layer(f"preview-{self._channel(i)}", probs, LayerKind.IMAGE)
