@@ -64,3 +64,16 @@ def test_scores_by_role_scores_cells_as_regions_and_objects_as_visible_blobs():
     # Without the cell truth the boundary channel has no score.
     assert set(scores_by_role({"membrane": merged}, roles, ["membrane", "mito"], None,
                               semantic)) == set()
+
+
+def test_cells_a_user_counts_are_the_ones_the_objects_step_keeps():
+    # Two true cells of 40 voxels and three of one voxel each (cells that show one voxel
+    # between membranes): 2 cells at min_size 10, 5 ids in all.
+    true = np.zeros((4, 10, 10), np.int64)
+    true[:, :5, :2] = 1
+    true[:, 5:, :2] = 2
+    true[0, 0, 9], true[1, 0, 9], true[2, 0, 9] = 3, 4, 5
+    pred = np.where(true > 0, 1, 0)
+    s = region_scores(pred, true, min_size=10)
+    assert (s["n_true"], s["n_true_any"], s["n_pred"]) == (2, 5, 1)
+    assert region_scores(pred, true)["n_true"] == 5  # without a size, every id
