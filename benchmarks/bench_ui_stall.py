@@ -18,7 +18,8 @@ sample is installed, otherwise a generated store and a random 3D UNet.
 ``--walk`` times what a user does from the start instead, each step under the
 10 ms heartbeat: open the sample (into an empty cache: its first opening; the
 sample a user opens unless ``--shape`` says another), dock the widget, press
-Predict the moment the dock shows, paint, Fine-tune, Stop, Objects, Export.
+Predict the moment the dock shows, paint, Fine-tune, Stop, Objects, Export, and
+close napari while a prediction runs.
 Per step: its wall time, the longest main-thread gap, the longest gap less
 napari's own layer work in it (building an Image or Labels layer and adding it
 to the viewer, timed apart: :class:`NapariLayerWork`), and that work; an idle
@@ -89,7 +90,7 @@ def _wait(app, condition, timeout_s: float = 1800) -> None:
 class Meter:
     """10 ms ticks on the main thread; optional watchdog that samples its stack when late."""
 
-    def __init__(self, diagnose: bool) -> None:
+    def __init__(self, diagnose: bool, watch: GilWatch | None = None) -> None:
         from qtpy.QtCore import QTimer
 
         self.ticks: list[float] = []
@@ -99,6 +100,8 @@ class Meter:
         self.timer = QTimer()
         self.timer.setInterval(10)
         self.timer.timeout.connect(lambda: self.ticks.append(time.perf_counter()))
+        if watch is not None:
+            self.timer.timeout.connect(watch.tick)
 
     def start(self) -> None:
         self.t0 = time.perf_counter()
@@ -194,6 +197,41 @@ class NapariLayerWork:
         return "; ".join(parts) or "-"
 
 
+class GilWatch:
+    """Every thread's stack at the moment the main thread is late: who holds the GIL.
+
+    Each heartbeat of the main thread (:meth:`tick`) arms
+    :func:`faulthandler.dump_traceback_later`, whose watchdog is a C thread that
+    needs no GIL: when the next heartbeat is ``late_s`` late, every thread's
+    Python stack goes to ``path`` while the holder still holds the GIL (a stack
+    sampled from Python would show where it was once it let go). The next
+    heartbeat writes ``# late <ms> at <s> in <step>`` after the dump.
+    """
+
+    def __init__(self, path: Path, late_s: float = 0.12) -> None:
+        self.path, self.late_s = path, late_s
+        self.step = "-"
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self.t0 = self._last = time.perf_counter()
+
+    def tick(self) -> None:
+        import faulthandler
+
+        now = time.perf_counter()
+        if now - self._last > self.late_s:
+            os.write(self._fd, f"# late {1000 * (now - self._last):.0f} ms at "
+                               f"{self._last - self.t0:.2f} s in {self.step}\n".encode())
+        self._last = now
+        faulthandler.dump_traceback_later(self.late_s, file=self._fd)
+
+    def pause(self) -> None:
+        """No dumps between steps (the walk's own waits)."""
+        import faulthandler
+
+        faulthandler.cancel_dump_traceback_later()
+        self._last = float("inf")
+
+
 def gaps_outside_ms(ticks: list[float], spans: list[tuple[float, float]]) -> np.ndarray:
     """Each heartbeat gap less the part of it spent inside ``spans`` (merged, sorted)."""
     out = []
@@ -222,9 +260,13 @@ def walk(args: argparse.Namespace) -> int:
     rows: list[tuple[str, ...]] = []
     box: dict = {}
 
+    watch = GilWatch(Path(args.gil_dump)) if args.gil_dump else None
+
     def step(name: str, action, done, settle_s: float = 0.3, timeout_s: float = 600) -> None:
+        if watch is not None:
+            watch.step = name
         napari_work.clear()
-        meter = Meter(False)
+        meter = Meter(False, watch)
         meter.start()
         t = time.perf_counter()
         action()  # on the main thread, as a click is: its time is the gap after t0
@@ -235,6 +277,8 @@ def walk(args: argparse.Namespace) -> int:
         # the gap between the meter's start and that tick.
         _wait(app, lambda: time.perf_counter() - end > settle_s and meter.ticks[-1] > end)
         meter.stop()
+        if watch is not None:
+            watch.pause()
         gaps = meter.gaps_ms()
         outside = gaps_outside_ms(meter.ticks, napari_work.intervals())
         rows.append((name, f"{wall:.2f} s", f"{gaps.max():.0f} ms", f"{outside.max():.0f} ms",
@@ -336,6 +380,23 @@ def walk(args: argparse.Namespace) -> int:
          lambda: results.export(w.controller, target),
          lambda: w.state.busy is None and Path(target).exists())
 
+    errors = list(w.state.errors)  # the close below may clear the widget's state
+    # Closing napari while a prediction runs: the close waits for the job to end (the
+    # Session's Stop ends a prediction between batches) and blocks the main thread.
+    box["predicting"] = False
+
+    def predicting() -> bool:  # the job has begun: the user closes in the middle of it
+        return w.state.busy is not None and w.state.running > 0
+
+    w.predict_button.click()
+    _wait(app, predicting, 120)
+    threads_before = {t.ident for t in threading.enumerate()}
+    step("close napari during a prediction", viewer.close, lambda: True, settle_s=0.3)
+    left = [t.name for t in threading.enumerate()
+            if t.ident in threads_before and t.name.startswith("napari-finetune")]
+    rows[-1] = (rows[-1][0] + (f" [still running: {', '.join(left)}]" if left
+                               else " [its threads ended]"), *rows[-1][1:])
+
     print(f"# bench_ui_stall --walk: image {shape}; {args.mode}; {os.cpu_count()} CPUs; "
           f"load average {os.getloadavg()[0]:.1f}")
     head = ("step", "wall", "longest gap", "longest gap outside napari's layer work",
@@ -343,10 +404,9 @@ def walk(args: argparse.Namespace) -> int:
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     for r in [head, tuple("-" * n for n in widths), *rows]:
         print("| " + " | ".join(f"{c:<{n}}" for c, n in zip(r, widths, strict=True)) + " |")
-    if w.state.errors:
-        print("errors:", *w.state.errors, sep="\n  ")
+    if errors:
+        print("errors:", *errors, sep="\n  ")
     napari_work.restore()
-    viewer.close()
     return 0
 
 
@@ -365,9 +425,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-predict", action="store_true",
                         help="click Fine-tune before any Predict (the click adds the layers)")
     parser.add_argument("--diagnose", action="store_true")
+    parser.add_argument("--gil-dump", default=None, metavar="FILE",
+                        help="with --walk: every thread's stack into FILE whenever the main "
+                             "thread's heartbeat is 120 ms late (GilWatch)")
     parser.add_argument("--walk", action="store_true",
                         help="time the user's walk: open the sample, dock, Predict, paint, "
-                             "Fine-tune, Stop, Objects, Export")
+                             "Fine-tune, Stop, Objects, Export, close while predicting")
     args = parser.parse_args(argv)
     if args.walk:
         return walk(args)

@@ -7,6 +7,7 @@ turn as the plugin's function.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -55,3 +56,33 @@ def test_the_wrapped_napari_methods_are_restored(bench):
         work.restore()
     assert [Image.__dict__["__init__"], Labels.__dict__["__init__"],
             LayerList.__dict__["insert"]] == before
+
+
+def test_a_late_heartbeat_leaves_every_threads_stack_and_a_late_line(bench, tmp_path):
+    out = tmp_path / "gil.txt"
+    watch = bench.GilWatch(out, late_s=0.05)
+    watch.step = "a step"
+    try:
+        watch.tick()
+        end = time.perf_counter() + 0.3
+        while time.perf_counter() < end:  # a late heartbeat: this thread busy, GIL held
+            pass
+        watch.tick()
+    finally:
+        watch.pause()
+    text = out.read_text()
+    assert "Timeout" in text and "test_a_late_heartbeat_leaves" in text  # the dump, then
+    late = [line for line in text.splitlines() if line.startswith("# late")]
+    assert len(late) == 1 and late[0].endswith("in a step")
+    assert int(late[0].split()[2]) >= 300
+
+
+def test_no_dump_while_the_heartbeat_keeps_time(bench, tmp_path):
+    out = tmp_path / "gil.txt"
+    watch = bench.GilWatch(out, late_s=0.5)
+    try:
+        for _ in range(3):
+            watch.tick()
+    finally:
+        watch.pause()
+    assert out.read_text() == ""

@@ -137,13 +137,18 @@ def main() -> int:
     if os.environ.get("CHECKPOINT"):  # e.g. before the sample model is installed
         widget.checkpoint_edit.setText(os.environ["CHECKPOINT"])
         widget.checkpoint_edit.editingFinished.emit()  # as Return in the field does
-    _wait(app, lambda: widget.state.info is not None and widget.state.running == 0)
+    # The model read and the engine warmed up: a Predict clicked earlier is kept, not run,
+    # and the picture would show "Predict (queued)" with no prediction yet.
+    _wait(app, lambda: widget.state.info is not None and widget.state.warming == 0
+          and widget.state.running == 0)
     viewer.reset_view()  # the docked panel narrowed the canvas: fit the image again
     z = int(shape.split(",")[0]) // 2
     viewer.dims.set_current_step(0, z)
 
     widget.predict_button.click()
-    _wait(app, lambda: widget.state.busy is None)
+    names = [f"{c} prediction" for c in ("membrane", "mitochondria")]
+    _wait(app, lambda: widget.state.busy is None and not widget.state.queued
+          and all(n in viewer.layers for n in names))
     if os.environ.get("SHOTS") == "objects":
         _objects_shot(viewer, app, widget, themes=False)
         print("errors", widget.state.errors)

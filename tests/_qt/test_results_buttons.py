@@ -63,3 +63,49 @@ def test_export_as_bioimageio_asks_where_and_packages_the_roles_of_the_editor(
     # A channel without a role is stored as none (its other values mean nothing).
     assert roles_from_metadata(package["metadata"], widget.state.info.channel_names) == {
         "membrane": ChannelRole(), "mitochondria": edited["mitochondria"]}
+
+
+def test_paint_here_next_on_a_time_series_names_the_time_point(make_napari_viewer, qtbot,
+                                                               tmp_path):
+    """A TYX store (napari-ome-zarr's layer) with a 2D model: the suggestion's centre is
+    (t, y, x) and the log says t=, not z= as for a volume."""
+    import re
+
+    import torch
+    import zarr
+    from ome_zarr.io import parse_url
+    from ome_zarr.writer import write_image
+    from tests._qt.conftest import CHANNELS, choose_checkpoint, make_volume
+
+    from napari_finetune.model.checkpoint import save_checkpoint
+    from napari_finetune.model.unet import UNet
+
+    path = tmp_path / "tyx.ome.zarr"
+    series = make_volume()[4:7]  # three planes as three time points
+    write_image(series, zarr.group(store=parse_url(str(path), mode="w").store), axes="tyx",
+                scale_factors=[])
+    torch.manual_seed(0)
+    ckpt = save_checkpoint(tmp_path / "unet2d.pt", UNet(dims=2, out_channels=2, depth=2,
+                                                        features=4), {"channel_names": CHANNELS})
+    viewer = make_napari_viewer()
+    (image,) = viewer.open(str(path), plugin="napari-ome-zarr")
+    assert tuple(image.level_shapes[0]) == (3, 64, 64)
+    _, widget = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
+    choose_checkpoint(qtbot, widget, str(ckpt))
+    qtbot.waitUntil(lambda: widget.state.info is not None and widget.state.warming == 0,
+                    timeout=60_000)
+    try:
+        qtbot.mouseClick(widget.paint_next_button, Qt.LeftButton)
+        qtbot.waitUntil(lambda: len(widget.state.suggested) == 1, timeout=60_000)
+        wait_idle(qtbot, widget)
+        assert not widget.state.errors, widget.state.errors
+        assert viewer.layers["uncertainty"].data.shape == (3, 64, 64)
+        line = [text for text in widget.status_panel.log.toPlainText().splitlines()
+                if "paint here next:" in text][-1]
+        where = re.search(r"paint here next: (\S+) (\S+) (\S+) \(", line)
+        assert where is not None, line
+        assert [w.split("=")[0] for w in where.groups()] == ["t", "y", "x"], line
+        t = int(where.group(1).split("=")[1])
+        assert 0 <= t < 3
+    finally:
+        wait_idle(qtbot, widget)

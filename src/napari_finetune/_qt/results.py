@@ -24,6 +24,7 @@ from napari_finetune._qt.layers import (
     objects_layers,
     prediction_layers,
 )
+from napari_finetune.arrays import AxesImage
 
 
 def paint_here_next(c: Controller) -> None:
@@ -37,9 +38,12 @@ def paint_here_next(c: Controller) -> None:
     except ValueError as exc:
         c.fail(exc, "Invalid settings")
         return
+    # The image the model runs on: a store's time series comes with its axes (an
+    # AxesImage), so the suggestion's centre is (t, y, x), not a volume's (z, y, x).
+    if (image := c.model_image("Cannot suggest")) is None:
+        return
     info, painted = s.info, c.w.corrections_layer()
-    session.image, session.checkpoint, session.trust = (
-        corr.image_level0(layer), info.path, info.trust)
+    session.image, session.checkpoint, session.trust = image, info.path, info.trust
     session.channel_names, session.channel_colors = list(info.channel_names), list(info.colors)
     session.trainer = s.trainer  # the last run's weights, else the checkpoint's
     session.corrections = None if painted is None else painted.data
@@ -56,7 +60,9 @@ def _suggested(c: Controller, before: np.ndarray | None) -> None:
         suggest.show_uncertainty(c.w.viewer, c.w.image_layer(), unsure)
         c.w.status_panel.set_idle("uncertainty updated")
     s.suggested = list(session.suggested)
-    c.w.status_panel.append_log(suggest.describe(suggestion))
+    # The painting's axes name the centre's coordinates: t= for a time point, not z=.
+    axes = AxesImage.of(session.image).labels_axes if session.image is not None else None
+    c.w.status_panel.append_log(suggest.describe(suggestion, axes))
     if suggestion is not None:
         suggest.go_to(c.w.viewer, c.w.image_layer(), suggestion)
 
