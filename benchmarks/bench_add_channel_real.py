@@ -35,7 +35,9 @@ distillation 0.5, hold on):
   model was trained on (synthetic EM, the ``source`` appearance, another seed than
   the sample's), unpainted: the hold keeps the old channels to the starting
   model there too (the trainer has no such setting; the script wraps its
-  sampler); ``added-replay-hold5`` with the hold weighted 5 times.
+  sampler); ``added-replay-hold5`` with the hold weighted 5 times;
+  ``added-replay-target(-hold5)``: the same, the patches in the sample's
+  appearance (``target``) but of another geometry seed than the sample's.
 
 Choose on ``cho-t00``; report on ``cho-t10`` and ``cho-t19``.
 
@@ -87,7 +89,8 @@ class Variant:
     learning_rate: float | None = None
     hold_weight: float | None = None
     frozen_steps: int = 0  # steps whose shared layers get no gradient (-1: every step)
-    replay: float = 0.0  # share of each batch's patches drawn from the model's own domain
+    replay: float = 0.0  # share of each batch's patches drawn from synthetic EM
+    replay_domain: str = "source"  # its appearance: the model's training or the sample's
 
 
 VARIANTS: dict[str, Variant] = {
@@ -100,6 +103,10 @@ VARIANTS: dict[str, Variant] = {
     "added-replay": Variant("added, half the patches replayed from synthetic EM", replay=0.5),
     "added-replay-hold5": Variant("added, half replayed, hold x5", replay=0.5,
                                   hold_weight=5.0),
+    "added-replay-target": Variant("added, half replayed from the sample's appearance",
+                                   replay=0.5, replay_domain="target"),
+    "added-replay-target-hold5": Variant("added, half replayed (sample's appearance), hold x5",
+                                         replay=0.5, replay_domain="target", hold_weight=5.0),
 }
 QUICK_VARIANTS = ("existing", "added")
 
@@ -196,12 +203,12 @@ class Freeze:
 class Replay:
     """Unpainted patches of the synthetic EM the sample model was trained on."""
 
-    def __init__(self, pretrained: Checkpoint, seed: int = 0) -> None:
+    def __init__(self, pretrained: Checkpoint, domain: str = "source", seed: int = 0) -> None:
         from napari_finetune.data.normalization import intensity_range
         from napari_finetune.samples.synthetic_em import generate_volume
 
         # Another geometry seed than the sample's (1) and the model's training (10-12).
-        image, _ = generate_volume((32, 128, 128), seed=99, domain="source")
+        image, _ = generate_volume((32, 128, 128), seed=99, domain=domain)
         self.image = image
         self.low, self.high = intensity_range(image, pretrained.normalization)
         self.rng = np.random.default_rng(seed)
@@ -262,7 +269,7 @@ def train_variant(
         config = dataclasses.replace(config, learning_rate=variant.learning_rate)
     trainer = Finetuner.from_checkpoint(ckpt, volume.image, corrections, config)
     if variant.replay:
-        replay_into(trainer, Replay(pretrained), variant.replay)
+        replay_into(trainer, Replay(pretrained, variant.replay_domain), variant.replay)
     frozen = Freeze(trainer.model) if variant.frozen_steps else None
     done = 0
     t0 = time.perf_counter()
