@@ -840,9 +840,14 @@ class Session:
         painted = None if corrections is None else np.array(corrections, copy=True)
         names = list(self.channel_names) or list(probabilities)
         user_set = {c: set(v) for c, v in self.roles_set.items()}
-        voxel_size = self.config.voxel_size
+        config, store = self.config, self.store
 
         def job() -> Job[tuple[RolesFromPainting, dict[str, derived.ChannelObjects]]]:
+            # The voxel size training used: the config's, else the store's scale (read
+            # here, in the job's thread; before, the objects were measured in voxels
+            # while the run trained on physical patches).
+            voxel_size = (jobs.with_store_voxel_size(config, store).voxel_size
+                          if config.voxel_size is None and store else config.voxel_size)
             mine = {c: probabilities[c] for c in roles}
             # Where the painting shows no whole objects (strokes), the predicted ones say
             # how large the channel's objects are.
