@@ -57,19 +57,20 @@ def slower_checkpoint(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("case", [
     "close-mid-run", "quit-mid-run", "stroke-then-close", "remove-dock-mid-run",
-    "close-then-exit",
+    "close-then-exit", "close-mid-predict",
 ])
 def test_shutdown_case_exits_0_with_the_painting_saved(case, tiny_store, tiny_checkpoint,
                                                       slower_checkpoint, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    checkpoint = slower_checkpoint if case == "close-then-exit" else tiny_checkpoint
+    checkpoint = (slower_checkpoint if case in ("close-then-exit", "close-mid-predict")
+                  else tiny_checkpoint)
     result = _run(case, tiny_store, checkpoint, out)
     log = f"exit {result.returncode}\n{result.stdout}\n{result.stderr[-4000:]}"
     assert result.returncode == 0, log
     assert "event loop ended" in result.stdout, log
     assert "has been deleted" not in result.stderr and "Traceback" not in result.stderr, log
-    if case != "stroke-then-close":
+    if case not in ("stroke-then-close", "close-mid-predict"):
         assert "'step'" in result.stdout, log  # it was training when it ended
     if case == "remove-dock-mid-run":
         # The run ended at its next step (quit()), long before its 100 000 steps.
