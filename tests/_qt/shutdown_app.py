@@ -13,6 +13,10 @@ makes a corrections layer and paints, then ends as CASE says:
                         (well inside the autosave delay).
 ``remove-dock-mid-run`` Fine-tune, wait for the first step, remove the dock, wait for
                         the run to end, close the viewer.
+``close-mid-predict``   Predict, wait for the prediction's job to begin, close the viewer
+                        (from a script: ``viewer.close()`` then the process' own exit).
+``exit-without-close``  a stroke, then the script ends with napari open (no close, no
+                        event loop of its own): the interpreter's exit ends the session.
 ``close-then-exit``     as ``close-mid-run``, in a script that runs no event loop of its
                         own (``processEvents`` until the first step), so the process
                         exits right after the close, with the step still computing.
@@ -32,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 CASES = ("close-mid-run", "quit-mid-run", "stroke-then-close", "remove-dock-mid-run",
-         "close-then-exit")
+         "close-then-exit", "close-mid-predict", "exit-without-close")
 
 
 T0 = time.monotonic()
@@ -109,6 +113,20 @@ def main(case: str, store: str, checkpoint: str, out: Path) -> None:
         plan.append((lambda: True, lambda: t.setdefault("first", time.monotonic())))
         plan.append((lambda: time.monotonic() - t["first"] > 0.5, second_stroke))
         plan.append((lambda: True, record_and(close)))
+    elif case == "exit-without-close":
+        def stroke_last() -> None:
+            # Well inside the autosave delay: only the exit can save this stroke.
+            second_stroke()
+            np.save(out / "expected.npy", np.asarray(layer().data))
+
+        plan.append((lambda: True, stroke_last))
+    elif case == "close-mid-predict":
+        def predict() -> None:
+            widget.predict_button.click()
+            say("predict clicked")
+
+        plan.append((lambda: True, predict))
+        plan.append((lambda: state.busy is not None and state.running > 0, record_and(close)))
     else:
         plan.append((lambda: True, start_run))
         finish = {"close-mid-run": close, "close-then-exit": close, "quit-mid-run": quit_app,
@@ -131,7 +149,7 @@ def main(case: str, store: str, checkpoint: str, out: Path) -> None:
             if action is not second_stroke:
                 return  # one action per event-loop turn, except: close at once after a stroke
 
-    if case == "close-then-exit":
+    if case in ("close-then-exit", "close-mid-predict", "exit-without-close"):
         app = QApplication.instance()
         while plan:
             app.processEvents()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tests._qt.conftest import CHANNELS, make_volume
+from tests._qt.conftest import CHANNELS, SHAPE, make_volume
 
 APP = Path(__file__).with_name("shutdown_app.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,21 +57,42 @@ def slower_checkpoint(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("case", [
     "close-mid-run", "quit-mid-run", "stroke-then-close", "remove-dock-mid-run",
-    "close-then-exit",
+    "close-then-exit", "close-mid-predict", "exit-without-close",
 ])
 def test_shutdown_case_exits_0_with_the_painting_saved(case, tiny_store, tiny_checkpoint,
                                                       slower_checkpoint, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    checkpoint = slower_checkpoint if case == "close-then-exit" else tiny_checkpoint
+    checkpoint = (slower_checkpoint if case in ("close-then-exit", "close-mid-predict")
+                  else tiny_checkpoint)
     result = _run(case, tiny_store, checkpoint, out)
     log = f"exit {result.returncode}\n{result.stdout}\n{result.stderr[-4000:]}"
     assert result.returncode == 0, log
     assert "event loop ended" in result.stdout, log
     assert "has been deleted" not in result.stderr and "Traceback" not in result.stderr, log
-    if case != "stroke-then-close":
+    if case not in ("stroke-then-close", "close-mid-predict", "exit-without-close"):
         assert "'step'" in result.stdout, log  # it was training when it ended
     if case == "remove-dock-mid-run":
         # The run ended at its next step (quit()), long before its 100 000 steps.
         assert "run ended" in result.stdout and "'finished'" not in result.stdout, log
     _check_store(tiny_store, out)
+
+
+def test_an_autosaver_whose_timer_qt_deleted_still_saves_at_close(qtbot, tiny_store):
+    """PyQt destroys the Python-owned QObjects of a script that ends with napari open in
+    no order: the autosaver's QTimer can be gone when the widget's ``destroyed`` handler
+    closes the saver. Its ``timer.stop()`` raised there, and PyQt aborted the process
+    (exit 134) with the painting unsaved."""
+    from napari.layers import Labels
+    from qtpy import sip
+
+    from napari_finetune._qt.corrections import Autosaver
+    from napari_finetune.io.omezarr import load_corrections
+
+    layer = Labels(np.zeros(SHAPE, dtype=np.uint8))
+    saver = Autosaver(layer, str(tiny_store), CHANNELS, save=lambda *a, **k: False)
+    layer.paint((8, 20, 20), 2)  # starts the timer: a save pending
+    sip.delete(saver.timer)  # what PyQt's exit does
+    assert not saver.pending
+    assert saver.close() is True
+    np.testing.assert_array_equal(load_corrections(tiny_store), np.asarray(layer.data))

@@ -239,3 +239,57 @@ def test_a_block_on_the_second_gpu_is_read_when_its_own_stream_is_done():
     assert cuda.moves == [torch.device("cuda", 1)]
     assert cuda.recorded == [torch.device("cuda", 1)]
     assert pending._ready.synchronized and probs.shape == (2, 2, 12, 12)
+
+
+def test_stop_ends_the_prediction_inside_a_batch_keeping_the_blocks_written():
+    """Stop asked while a batch's forward pass runs: the model's next layer does not run
+    (a batch is one block of seconds on a CPU core, which a closing napari waited for);
+    the blocks of the batches before are written, the cut batch's are not."""
+    import threading
+
+    model = _model(3)
+    convs = [m for m in model.modules() if isinstance(m, torch.nn.Conv3d)]
+    image = np.random.default_rng(5).random((8, 32, 32), dtype=np.float32)
+    config = PredictConfig(block_shape=(8, 16, 16), halo=(4, 4, 4), batch_size=1, device="cpu")
+    blocks = len(block_grid(image.shape, (8, 16, 16), (4, 4, 4), (4, 4, 4)))
+    assert blocks == 4
+    ran: list[str] = []  # "conv" per convolution run, "batch" per forward pass begun
+    asked = threading.Event()
+    model.register_forward_pre_hook(lambda *_: ran.append("batch"))
+    for conv in convs:
+        conv.register_forward_hook(lambda *_: ran.append("conv"))
+
+    def stop() -> bool:
+        # The user's Stop comes during the second block's forward pass, after its
+        # first convolution.
+        if ran.count("batch") == 2 and ran[-1] == "conv":
+            asked.set()
+        return asked.is_set()
+
+    out = predict_volume(model, image, (0.0, 1.0), config, stop=stop)
+    assert ran.count("batch") == 2
+    assert ran[ran.index("batch", 1):] == ["batch", "conv"]  # cut after one convolution
+    assert ran.count("conv") == len(convs) + 1
+    full = predict_volume(model, image, (0.0, 1.0), config)
+    written = np.any(out != 0, axis=0)
+    first = block_grid(image.shape, (8, 16, 16), (4, 4, 4), (4, 4, 4))[0][0]
+    np.testing.assert_array_equal(out[(slice(None), *first)], full[(slice(None), *first)])
+    assert written.sum() == written[first].size  # only the first block's core
+
+
+def test_a_stop_does_not_cut_the_same_model_in_another_thread():
+    """A run may use the model in its own thread while a prediction stops: only the
+    prediction's thread is cut."""
+    import threading
+
+    model = _model(3)
+    x = torch.zeros(1, 1, 8, 16, 16)
+    from napari_finetune.predict.volume import stop_between_layers
+
+    with stop_between_layers(model, lambda: True):
+        result: list[torch.Tensor] = []
+        other = threading.Thread(target=lambda: result.append(model(x)))
+        other.start()
+        other.join()
+        assert result and result[0].shape == (1, 2, 8, 16, 16)
+    assert model(x).shape == (1, 2, 8, 16, 16)  # the hooks are gone after

@@ -124,3 +124,60 @@ def test_cached_store_of_the_old_layout_is_written_again(cache):
     assert sample_store.ensure_sample("target", SHAPE, seed=9) == path
     record = zarr.open_group(str(path), mode="r").attrs[sample_store.COMPLETE_KEY]
     assert record["store_layout"] == sample_store.STORE_LAYOUT
+
+
+def test_pyramid_levels_are_the_2x2_means_of_the_level_above(cache):
+    """What a user sees zoomed out: each level the rounded mean of the 2 x 2 blocks of the
+    one above, ome-zarr's shapes (``size // 2``), read back from the store."""
+    path = sample_store.ensure_sample("target", (8, 66, 64), seed=3)
+    root = zarr.open_group(str(path), mode="r")
+    paths = [d["path"] for d in root.attrs["ome"]["multiscales"][0]["datasets"]]
+    levels = [np.asarray(root[p]) for p in paths]
+    assert [lv.shape for lv in levels] == [(8, 66, 64), (8, 33, 32), (8, 16, 16)]
+    for above, below in zip(levels, levels[1:], strict=False):
+        h, w = below.shape[1:]
+        blocks = above[:, :2 * h, :2 * w].astype(float).reshape(8, h, 2, w, 2).mean(axis=(2, 4))
+        assert below.dtype == np.uint8
+        assert np.abs(below - blocks).max() <= 0.5  # rounded, never more than half a grey
+
+
+def test_the_writer_yields_the_gil_between_slabs_of_its_downsampling(cache, monkeypatch):
+    """The store is written beside napari (sample_in_memory): its downsampling hands the
+    GIL over after every few z-slices (ome-zarr's resize held it over whole blocks, a
+    735 ms freeze of napari in the walk's Predict)."""
+    yields: list[float] = []
+    monkeypatch.setattr(sample_store.time, "sleep", yields.append)
+    sample_store.ensure_sample("target", SHAPE, seed=4)
+    slabs = -(-SHAPE[0] // sample_store.SLAB_Z)
+    # Two levels below the image (64 -> 32 -> 16), each in ``slabs`` pieces.
+    assert yields == [0] * (2 * slabs)
+
+
+@pytest.mark.serial  # a bound on a thread's gaps: timing
+def test_another_thread_runs_while_the_sample_store_is_written(cache):
+    """A 5 ms ticker (napari's main thread's stand-in) beside the writer of the sample a
+    user opens (64 x 256 x 256): its longest wait stays short."""
+    import threading
+    import time
+
+    image, truth, instances = gen.generate_volume((64, 256, 256), 1, "target", instances=True)
+    gaps: list[float] = []
+    running = True
+
+    def tick() -> None:
+        last = time.perf_counter()
+        while running:
+            time.sleep(0.005)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    try:
+        sample_store.write_store(cache / "s.ome.zarr", image, truth, {"t": 1}, instances)
+    finally:
+        running = False
+        ticker.join()
+    # ome-zarr's pyramid held the GIL 0.7 s at a time in the walk (2 shared cores).
+    assert max(gaps) < 0.2, f"the ticker waited {1000 * max(gaps):.0f} ms"

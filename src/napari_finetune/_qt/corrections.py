@@ -173,7 +173,24 @@ class Autosaver(QObject):
     @property
     def pending(self) -> bool:
         """True while a save is scheduled or being written."""
-        return self.timer.isActive() or self.in_flight > 0
+        return self._timer_active() or self.in_flight > 0
+
+    def _timer_active(self) -> bool:
+        try:
+            return self.timer.isActive()
+        except RuntimeError:  # Qt deleted it (see _stop_timer): nothing is scheduled
+            return False
+
+    def _stop_timer(self) -> None:
+        try:
+            self.timer.stop()
+        except RuntimeError:
+            # The QTimer is already deleted: a script that ends with napari still open
+            # has its Python-owned QObjects (this one, and the timer with it) destroyed
+            # by PyQt at exit, in no order, before the widget's ``destroyed`` handler
+            # closes this saver; the exception there aborted the process and lost the
+            # painting. A deleted timer fires no more: nothing left to stop.
+            pass
 
     @property
     def unwritten(self) -> bool:
@@ -182,7 +199,7 @@ class Autosaver(QObject):
 
     def snapshot(self) -> np.ndarray:
         """A copy of the painted array, taken on the main thread; cancels the pending save."""
-        self.timer.stop()
+        self._stop_timer()
         self._dirty = False
         self.snapshot_id = next_snapshot()
         return np.array(self.layer.data, copy=True)
@@ -205,7 +222,7 @@ class Autosaver(QObject):
         A save still waiting for its timer starts now rather than being dropped:
         what was painted on a layer stays saved after the layer is gone.
         """
-        pending = self.timer.isActive()
+        pending = self._timer_active()
         self.disconnect_layer()
         if pending:
             self.save_now()
@@ -235,7 +252,7 @@ class Autosaver(QObject):
 
     def disconnect_layer(self) -> None:
         """Stop following the layer (another layer was chosen, or the widget closes)."""
-        self.timer.stop()
+        self._stop_timer()
         for emitter in (self.layer.events.paint, self.layer.events.data):
             try:
                 emitter.disconnect(self._changed)

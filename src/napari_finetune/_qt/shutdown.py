@@ -18,8 +18,10 @@ close does to every task it lists).
 
 from __future__ import annotations
 
+import atexit
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from typing import ParamSpec, TypeVar
 
@@ -32,6 +34,7 @@ from napari_finetune.session.work import Job
 
 P = ParamSpec("P")
 R = TypeVar("R")
+S = TypeVar("S")
 
 # A fine-tuning step on a large model can take seconds; longer than this and the
 # process ends anyway (the weights of the last step are lost, the painting is not).
@@ -100,6 +103,31 @@ def end_jobs(workers: Iterable[JobWorker], stop_training: Callable[[], None],
             worker.quit()
     deadline = time.monotonic() + timeout_s
     return all(w.wait(max(0.0, deadline - time.monotonic())) for w in workers)
+
+
+def at_exit_of_a_script(owner: S, ending: Callable[[S], object]) -> None:
+    """Call ``ending(owner)`` when the interpreter begins to exit, while it still works fully.
+
+    For a script that ends with napari still open (no ``napari.run()``, no close):
+    no Qt signal comes before PyQt destroys its objects in no order, and by
+    ``atexit``'s turn the thread pools refuse work, which zarr's writes need
+    ("cannot schedule new futures after interpreter shutdown"). ``threading``'s
+    own exit callbacks run first, newest first, so one registered now (after
+    ``concurrent.futures`` registered its own) runs while the pools still
+    take work. That registry is private to ``threading``: ``atexit`` is the
+    fallback. ``owner`` is held weakly: a widget closed long before is not
+    kept alive until the exit.
+    """
+    import concurrent.futures.thread  # noqa: F401 (its exit callback registered before ours)
+
+    ref = weakref.ref(owner)
+
+    def end() -> None:
+        if (alive := ref()) is not None:
+            ending(alive)
+
+    register = getattr(threading, "_register_atexit", atexit.register)
+    register(end)
 
 
 class WindowCloseWatcher(QObject):

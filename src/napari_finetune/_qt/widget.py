@@ -52,7 +52,7 @@ from napari_finetune._qt.parts import (
 from napari_finetune._qt.roles_editor import RolesEditor
 from napari_finetune._qt.run_on import SCHEDULER
 from napari_finetune._qt.settings import SettingsForm
-from napari_finetune._qt.shutdown import CLOSE_WAIT_S, WindowCloseWatcher
+from napari_finetune._qt.shutdown import CLOSE_WAIT_S, WindowCloseWatcher, at_exit_of_a_script
 from napari_finetune._qt.state import WidgetState, shut_down, stop
 from napari_finetune._qt.status_panel import StatusPanel
 from napari_finetune.config import FinetuneConfig
@@ -235,6 +235,7 @@ class FinetuneWidget(QWidget):
         self._quit_hook = quit_hook
         app.aboutToQuit.connect(quit_hook)
         self._window_watcher = WindowCloseWatcher(self, lambda: self.close_work(CLOSE_WAIT_S))
+        at_exit_of_a_script(state, lambda s: shut_down(s, CLOSE_WAIT_S))  # a script's end
 
         def destroyed(*_: object) -> None:
             # Deleted with its window (viewer.close() deletes it at once, shown or not):

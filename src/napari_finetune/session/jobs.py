@@ -126,7 +126,8 @@ def predict_job(
     (read with the blocks' halo around it), and :class:`RegionPredicted` says so: the
     user sees it in about a second, where the whole of a real crop takes a minute.
     The blocks then left are those not wholly inside it. ``stop`` is asked between
-    batches: True ends the job there with what was predicted (``complete`` False).
+    batches and between the model's layers: True ends the job there with what was
+    predicted (``complete`` False).
     """
     from napari_finetune.config import PredictConfig
     from napari_finetune.predict import MaskAndProbability, predict_volume
@@ -152,8 +153,9 @@ def predict_job(
     with core_left_for_the_ui():
         if region is not None and isinstance(low_high, tuple) and not stopped():
             offset = yield from _predict_region(model, axes_image.array, low_high, config,
-                                                targets, region)
-            yield RegionPredicted(region, masks)
+                                                targets, region, stopped)
+            if not stopped():  # a region cut short is not shown as predicted
+                yield RegionPredicted(region, masks)
         if not stopped():
             yield from with_progress(
                 lambda progress: predict_volume(
@@ -177,10 +179,11 @@ def _within(region: tuple[slice, ...], shape: tuple[int, ...]) -> tuple[slice, .
 
 def _predict_region(
     model: nn.Module, image: VolumeArray, low_high: tuple[float, float], config: Any,
-    targets: list[Any], region: tuple[slice, ...],
+    targets: list[Any], region: tuple[slice, ...], stop: Callable[[], bool] | None = None,
 ) -> Job[int]:
     """Predict ``region`` alone into ``targets``: read with the halo around it (clipped to
-    the image), its core written; the number of blocks it took."""
+    the image), its core written; the number of blocks it took. ``stop`` as
+    :func:`~napari_finetune.predict.predict_volume`'s (what was not predicted stays 0)."""
     from napari_finetune.predict import MaskAndProbability, predict_volume
 
     shape = tuple(int(s) for s in image.shape)
@@ -202,7 +205,8 @@ def _predict_region(
             count["total"] = total
             progress(done, total)
 
-        return predict_volume(model, part, low_high, config, out=local, progress=seen)
+        return predict_volume(model, part, low_high, config, out=local, progress=seen,
+                              stop=stop)
 
     yield from with_progress(run, "predict")
     for target, got in zip(targets, local, strict=True):
