@@ -26,7 +26,9 @@ def bench(monkeypatch):
 
 def _wide() -> torch.nn.Module:
     torch.manual_seed(0)
-    return widen_model(UNet(dims=3, in_channels=1, out_channels=2, depth=2, features=4))
+    # The output-row layout: the variants that freeze or thaw shared layers use it.
+    return widen_model(UNet(dims=3, in_channels=1, out_channels=2, depth=2, features=4),
+                       added_features=0)
 
 
 def test_iou_of_masks(bench):

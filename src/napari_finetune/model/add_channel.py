@@ -16,6 +16,15 @@ whose output is made after its last convolution (MONAI ``UNet`` with residual
 units adds a skip path; a final softmax mixes the channels) is refused with one
 line: appending a channel there would change the old channels' outputs.
 
+napari-finetune's UNet gets more than a row: an added channel has weights of its
+own (:class:`~napari_finetune.model.unet.AddedChannel`, :data:`ADDED_FEATURES`
+features made from the input and the last decoder features, and its own output
+row), which no old channel reads. A run that trains only those
+(:func:`added_parameters`) leaves the old channels' outputs bit for bit the
+starting model's, while the new channel has capacity of its own (an output row
+alone reads the old model's last features only, too few for a structure it was
+never trained on: docs/benchmarks.md, "Adding a channel on real nuclei").
+
 The widened model records its new ``out_channels`` (``init_kwargs``, or the
 attribute an architecture adapter reads back), and the rebuild from that record
 is checked to take its weights, so an export loads again with
@@ -57,6 +66,13 @@ STARTING_CHANNELS_KEY = "starting_channels"
 # prediction before training shows no false structure, and BCE's gradient at the
 # first painted voxels is still near its largest.
 NEW_CHANNEL_BIAS = -4.0
+
+# Features of an added channel's own block in napari-finetune's UNet (as many as the
+# sample model's last decoder level). Chosen on cho-t00 (docs/benchmarks.md).
+ADDED_FEATURES = 8
+# The own block's first weights are drawn from this seed, without touching the
+# global random state: the same model gets the same channel every time.
+ADDED_SEED = 0
 
 _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
           nn.ConvTranspose3d)
@@ -105,15 +121,18 @@ def check_name_and_role(name: str, role: str, existing: list[str] | tuple[str, .
 def add_output_channel(
     target: Checkpoint, name: str, role: str,
     roles_before: Mapping[str, Mapping[str, Any]] | None = None,
+    added_features: int = ADDED_FEATURES,
 ) -> Checkpoint: ...
 @overload
 def add_output_channel(
     target: nn.Module, name: str, role: str,
     roles_before: Mapping[str, Mapping[str, Any]] | None = None,
+    added_features: int = ADDED_FEATURES,
 ) -> nn.Module: ...
 def add_output_channel(
     target: Checkpoint | nn.Module, name: str, role: str,
     roles_before: Mapping[str, Mapping[str, Any]] | None = None,
+    added_features: int = ADDED_FEATURES,
 ) -> Checkpoint | nn.Module:
     """A copy of ``target`` with one more output channel, the old ones unchanged.
 
@@ -130,6 +149,10 @@ def add_output_channel(
         The old channels' roles as plain dicts (``{"membrane": {"role": "boundary",
         ...}}``), for a checkpoint whose metadata stores none because its roles are
         defaults (the sample model's): written beside the new one so they stay.
+    added_features : int
+        For napari-finetune's UNet: the features of the channel's own block (see
+        module doc). 0: only an output row, as for other models (a UNet that has
+        added channels with own weights always gets another such one).
 
     Returns
     -------
@@ -145,18 +168,19 @@ def add_output_channel(
         role is unknown.
     """
     if isinstance(target, Checkpoint):
-        return _add_to_checkpoint(target, name, role, roles_before)
+        return _add_to_checkpoint(target, name, role, roles_before, added_features)
     check_name_and_role(name, role, ())
-    return widen_model(target)
+    return widen_model(target, added_features)
 
 
 def _add_to_checkpoint(
     ckpt: Checkpoint, name: str, role: str,
     roles_before: Mapping[str, Mapping[str, Any]] | None,
+    added_features: int,
 ) -> Checkpoint:
     names = list(ckpt.channel_names)
     check_name_and_role(name, role, names)
-    model = widen_model(ckpt.model)
+    model = widen_model(ckpt.model, added_features)
     metadata = copy.deepcopy(ckpt.metadata)
     metadata["channel_names"] = [*names, name]
     stored = metadata.get(ROLES_KEY)
@@ -233,14 +257,29 @@ def output_layer(model: nn.Module) -> tuple[str, nn.Module]:
     return found, layer
 
 
-def widen_model(model: nn.Module) -> nn.Module:
-    """A copy of ``model`` whose output layer has one more output channel (see module doc).
+def widen_model(model: nn.Module, added_features: int = ADDED_FEATURES) -> nn.Module:
+    """A copy of ``model`` with one more output channel (see module doc).
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        Not changed.
+    added_features : int
+        Features of the channel's own block when ``model`` is napari-finetune's UNet;
+        0: an output row only.
 
     Raises
     ------
     AddChannelError
         One line when the model cannot be widened or rebuilt from its record.
     """
+    from napari_finetune.model.unet import UNet
+
+    # Exactly the UNet, not a subclass: another forward may make its output otherwise.
+    if type(model) is UNet and (added_features > 0 or len(model.added)):
+        wide = _with_added_channel(model, added_features or _added_features_of(model))
+        _check_rebuilds(wide)
+        return wide
     qualname, layer = output_layer(model)
     old = _out_of(layer)
     wide = copy.deepcopy(model)
@@ -261,6 +300,104 @@ def widen_model(model: nn.Module) -> nn.Module:
                 pass
     _check_rebuilds(wide)
     return wide
+
+
+def _added_features_of(model: nn.Module) -> int:
+    return int(getattr(model, "init_kwargs", {}).get("added_features", ADDED_FEATURES))
+
+
+def _with_added_channel(model: nn.Module, features: int) -> nn.Module:
+    """A copy of napari-finetune's UNet ``model`` with one more channel of its own weights.
+
+    The copy is built from ``model``'s record with one more added channel and takes
+    every one of ``model``'s weights; the new block is drawn from :data:`ADDED_SEED`,
+    and its output row starts at zero with a bias of :data:`NEW_CHANNEL_BIAS`.
+    """
+    from napari_finetune.model.unet import AddedChannel, UNet
+
+    assert isinstance(model, UNet)
+    kwargs = dict(model.init_kwargs)
+    existing = int(kwargs.get("added_channels", 0))
+    if existing and features != _added_features_of(model):
+        raise AddChannelError(
+            f"this model's added channels have {_added_features_of(model)} features of their "
+            f"own; another one gets as many (asked for {features})."
+        )
+    kwargs.update(out_channels=int(kwargs["out_channels"]) + 1,
+                  added_channels=existing + 1, added_features=features)
+    device = next(model.parameters()).device
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(ADDED_SEED)
+        wide = UNet(**kwargs)
+    missing, unexpected = wide.load_state_dict(model.state_dict(), strict=False)
+    new_prefix = f"added.{existing}."
+    if unexpected or any(not key.startswith(new_prefix) for key in missing):
+        raise AddChannelError(
+            f"UNet got a channel, but its weights do not fit the wider model (missing "
+            f"{missing[:3]}, unexpected {unexpected[:3]})."
+        )
+    own = wide.added[existing]
+    assert isinstance(own, AddedChannel)
+    row = own.row
+    assert isinstance(row, nn.Conv2d | nn.Conv3d)
+    with torch.no_grad():
+        # Zero: the channel says "absent" everywhere (the bias) until it is trained; the
+        # run fits the row on the painting first (trainer/new_channel.py).
+        row.weight.zero_()
+        if row.bias is not None:
+            row.bias.fill_(NEW_CHANNEL_BIAS)
+    wide.to(device)
+    wide.train(model.training)
+    for name, param in wide.named_parameters():
+        if not name.startswith(new_prefix):
+            param.requires_grad_(model.get_parameter(name).requires_grad)
+    return wide
+
+
+def channel_rows(model: nn.Module, channels: range) -> list[tuple[str, nn.Module, int]]:
+    """Where each of ``channels`` is made: ``(layer name, layer, row)``.
+
+    An added channel with weights of its own is row 0 of its own output row
+    (``added.K.row``); any other channel is its row of the model's output layer.
+
+    Raises
+    ------
+    AddChannelError
+        As :func:`output_layer`, for a channel made by the output layer.
+    """
+    from napari_finetune.model.unet import UNet
+
+    head_rows = model.head_channels if isinstance(model, UNet) and type(model) is UNet else None
+    found: list[tuple[str, nn.Module, int]] = []
+    for channel in channels:
+        if head_rows is not None and channel >= head_rows:
+            name = f"added.{channel - head_rows}.row"
+            found.append((name, model.get_submodule(name), 0))
+        elif head_rows is not None:
+            found.append(("head", model.get_submodule("head"), channel))
+        else:
+            found.append((*output_layer(model), channel))
+    return found
+
+
+def added_parameters(model: nn.Module, taught: int) -> list[str] | None:
+    """Module names whose weights are the channels ``taught..``'s own, or None.
+
+    A run that trains only the parameters under these names (``added.K.`` in the
+    model's parameter names, also inside a PEFT wrapper) leaves channels
+    ``0..taught-1`` exactly as they were. None when a channel from ``taught`` on has
+    no weights of its own (it is a row of the shared output layer), or when there is
+    no such channel: then every weight trains.
+    """
+    from napari_finetune.model.unet import UNet
+
+    if not isinstance(model, UNet) or type(model) is not UNet or not len(model.added):
+        return None
+    head_rows = model.head_channels
+    total = head_rows + len(model.added)
+    if taught < head_rows or taught >= total:
+        return None
+    return [f"added.{k}" for k in range(taught - head_rows, len(model.added))]
 
 
 def _out_of(layer: nn.Module) -> int:
@@ -306,11 +443,27 @@ def _check_rebuilds(model: nn.Module) -> None:
             f"rebuild it ({line}); an export could not be loaded again."
         ) from None
     outputs = channel_names_of({}, _recorded_out_channels(architecture))
-    if len(outputs) != _out_of(output_layer(model)[1]):
+    if len(outputs) != output_channel_count(model):
         raise AddChannelError(
             f"{type(model).__name__} got a channel, but its recorded architecture still "
             f"says out_channels={len(outputs)}; an export would name its channels wrong."
         )
+
+
+def output_channel_count(model: nn.Module) -> int:
+    """How many channels ``model`` makes (napari-finetune's UNet: its head's and its added
+    channels'; another model: its output layer's).
+
+    Raises
+    ------
+    AddChannelError
+        As :func:`output_layer`, for a model other than napari-finetune's UNet.
+    """
+    from napari_finetune.model.unet import UNet
+
+    if isinstance(model, UNet) and type(model) is UNet:
+        return model.head_channels + len(model.added)
+    return _out_of(output_layer(model)[1])
 
 
 def _recorded_out_channels(architecture: dict[str, Any]) -> int | None:

@@ -50,6 +50,28 @@ class ConvBlock(nn.Sequential):
         )
 
 
+class AddedChannel(nn.Module):
+    """The weights of a channel added for a new structure: its own features, its own row.
+
+    A :class:`ConvBlock` on the input and the UNet's last decoder features makes
+    ``features`` features of its own; a 1x1 convolution of the decoder features and
+    these makes the channel's logit. Nothing of the UNet reads its output, so
+    training it leaves the other channels' outputs exactly as they were.
+    """
+
+    def __init__(
+        self, dims: int, in_channels: int, decoder_features: int, features: int, norm: Norm
+    ) -> None:
+        super().__init__()
+        self.block = ConvBlock(dims, in_channels + decoder_features, features, norm)
+        self.row = _conv(dims)(decoder_features + features, 1, 1)
+
+    def forward(self, image: torch.Tensor, decoder: torch.Tensor) -> torch.Tensor:
+        """The channel's logit, ``(N, 1, *spatial)``, from the input and decoder features."""
+        own = self.block(torch.cat([image, decoder], dim=1))
+        return self.row(torch.cat([decoder, own], dim=1))
+
+
 class UNet(nn.Module):
     """UNet with max-pool down, nearest-upsample + 3x3 conv up, and skip concatenation.
 
@@ -71,6 +93,15 @@ class UNet(nn.Module):
         [2, 2, 2]]`` pools z only at the third level, for voxels 4-5 times
         coarser in z (:meth:`for_voxel_size`). None: 2 on every axis at every
         level (every checkpoint written before the option builds that way).
+    added_channels : int
+        How many of the last ``out_channels`` are channels added for a new
+        structure with weights of their own (:mod:`napari_finetune.model.add_channel`):
+        each is made by its own :class:`AddedChannel` from the input and the last
+        decoder features, which it reads but never changes; ``head`` makes the
+        others. 0 (every checkpoint written before the option): ``head`` makes all.
+    added_features : int
+        Features of each added channel's own block (recorded only with
+        ``added_channels``).
     """
 
     def __init__(
@@ -82,12 +113,19 @@ class UNet(nn.Module):
         features: int = 16,
         norm: Norm = "group",
         scale_factors: Sequence[Sequence[int]] | None = None,
+        added_channels: int = 0,
+        added_features: int = 8,
     ) -> None:
         super().__init__()
         if dims not in (2, 3):
             raise ValueError(f"dims must be 2 or 3, got {dims}.")
         if depth < 0 or features < 1 or in_channels < 1 or out_channels < 1:
             raise ValueError("depth must be >= 0; features and channel counts >= 1.")
+        if not 0 <= added_channels < out_channels or added_features < 1:
+            raise ValueError(
+                f"added_channels must be 0 to out_channels - 1 ({out_channels - 1}) and "
+                f"added_features >= 1, got {added_channels} and {added_features}."
+            )
         self.init_kwargs: dict[str, Any] = {
             "dims": dims,
             "in_channels": in_channels,
@@ -115,6 +153,10 @@ class UNet(nn.Module):
             self.shape_multiple = tuple(
                 2 ** sum(level[axis] == 2 for level in factors) for axis in range(dims)
             )
+        if added_channels:
+            # Recorded only when used: an older checkpoint's record (and state dict) stays.
+            self.init_kwargs["added_channels"] = added_channels
+            self.init_kwargs["added_features"] = added_features
         widths = [features * 2**level for level in range(depth + 1)]
         pool = nn.MaxPool3d if dims == 3 else nn.MaxPool2d
         conv = _conv(dims)
@@ -135,10 +177,22 @@ class UNet(nn.Module):
             self.up_convs.append(conv(channels, width, 3, padding=1))
             self.decoders.append(ConvBlock(dims, 2 * width, width, norm))
             channels = width
-        self.head = conv(channels, out_channels, 1)
+        self.head = conv(channels, out_channels - added_channels, 1)
+        self.added = nn.ModuleList(
+            AddedChannel(dims, in_channels, channels, added_features, norm)
+            for _ in range(added_channels)
+        )
+
+    @property
+    def head_channels(self) -> int:
+        """The channels ``head`` makes: all but the added channels with their own weights."""
+        head = self.head
+        assert isinstance(head, nn.Conv2d | nn.Conv3d)
+        return int(head.out_channels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Return one logit per output channel and voxel, same spatial shape as ``x``."""
+        image = x
         skips = []
         for level, encoder in enumerate(self.encoders):
             if level > 0:
@@ -156,7 +210,12 @@ class UNet(nn.Module):
                 )
             x = up_conv(x)
             x = decoder(torch.cat([skips.pop(), x], dim=1))
-        return self.head(x)
+        out = self.head(x)
+        if not len(self.added):
+            return out
+        # The head's channels are computed exactly as without added ones; the added
+        # channels are appended after them.
+        return torch.cat([out, *(added(image, x) for added in self.added)], dim=1)
 
     @classmethod
     def for_voxel_size(
