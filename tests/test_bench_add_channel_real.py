@@ -100,3 +100,12 @@ def test_the_hold_weight_is_restored(bench):
     with bench.hold_weight(5.0):
         assert losses.HOLD_WEIGHT == 5.0
     assert losses.HOLD_WEIGHT == before
+
+
+def test_the_own_weights_row_is_the_librarys_default_layout(bench):
+    from napari_finetune.model.add_channel import ADDED_FEATURES
+
+    assert bench.VARIANTS["added-own"].added_features == ADDED_FEATURES
+    # Every other added-* row keeps the output-row layout it was measured with.
+    rows = [v for k, v in bench.VARIANTS.items() if k.startswith("added") and "own" not in k]
+    assert rows and all(v.added_features == 0 for v in rows)

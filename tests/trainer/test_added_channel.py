@@ -98,7 +98,7 @@ def test_training_an_added_channel_leaves_the_old_outputs_bit_identical(tmp_path
     ckpt = _widened_checkpoint(tmp_path)
     x = torch.randn(2, 1, 8, 16, 16, generator=torch.Generator().manual_seed(3))
     before = _outputs(ckpt.model, x).clone()
-    own_before = ckpt.model.added[0].block[0].weight.detach().clone()
+    own_before = ckpt.model.added[0].block.encoders[0][0].weight.detach().clone()
     image, corrections = volume()
     corrections[2:6, 20:28, 4:12] = 4
     trainer = make_trainer(model=ckpt.model, metadata=ckpt.metadata, steps=3, mode=mode,
@@ -111,7 +111,7 @@ def test_training_an_added_channel_leaves_the_old_outputs_bit_identical(tmp_path
     after = _outputs(tuned.model, x)
     torch.testing.assert_close(after[:, :2], before[:, :2], rtol=0, atol=0)
     # The channel's own weights did train (else the identity above says nothing).
-    assert not torch.equal(tuned.model.added[0].block[0].weight, own_before)
+    assert not torch.equal(tuned.model.added[0].block.encoders[0][0].weight, own_before)
     assert not torch.equal(after[:, 2], before[:, 2])
     assert tuned.model.init_kwargs["added_channels"] == 1
 

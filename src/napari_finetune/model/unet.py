@@ -19,6 +19,9 @@ from napari_finetune.voxel_size import pooling_factors
 
 Norm = Literal["group", "batch", "instance", "none"]
 
+# Levels of an added channel's own block (AddedChannel), at most the UNet's depth.
+ADDED_DEPTH = 2
+
 
 def _conv(dims: int) -> type[nn.Module]:
     return nn.Conv3d if dims == 3 else nn.Conv2d
@@ -53,17 +56,41 @@ class ConvBlock(nn.Sequential):
 class AddedChannel(nn.Module):
     """The weights of a channel added for a new structure: its own features, its own row.
 
-    A :class:`ConvBlock` on the input and the UNet's last decoder features makes
-    ``features`` features of its own; a 1x1 convolution of the decoder features and
-    these makes the channel's logit. Nothing of the UNet reads its output, so
-    training it leaves the other channels' outputs exactly as they were.
+    A small UNet of its own (:data:`ADDED_DEPTH` levels) on the input and the
+    UNet's last decoder features makes ``features`` features; a 1x1 convolution of
+    the decoder features and these makes the channel's logit. Its own levels give
+    it context of its own: two full-resolution convolutions alone left nuclei of a
+    fluorescence volume in hundreds of fragments (docs/benchmarks.md, "Adding a
+    channel on real nuclei"). Nothing of the UNet reads its output, so training it
+    leaves the other channels' outputs exactly as they were.
+
+    Parameters
+    ----------
+    dims : {2, 3}
+        Spatial dimensions.
+    in_channels, decoder_features : int
+        The UNet's input channels and its last decoder level's features.
+    features : int
+        Features of the block's first level (and of its output).
+    norm : {"group", "batch", "instance", "none"}
+        As the UNet's.
+    scale_factors : sequence of sequence of int, optional
+        The UNet's pooling per level; the block pools as its first levels do, so
+        every input the UNet takes fits it too.
+    depth : int
+        The UNet's depth; the block has at most :data:`ADDED_DEPTH` levels.
     """
 
     def __init__(
-        self, dims: int, in_channels: int, decoder_features: int, features: int, norm: Norm
+        self, dims: int, in_channels: int, decoder_features: int, features: int, norm: Norm,
+        scale_factors: Sequence[Sequence[int]] | None, depth: int,
     ) -> None:
         super().__init__()
-        self.block = ConvBlock(dims, in_channels + decoder_features, features, norm)
+        levels = min(ADDED_DEPTH, depth)
+        self.block = UNet(
+            dims, in_channels + decoder_features, features, levels, features, norm,
+            None if scale_factors is None else list(scale_factors)[:levels],
+        )
         self.row = _conv(dims)(decoder_features + features, 1, 1)
 
     def forward(self, image: torch.Tensor, decoder: torch.Tensor) -> torch.Tensor:
@@ -179,7 +206,8 @@ class UNet(nn.Module):
             channels = width
         self.head = conv(channels, out_channels - added_channels, 1)
         self.added = nn.ModuleList(
-            AddedChannel(dims, in_channels, channels, added_features, norm)
+            AddedChannel(dims, in_channels, channels, added_features, norm,
+                         self.scale_factors, depth)
             for _ in range(added_channels)
         )
 

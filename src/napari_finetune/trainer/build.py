@@ -122,7 +122,9 @@ def build_parts(
     structure since (the teacher gives those only); None: every channel. When the
     channels from ``taught`` on have weights of their own
     (:func:`~napari_finetune.model.add_channel.added_parameters`), only those train,
-    in either mode: the old channels' outputs stay the starting model's bit for bit.
+    in either mode: the old channels' outputs stay the starting model's bit for bit
+    (with GroupNorm, InstanceNorm or none; BatchNorm layers still move their running
+    statistics in training mode).
     """
     from napari_finetune.model.add_channel import added_parameters
     from napari_finetune.trainer.teacher import AdapterOffTeacher, FrozenCopyTeacher
