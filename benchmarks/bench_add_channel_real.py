@@ -24,9 +24,8 @@ distillation 0.5, hold on):
 - ``existing``: nuclei painted as ``mitochondria``;
 - ``added-own``: nuclei painted as the new channel with weights of its own (the
   library's default for napari-finetune's UNet, :mod:`napari_finetune.model.add_channel`:
-  a block of ``ADDED_FEATURES`` features on the input and the last decoder
-  features, and its own output row, fitted on the painting before step 1); only
-  those train, so the old channels cannot move; ``added-own16`` with 16 features;
+  a one-channel copy of the starting UNet, its output row fitted on the painting
+  before step 1); only those train, so the old channels cannot move;
 - ``added``: nuclei painted as the new channel as an output row only (the layout
   before the channel had weights of its own; its row fitted on the painting
   before step 1, :mod:`napari_finetune.trainer.new_channel`, then every weight
@@ -98,14 +97,13 @@ class Variant:
     frozen_steps: int = 0  # steps whose shared layers get no gradient (-1: every step)
     replay: float = 0.0  # share of each batch's patches drawn from synthetic EM
     replay_domain: str = "source"  # its appearance: the model's training or the sample's
-    added_features: int = 0  # the channel's own features (0: an output row only)
+    own_weights: bool = False  # the added channel gets weights of its own (else a row)
 
 
 VARIANTS: dict[str, Variant] = {
     "existing": Variant(f"painted as '{EXISTING}' (defaults)", added=False),
     "added-own": Variant(f"added channel '{NEW_NAME}', own weights (defaults)",
-                         added_features=8),
-    "added-own16": Variant("added, own weights, 16 features", added_features=16),
+                         own_weights=True),
     "added": Variant(f"added channel '{NEW_NAME}' as an output row, every weight trained"),
     "added-lr3e-4": Variant("added, lr 3e-4", learning_rate=3e-4),
     "added-hold5": Variant("added, hold x5", hold_weight=5.0),
@@ -275,7 +273,7 @@ def train_variant(
         before = {n: r.to_dict() for n, r in roles_from_metadata(ckpt.metadata, names).items()
                   if r.role}
         ckpt = add_output_channel(ckpt, NEW_NAME, NEW_ROLE, roles_before=before,
-                                  added_features=variant.added_features)
+                                  own_weights=variant.own_weights)
     config = config_for("full", steps)
     if variant.learning_rate is not None:
         config = dataclasses.replace(config, learning_rate=variant.learning_rate)

@@ -28,7 +28,7 @@ def _wide() -> torch.nn.Module:
     torch.manual_seed(0)
     # The output-row layout: the variants that freeze or thaw shared layers use it.
     return widen_model(UNet(dims=3, in_channels=1, out_channels=2, depth=2, features=4),
-                       added_features=0)
+                       own_weights=False)
 
 
 def test_iou_of_masks(bench):
@@ -102,10 +102,8 @@ def test_the_hold_weight_is_restored(bench):
     assert losses.HOLD_WEIGHT == before
 
 
-def test_the_own_weights_row_is_the_librarys_default_layout(bench):
-    from napari_finetune.model.add_channel import ADDED_FEATURES
-
-    assert bench.VARIANTS["added-own"].added_features == ADDED_FEATURES
+def test_only_the_own_weights_row_uses_the_librarys_default_layout(bench):
     # Every other added-* row keeps the output-row layout it was measured with.
-    rows = [v for k, v in bench.VARIANTS.items() if k.startswith("added") and "own" not in k]
-    assert rows and all(v.added_features == 0 for v in rows)
+    assert bench.VARIANTS["added-own"].own_weights
+    rows = [v for k, v in bench.VARIANTS.items() if k.startswith("added") and k != "added-own"]
+    assert rows and not any(v.own_weights for v in rows)

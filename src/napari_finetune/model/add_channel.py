@@ -17,13 +17,15 @@ units adds a skip path; a final softmax mixes the channels) is refused with one
 line: appending a channel there would change the old channels' outputs.
 
 napari-finetune's UNet gets more than a row: an added channel has weights of its
-own (:class:`~napari_finetune.model.unet.AddedChannel`, :data:`ADDED_FEATURES`
-features made from the input and the last decoder features, and its own output
-row), which no old channel reads. A run that trains only those
-(:func:`added_parameters`) leaves the old channels' outputs bit for bit the
-starting model's, while the new channel has capacity of its own (an output row
-alone reads the old model's last features only, too few for a structure it was
-never trained on: docs/benchmarks.md, "Adding a channel on real nuclei").
+own, a one-channel copy of the starting UNet (``added``; its layers the starting
+model's, its output row zero), which no old channel reads. A run that trains
+only those (:func:`added_parameters`) leaves the old channels' outputs bit for
+bit the starting model's, while the new channel can move every layer it reads,
+as painting the structure as an existing channel does (an output row alone reads
+the old model's last features only, too few for a structure it was never
+trained on; a small block of its own beside them learnt too slowly: docs/
+benchmarks.md, "Adding a channel on real nuclei"). The price: the copy's weights
+and compute, once per added channel.
 
 The widened model records its new ``out_channels`` (``init_kwargs``, or the
 attribute an architecture adapter reads back), and the rebuild from that record
@@ -66,13 +68,6 @@ STARTING_CHANNELS_KEY = "starting_channels"
 # prediction before training shows no false structure, and BCE's gradient at the
 # first painted voxels is still near its largest.
 NEW_CHANNEL_BIAS = -4.0
-
-# Features of an added channel's own block in napari-finetune's UNet (as many as the
-# sample model's last decoder level). Chosen on cho-t00 (docs/benchmarks.md).
-ADDED_FEATURES = 8
-# The own block's first weights are drawn from this seed, without touching the
-# global random state: the same model gets the same channel every time.
-ADDED_SEED = 0
 
 _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
           nn.ConvTranspose3d)
@@ -121,18 +116,18 @@ def check_name_and_role(name: str, role: str, existing: list[str] | tuple[str, .
 def add_output_channel(
     target: Checkpoint, name: str, role: str,
     roles_before: Mapping[str, Mapping[str, Any]] | None = None,
-    added_features: int = ADDED_FEATURES,
+    own_weights: bool = True,
 ) -> Checkpoint: ...
 @overload
 def add_output_channel(
     target: nn.Module, name: str, role: str,
     roles_before: Mapping[str, Mapping[str, Any]] | None = None,
-    added_features: int = ADDED_FEATURES,
+    own_weights: bool = True,
 ) -> nn.Module: ...
 def add_output_channel(
     target: Checkpoint | nn.Module, name: str, role: str,
     roles_before: Mapping[str, Mapping[str, Any]] | None = None,
-    added_features: int = ADDED_FEATURES,
+    own_weights: bool = True,
 ) -> Checkpoint | nn.Module:
     """A copy of ``target`` with one more output channel, the old ones unchanged.
 
@@ -149,9 +144,9 @@ def add_output_channel(
         The old channels' roles as plain dicts (``{"membrane": {"role": "boundary",
         ...}}``), for a checkpoint whose metadata stores none because its roles are
         defaults (the sample model's): written beside the new one so they stay.
-    added_features : int
-        For napari-finetune's UNet: the features of the channel's own block (see
-        module doc). 0: only an output row, as for other models (a UNet that has
+    own_weights : bool
+        For napari-finetune's UNet: the channel gets weights of its own (see module
+        doc). False: only an output row, as for other models (a UNet that has
         added channels with own weights always gets another such one).
 
     Returns
@@ -168,19 +163,19 @@ def add_output_channel(
         role is unknown.
     """
     if isinstance(target, Checkpoint):
-        return _add_to_checkpoint(target, name, role, roles_before, added_features)
+        return _add_to_checkpoint(target, name, role, roles_before, own_weights)
     check_name_and_role(name, role, ())
-    return widen_model(target, added_features)
+    return widen_model(target, own_weights)
 
 
 def _add_to_checkpoint(
     ckpt: Checkpoint, name: str, role: str,
     roles_before: Mapping[str, Mapping[str, Any]] | None,
-    added_features: int,
+    own_weights: bool,
 ) -> Checkpoint:
     names = list(ckpt.channel_names)
     check_name_and_role(name, role, names)
-    model = widen_model(ckpt.model, added_features)
+    model = widen_model(ckpt.model, own_weights)
     metadata = copy.deepcopy(ckpt.metadata)
     metadata["channel_names"] = [*names, name]
     stored = metadata.get(ROLES_KEY)
@@ -257,16 +252,16 @@ def output_layer(model: nn.Module) -> tuple[str, nn.Module]:
     return found, layer
 
 
-def widen_model(model: nn.Module, added_features: int = ADDED_FEATURES) -> nn.Module:
+def widen_model(model: nn.Module, own_weights: bool = True) -> nn.Module:
     """A copy of ``model`` with one more output channel (see module doc).
 
     Parameters
     ----------
     model : torch.nn.Module
         Not changed.
-    added_features : int
-        Features of the channel's own block when ``model`` is napari-finetune's UNet;
-        0: an output row only.
+    own_weights : bool
+        Weights of its own when ``model`` is napari-finetune's UNet; False: an
+        output row only.
 
     Raises
     ------
@@ -276,8 +271,8 @@ def widen_model(model: nn.Module, added_features: int = ADDED_FEATURES) -> nn.Mo
     from napari_finetune.model.unet import UNet
 
     # Exactly the UNet, not a subclass: another forward may make its output otherwise.
-    if type(model) is UNet and (added_features > 0 or len(model.added)):
-        wide = _with_added_channel(model, added_features or _added_features_of(model))
+    if type(model) is UNet and (own_weights or len(model.added)):
+        wide = _with_added_channel(model)
         _check_rebuilds(wide)
         return wide
     qualname, layer = output_layer(model)
@@ -302,34 +297,27 @@ def widen_model(model: nn.Module, added_features: int = ADDED_FEATURES) -> nn.Mo
     return wide
 
 
-def _added_features_of(model: nn.Module) -> int:
-    return int(getattr(model, "init_kwargs", {}).get("added_features", ADDED_FEATURES))
-
-
-def _with_added_channel(model: nn.Module, features: int) -> nn.Module:
+def _with_added_channel(model: nn.Module) -> nn.Module:
     """A copy of napari-finetune's UNet ``model`` with one more channel of its own weights.
 
     The copy is built from ``model``'s record with one more added channel and takes
-    every one of ``model``'s weights; the new block is drawn from :data:`ADDED_SEED`,
-    and its output row starts at zero with a bias of :data:`NEW_CHANNEL_BIAS`.
+    every one of ``model``'s weights; the new channel's UNet takes ``model``'s own
+    layers (not an earlier added channel's), and its output row starts at zero with
+    a bias of :data:`NEW_CHANNEL_BIAS`.
     """
-    from napari_finetune.model.unet import AddedChannel, UNet
+    from napari_finetune.model.unet import UNet
 
     assert isinstance(model, UNet)
     kwargs = dict(model.init_kwargs)
     existing = int(kwargs.get("added_channels", 0))
-    if existing and features != _added_features_of(model):
-        raise AddChannelError(
-            f"this model's added channels have {_added_features_of(model)} features of their "
-            f"own; another one gets as many (asked for {features})."
-        )
-    kwargs.update(out_channels=int(kwargs["out_channels"]) + 1,
-                  added_channels=existing + 1, added_features=features)
+    kwargs.update(out_channels=int(kwargs["out_channels"]) + 1, added_channels=existing + 1)
     device = next(model.parameters()).device
+    # Every weight is copied below; the draws of the build must not move the global
+    # random state (a run seeded after this would draw other patches).
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(ADDED_SEED)
         wide = UNet(**kwargs)
-    missing, unexpected = wide.load_state_dict(model.state_dict(), strict=False)
+    state = model.state_dict()
+    missing, unexpected = wide.load_state_dict(state, strict=False)
     new_prefix = f"added.{existing}."
     if unexpected or any(not key.startswith(new_prefix) for key in missing):
         raise AddChannelError(
@@ -337,8 +325,15 @@ def _with_added_channel(model: nn.Module, features: int) -> nn.Module:
             f"{missing[:3]}, unexpected {unexpected[:3]})."
         )
     own = wide.added[existing]
-    assert isinstance(own, AddedChannel)
-    row = own.row
+    assert isinstance(own, UNet)
+    shared = {k: v for k, v in state.items() if not k.startswith(("head.", "added."))}
+    missing, unexpected = own.load_state_dict(shared, strict=False)
+    if unexpected or any(not key.startswith("head.") for key in missing):
+        raise AddChannelError(
+            f"UNet got a channel, but its own copy does not take the starting layers "
+            f"(missing {missing[:3]}, unexpected {unexpected[:3]})."
+        )
+    row = own.head
     assert isinstance(row, nn.Conv2d | nn.Conv3d)
     with torch.no_grad():
         # Zero: the channel says "absent" everywhere (the bias) until it is trained; the
@@ -357,8 +352,8 @@ def _with_added_channel(model: nn.Module, features: int) -> nn.Module:
 def channel_rows(model: nn.Module, channels: range) -> list[tuple[str, nn.Module, int]]:
     """Where each of ``channels`` is made: ``(layer name, layer, row)``.
 
-    An added channel with weights of its own is row 0 of its own output row
-    (``added.K.row``); any other channel is its row of the model's output layer.
+    An added channel with weights of its own is row 0 of its own UNet's output layer
+    (``added.K.head``); any other channel is its row of the model's output layer.
 
     Raises
     ------
@@ -371,7 +366,7 @@ def channel_rows(model: nn.Module, channels: range) -> list[tuple[str, nn.Module
     found: list[tuple[str, nn.Module, int]] = []
     for channel in channels:
         if head_rows is not None and channel >= head_rows:
-            name = f"added.{channel - head_rows}.row"
+            name = f"added.{channel - head_rows}.head"
             found.append((name, model.get_submodule(name), 0))
         elif head_rows is not None:
             found.append(("head", model.get_submodule("head"), channel))
@@ -434,7 +429,10 @@ def _check_rebuilds(model: nn.Module) -> None:
     try:
         architecture = architecture_of(model)
         # The model is in memory already, so its own factory is no new code to trust.
-        rebuilt = build_model(architecture, trust=architecture.get("factory"))
+        # Its first weights are replaced by the state dict: their draws must not move
+        # the caller's random state.
+        with torch.random.fork_rng(devices=[]):
+            rebuilt = build_model(architecture, trust=architecture.get("factory"))
         rebuilt.load_state_dict(model.state_dict())
     except (CheckpointError, RuntimeError) as exc:
         line = " ".join(str(exc).split())[:300]

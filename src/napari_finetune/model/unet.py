@@ -19,9 +19,6 @@ from napari_finetune.voxel_size import pooling_factors
 
 Norm = Literal["group", "batch", "instance", "none"]
 
-# Levels of an added channel's own block (AddedChannel), at most the UNet's depth.
-ADDED_DEPTH = 2
-
 
 def _conv(dims: int) -> type[nn.Module]:
     return nn.Conv3d if dims == 3 else nn.Conv2d
@@ -53,52 +50,6 @@ class ConvBlock(nn.Sequential):
         )
 
 
-class AddedChannel(nn.Module):
-    """The weights of a channel added for a new structure: its own features, its own row.
-
-    A small UNet of its own (:data:`ADDED_DEPTH` levels) on the input and the
-    UNet's last decoder features makes ``features`` features; a 1x1 convolution of
-    the decoder features and these makes the channel's logit. Its own levels give
-    it context of its own: two full-resolution convolutions alone left nuclei of a
-    fluorescence volume in hundreds of fragments (docs/benchmarks.md, "Adding a
-    channel on real nuclei"). Nothing of the UNet reads its output, so training it
-    leaves the other channels' outputs exactly as they were.
-
-    Parameters
-    ----------
-    dims : {2, 3}
-        Spatial dimensions.
-    in_channels, decoder_features : int
-        The UNet's input channels and its last decoder level's features.
-    features : int
-        Features of the block's first level (and of its output).
-    norm : {"group", "batch", "instance", "none"}
-        As the UNet's.
-    scale_factors : sequence of sequence of int, optional
-        The UNet's pooling per level; the block pools as its first levels do, so
-        every input the UNet takes fits it too.
-    depth : int
-        The UNet's depth; the block has at most :data:`ADDED_DEPTH` levels.
-    """
-
-    def __init__(
-        self, dims: int, in_channels: int, decoder_features: int, features: int, norm: Norm,
-        scale_factors: Sequence[Sequence[int]] | None, depth: int,
-    ) -> None:
-        super().__init__()
-        levels = min(ADDED_DEPTH, depth)
-        self.block = UNet(
-            dims, in_channels + decoder_features, features, levels, features, norm,
-            None if scale_factors is None else list(scale_factors)[:levels],
-        )
-        self.row = _conv(dims)(decoder_features + features, 1, 1)
-
-    def forward(self, image: torch.Tensor, decoder: torch.Tensor) -> torch.Tensor:
-        """The channel's logit, ``(N, 1, *spatial)``, from the input and decoder features."""
-        own = self.block(torch.cat([image, decoder], dim=1))
-        return self.row(torch.cat([decoder, own], dim=1))
-
-
 class UNet(nn.Module):
     """UNet with max-pool down, nearest-upsample + 3x3 conv up, and skip concatenation.
 
@@ -123,12 +74,9 @@ class UNet(nn.Module):
     added_channels : int
         How many of the last ``out_channels`` are channels added for a new
         structure with weights of their own (:mod:`napari_finetune.model.add_channel`):
-        each is made by its own :class:`AddedChannel` from the input and the last
-        decoder features, which it reads but never changes; ``head`` makes the
-        others. 0 (every checkpoint written before the option): ``head`` makes all.
-    added_features : int
-        Features of each added channel's own block (recorded only with
-        ``added_channels``).
+        each is made by a one-channel UNet of this one's shape in ``added``, which
+        reads the input only, so no other channel reads its weights; ``head`` makes
+        the others. 0 (every checkpoint written before the option): ``head`` makes all.
     """
 
     def __init__(
@@ -141,17 +89,16 @@ class UNet(nn.Module):
         norm: Norm = "group",
         scale_factors: Sequence[Sequence[int]] | None = None,
         added_channels: int = 0,
-        added_features: int = 8,
     ) -> None:
         super().__init__()
         if dims not in (2, 3):
             raise ValueError(f"dims must be 2 or 3, got {dims}.")
         if depth < 0 or features < 1 or in_channels < 1 or out_channels < 1:
             raise ValueError("depth must be >= 0; features and channel counts >= 1.")
-        if not 0 <= added_channels < out_channels or added_features < 1:
+        if not 0 <= added_channels < out_channels:
             raise ValueError(
-                f"added_channels must be 0 to out_channels - 1 ({out_channels - 1}) and "
-                f"added_features >= 1, got {added_channels} and {added_features}."
+                f"added_channels must be 0 to out_channels - 1 ({out_channels - 1}), "
+                f"got {added_channels}."
             )
         self.init_kwargs: dict[str, Any] = {
             "dims": dims,
@@ -183,7 +130,6 @@ class UNet(nn.Module):
         if added_channels:
             # Recorded only when used: an older checkpoint's record (and state dict) stays.
             self.init_kwargs["added_channels"] = added_channels
-            self.init_kwargs["added_features"] = added_features
         widths = [features * 2**level for level in range(depth + 1)]
         pool = nn.MaxPool3d if dims == 3 else nn.MaxPool2d
         conv = _conv(dims)
@@ -206,8 +152,7 @@ class UNet(nn.Module):
             channels = width
         self.head = conv(channels, out_channels - added_channels, 1)
         self.added = nn.ModuleList(
-            AddedChannel(dims, in_channels, channels, added_features, norm,
-                         self.scale_factors, depth)
+            UNet(dims, in_channels, 1, depth, features, norm, scale_factors)
             for _ in range(added_channels)
         )
 
@@ -243,7 +188,7 @@ class UNet(nn.Module):
             return out
         # The head's channels are computed exactly as without added ones; the added
         # channels are appended after them.
-        return torch.cat([out, *(added(image, x) for added in self.added)], dim=1)
+        return torch.cat([out, *(added(image) for added in self.added)], dim=1)
 
     @classmethod
     def for_voxel_size(
