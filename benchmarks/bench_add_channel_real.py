@@ -22,9 +22,15 @@ Variants (each one setting changed from the widget's defaults, lr 1e-3,
 distillation 0.5, hold on):
 
 - ``existing``: nuclei painted as ``mitochondria``;
-- ``added``: nuclei painted as the new channel (its row fitted on the painting
+- ``added-own``: nuclei painted as the new channel with weights of its own (the
+  library's default for napari-finetune's UNet, :mod:`napari_finetune.model.add_channel`:
+  a one-channel copy of the starting UNet, its output row fitted on the painting
+  before step 1); only those train, so the old channels cannot move;
+- ``added``: nuclei painted as the new channel as an output row only (the layout
+  before the channel had weights of its own; its row fitted on the painting
   before step 1, :mod:`napari_finetune.trainer.new_channel`, then every weight
-  trained, the old channels held to the starting model);
+  trained, the old channels held to the starting model); every ``added-*``
+  variant below is of this layout;
 - ``added-lr3e-4``: the same at lr 3e-4;
 - ``added-hold5``: the hold on the old channels weighted 5 times (the
   trainer's ``HOLD_WEIGHT``, patched here);
@@ -45,7 +51,7 @@ Run::
 
     python benchmarks/bench_add_channel_real.py --volumes cho-t00
     python benchmarks/bench_add_channel_real.py --volumes cho-t10 cho-t19 \\
-        --variants existing added added-head
+        --variants existing added-own added-head
     python benchmarks/bench_add_channel_real.py --quick   # cho-t00, 2 variants, 5 steps
 """
 
@@ -91,11 +97,14 @@ class Variant:
     frozen_steps: int = 0  # steps whose shared layers get no gradient (-1: every step)
     replay: float = 0.0  # share of each batch's patches drawn from synthetic EM
     replay_domain: str = "source"  # its appearance: the model's training or the sample's
+    own_weights: bool = False  # the added channel gets weights of its own (else a row)
 
 
 VARIANTS: dict[str, Variant] = {
     "existing": Variant(f"painted as '{EXISTING}' (defaults)", added=False),
-    "added": Variant(f"added channel '{NEW_NAME}' (defaults)"),
+    "added-own": Variant(f"added channel '{NEW_NAME}', own weights (defaults)",
+                         own_weights=True),
+    "added": Variant(f"added channel '{NEW_NAME}' as an output row, every weight trained"),
     "added-lr3e-4": Variant("added, lr 3e-4", learning_rate=3e-4),
     "added-hold5": Variant("added, hold x5", hold_weight=5.0),
     "added-freeze10": Variant("added, shared layers frozen 10 steps", frozen_steps=10),
@@ -108,7 +117,7 @@ VARIANTS: dict[str, Variant] = {
     "added-replay-target-hold5": Variant("added, half replayed (sample's appearance), hold x5",
                                          replay=0.5, replay_domain="target", hold_weight=5.0),
 }
-QUICK_VARIANTS = ("existing", "added")
+QUICK_VARIANTS = ("existing", "added-own")
 
 
 class Row(TypedDict):
@@ -263,7 +272,8 @@ def train_variant(
         names = list(ckpt.channel_names)
         before = {n: r.to_dict() for n, r in roles_from_metadata(ckpt.metadata, names).items()
                   if r.role}
-        ckpt = add_output_channel(ckpt, NEW_NAME, NEW_ROLE, roles_before=before)
+        ckpt = add_output_channel(ckpt, NEW_NAME, NEW_ROLE, roles_before=before,
+                                  own_weights=variant.own_weights)
     config = config_for("full", steps)
     if variant.learning_rate is not None:
         config = dataclasses.replace(config, learning_rate=variant.learning_rate)

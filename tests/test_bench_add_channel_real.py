@@ -26,7 +26,9 @@ def bench(monkeypatch):
 
 def _wide() -> torch.nn.Module:
     torch.manual_seed(0)
-    return widen_model(UNet(dims=3, in_channels=1, out_channels=2, depth=2, features=4))
+    # The output-row layout: the variants that freeze or thaw shared layers use it.
+    return widen_model(UNet(dims=3, in_channels=1, out_channels=2, depth=2, features=4),
+                       own_weights=False)
 
 
 def test_iou_of_masks(bench):
@@ -98,3 +100,10 @@ def test_the_hold_weight_is_restored(bench):
     with bench.hold_weight(5.0):
         assert losses.HOLD_WEIGHT == 5.0
     assert losses.HOLD_WEIGHT == before
+
+
+def test_only_the_own_weights_row_uses_the_librarys_default_layout(bench):
+    # Every other added-* row keeps the output-row layout it was measured with.
+    assert bench.VARIANTS["added-own"].own_weights
+    rows = [v for k, v in bench.VARIANTS.items() if k.startswith("added") and k != "added-own"]
+    assert rows and not any(v.own_weights for v in rows)

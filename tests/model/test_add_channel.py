@@ -12,6 +12,9 @@ from napari_finetune.model.add_channel import (
     STARTING_CHANNELS_KEY,
     AddChannelError,
     add_output_channel,
+    added_parameters,
+    channel_rows,
+    output_channel_count,
     parse_add_channel,
 )
 from napari_finetune.model.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
@@ -146,3 +149,87 @@ def test_a_final_activation_is_one_line():
 
     with pytest.raises(AddChannelError, match="made after its last layer"):
         add_output_channel(Softmaxed(), "nuclei", "object")
+
+
+def test_unet_channel_has_weights_of_its_own_that_no_old_channel_reads():
+    model = _trained_like(UNet(dims=3, out_channels=2, depth=2, features=4))
+    wide = add_output_channel(model, "nuclei", "object")
+    assert wide.head.out_channels == 2 and len(wide.added) == 1
+    assert wide.init_kwargs == {**model.init_kwargs, "out_channels": 3, "added_channels": 1}
+    own = wide.added[0]
+    # Its own copy of the starting layers; its output row zero.
+    for name, value in model.state_dict().items():
+        if not name.startswith("head."):
+            torch.testing.assert_close(own.state_dict()[name], value, rtol=0, atol=0)
+    assert not own.head.weight.any()
+    with torch.no_grad():  # own weights changed: the old channels cannot tell
+        for p in wide.added.parameters():
+            p.add_(0.1)
+    after = _same_old_channels(model, wide, (16, 16, 16))
+    assert not torch.allclose(after[:, 2], torch.tensor(NEW_CHANNEL_BIAS))
+    assert added_parameters(wide, 2) == ["added.0"]
+    assert added_parameters(model, 2) is None  # nothing added: every weight trains
+    rows = channel_rows(wide, range(3))
+    assert [(name, row) for name, _, row in rows] == [("head", 0), ("head", 1),
+                                                      ("added.0.head", 0)]
+    # The global random state is the caller's: a run seeded before draws the same after.
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    add_output_channel(model, "nuclei", "object")
+    torch.testing.assert_close(torch.rand(3), expected, rtol=0, atol=0)
+
+
+def test_a_second_added_channel_gets_weights_of_its_own_too(tmp_path):
+    model = _trained_like(UNet(dims=2, out_channels=2, depth=2, features=4))
+    once = add_output_channel(model, "nuclei", "object")
+    twice = add_output_channel(once, "golgi", "object")
+    assert len(twice.added) == 2 and twice.init_kwargs["added_channels"] == 2
+    assert output_channel_count(twice) == 4
+    _same_old_channels(once, twice, (16, 16))
+    # Trained from the first added channel on: both own blocks; from the second: its own.
+    assert added_parameters(twice, 2) == ["added.0", "added.1"]
+    assert added_parameters(twice, 3) == ["added.1"]
+    # An output row alone is not offered once channels have their own weights.
+    assert len(add_output_channel(once, "golgi", "object", own_weights=False).added) == 2
+    # The second one copies the starting layers, not the first added channel's.
+    with torch.no_grad():
+        once.added[0].encoders[0][0].weight.add_(1.0)
+    again = add_output_channel(once, "golgi", "object")
+    torch.testing.assert_close(again.added[1].encoders[0][0].weight,
+                               model.encoders[0][0].weight, rtol=0, atol=0)
+    path = save_checkpoint(tmp_path / "two.pt", twice, {"channel_names": ["a", "b", "n", "g"]})
+    assert torch.load(path, weights_only=True)["architecture"]["kwargs"]["added_channels"] == 2
+    x = torch.randn(1, 1, 16, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(load_checkpoint(path).model.eval()(x), twice.eval()(x),
+                                   rtol=0, atol=0)
+
+
+def test_an_output_row_alone_when_asked(dims=3):
+    model = _trained_like(UNet(dims=dims, out_channels=2, depth=2, features=4))
+    wide = add_output_channel(model, "nuclei", "object", own_weights=False)
+    assert wide.head.out_channels == 3 and not len(wide.added)
+    assert "added_channels" not in wide.init_kwargs
+    assert added_parameters(wide, 2) is None  # a shared row: every weight trains
+    _same_old_channels(model, wide, (16, 16, 16))
+
+
+def test_a_checkpoint_with_an_own_channel_exports_a_package_that_passes(tmp_path):
+    import bioimageio.core
+    from bioimageio_helpers import tiny_checkpoint, volume
+
+    from napari_finetune.bioimageio.export import export_bioimageio
+
+    ckpt = load_checkpoint(tiny_checkpoint(tmp_path / "tiny.pt"))
+    wide = add_output_channel(ckpt, "nuclei", "object")
+    with torch.no_grad():
+        for p in wide.model.added.parameters():  # a trained channel, not the zero row
+            p.add_(0.1)
+    path = save_checkpoint(tmp_path / "wide.pt", wide.model, wide.metadata)
+    package = export_bioimageio(load_checkpoint(path), tmp_path / "wide.zip", volume(),
+                                check=False)
+    summary = bioimageio.core.test_model(package)
+    assert summary.status == "passed", [d for d in summary.details if d.status == "failed"]
+    back = load_checkpoint(package)
+    assert back.channel_names[-1] == "nuclei" and len(back.model.added) == 1

@@ -7,7 +7,10 @@ import pytest
 import torch
 from engine_setup import make_trainer, volume
 
-from napari_finetune.model.add_channel import STARTING_CHANNELS_KEY, add_output_channel
+from napari_finetune.model.add_channel import (
+    STARTING_CHANNELS_KEY,
+    add_output_channel,
+)
 from napari_finetune.model.checkpoint import load_checkpoint, save_checkpoint
 from napari_finetune.model.unet import UNet
 from napari_finetune.trainer.losses import (
@@ -76,11 +79,57 @@ def test_the_teacher_gives_the_starting_channels_only():
         torch.testing.assert_close(out, model.eval()(x), rtol=0, atol=0)
 
 
-def _widened_checkpoint(tmp_path):
+def _widened_checkpoint(tmp_path, own_weights=True):
     torch.manual_seed(0)
     model = UNet(dims=3, in_channels=1, out_channels=2, depth=2, features=4)
     path = save_checkpoint(tmp_path / "m.pt", model, {"channel_names": ["a", "b"]})
-    return add_output_channel(load_checkpoint(path), "nuclei", "object")
+    return add_output_channel(load_checkpoint(path), "nuclei", "object",
+                              own_weights=own_weights)
+
+
+def _outputs(model, x):
+    with torch.no_grad():
+        return model.eval()(x)
+
+
+@pytest.mark.parametrize("mode", ["full", "lora"])
+def test_training_an_added_channel_leaves_the_old_outputs_bit_identical(tmp_path, mode):
+    ckpt = _widened_checkpoint(tmp_path)
+    x = torch.randn(2, 1, 8, 16, 16, generator=torch.Generator().manual_seed(3))
+    before = _outputs(ckpt.model, x).clone()
+    own_before = ckpt.model.added[0].encoders[0][0].weight.detach().clone()
+    image, corrections = volume()
+    corrections[2:6, 20:28, 4:12] = 4
+    trainer = make_trainer(model=ckpt.model, metadata=ckpt.metadata, steps=3, mode=mode,
+                           learning_rate=1e-2)
+    trainer.corrections = corrections
+    for _ in trainer.run():
+        pass
+    assert trainer.steps_done == 3
+    tuned = load_checkpoint(trainer.export(tmp_path / "tuned.pt"))
+    after = _outputs(tuned.model, x)
+    torch.testing.assert_close(after[:, :2], before[:, :2], rtol=0, atol=0)
+    # The channel's own weights did train (else the identity above says nothing).
+    assert not torch.equal(tuned.model.added[0].encoders[0][0].weight, own_before)
+    assert not torch.equal(after[:, 2], before[:, 2])
+    assert tuned.model.init_kwargs["added_channels"] == 1
+
+
+def test_an_output_row_alone_still_trains_every_weight(tmp_path):
+    # An output row only, the layout of other models: the old channels move with the run.
+    ckpt = _widened_checkpoint(tmp_path, own_weights=False)
+    assert not len(ckpt.model.added) and ckpt.model.head.out_channels == 3
+    x = torch.randn(1, 1, 8, 16, 16, generator=torch.Generator().manual_seed(3))
+    before = _outputs(ckpt.model, x).clone()
+    image, corrections = volume()
+    corrections[2:6, 20:28, 4:12] = 4
+    trainer = make_trainer(model=ckpt.model, metadata=ckpt.metadata, steps=2,
+                           learning_rate=1e-2)
+    trainer.corrections = corrections
+    for _ in trainer.run():
+        pass
+    after = _outputs(load_checkpoint(trainer.export(tmp_path / "t.pt")).model, x)
+    assert not torch.equal(after[:, :2], before[:, :2])
 
 
 @pytest.mark.parametrize("mode", ["full", "lora"])
@@ -115,12 +164,11 @@ def test_the_new_row_is_fitted_on_the_painting_before_the_first_step(tmp_path):
     corrections[corrections == 2] = 4
     trainer = make_trainer(model=ckpt.model, metadata=ckpt.metadata, steps=1)
     trainer.corrections = corrections
-    old_rows = ckpt.model.head.weight[:2].detach().clone()
+    old_rows = ckpt.model.head.weight.detach().clone()
     trainer.build()
     assert any("channel 2 fitted on" in line for line in trainer.recovery_log)
-    head = trainer.model.head
-    assert head.weight[2].abs().sum() > 0  # no longer the zero row
-    torch.testing.assert_close(head.weight[:2].detach(), old_rows, rtol=0, atol=0)
+    assert trainer.model.added[0].head.weight.abs().sum() > 0  # no longer the zero row
+    torch.testing.assert_close(trainer.model.head.weight.detach(), old_rows, rtol=0, atol=0)
     probs = trainer.predict(np.s_[:, :, :])
     # A random 4-feature UNet separates them a little (0.50 vs 0.45); the zero row not at all.
     assert probs[2][corrections == 4].mean() > probs[2][corrections == 1].mean() + 0.03

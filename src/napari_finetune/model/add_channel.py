@@ -16,6 +16,17 @@ whose output is made after its last convolution (MONAI ``UNet`` with residual
 units adds a skip path; a final softmax mixes the channels) is refused with one
 line: appending a channel there would change the old channels' outputs.
 
+napari-finetune's UNet gets more than a row: an added channel has weights of its
+own, a one-channel copy of the starting UNet (``added``; its layers the starting
+model's, its output row zero), which no old channel reads. A run that trains
+only those (:func:`added_parameters`) leaves the old channels' outputs bit for
+bit the starting model's, while the new channel can move every layer it reads,
+as painting the structure as an existing channel does (an output row alone reads
+the old model's last features only, too few for a structure it was never
+trained on; a small block of its own beside them learnt too slowly: docs/
+benchmarks.md, "Adding a channel on real nuclei"). The price: the copy's weights
+and compute, once per added channel.
+
 The widened model records its new ``out_channels`` (``init_kwargs``, or the
 attribute an architecture adapter reads back), and the rebuild from that record
 is checked to take its weights, so an export loads again with
@@ -105,15 +116,18 @@ def check_name_and_role(name: str, role: str, existing: list[str] | tuple[str, .
 def add_output_channel(
     target: Checkpoint, name: str, role: str,
     roles_before: Mapping[str, Mapping[str, Any]] | None = None,
+    own_weights: bool = True,
 ) -> Checkpoint: ...
 @overload
 def add_output_channel(
     target: nn.Module, name: str, role: str,
     roles_before: Mapping[str, Mapping[str, Any]] | None = None,
+    own_weights: bool = True,
 ) -> nn.Module: ...
 def add_output_channel(
     target: Checkpoint | nn.Module, name: str, role: str,
     roles_before: Mapping[str, Mapping[str, Any]] | None = None,
+    own_weights: bool = True,
 ) -> Checkpoint | nn.Module:
     """A copy of ``target`` with one more output channel, the old ones unchanged.
 
@@ -130,6 +144,10 @@ def add_output_channel(
         The old channels' roles as plain dicts (``{"membrane": {"role": "boundary",
         ...}}``), for a checkpoint whose metadata stores none because its roles are
         defaults (the sample model's): written beside the new one so they stay.
+    own_weights : bool
+        For napari-finetune's UNet: the channel gets weights of its own (see module
+        doc). False: only an output row, as for other models (a UNet that has
+        added channels with own weights always gets another such one).
 
     Returns
     -------
@@ -145,18 +163,19 @@ def add_output_channel(
         role is unknown.
     """
     if isinstance(target, Checkpoint):
-        return _add_to_checkpoint(target, name, role, roles_before)
+        return _add_to_checkpoint(target, name, role, roles_before, own_weights)
     check_name_and_role(name, role, ())
-    return widen_model(target)
+    return widen_model(target, own_weights)
 
 
 def _add_to_checkpoint(
     ckpt: Checkpoint, name: str, role: str,
     roles_before: Mapping[str, Mapping[str, Any]] | None,
+    own_weights: bool,
 ) -> Checkpoint:
     names = list(ckpt.channel_names)
     check_name_and_role(name, role, names)
-    model = widen_model(ckpt.model)
+    model = widen_model(ckpt.model, own_weights)
     metadata = copy.deepcopy(ckpt.metadata)
     metadata["channel_names"] = [*names, name]
     stored = metadata.get(ROLES_KEY)
@@ -233,14 +252,29 @@ def output_layer(model: nn.Module) -> tuple[str, nn.Module]:
     return found, layer
 
 
-def widen_model(model: nn.Module) -> nn.Module:
-    """A copy of ``model`` whose output layer has one more output channel (see module doc).
+def widen_model(model: nn.Module, own_weights: bool = True) -> nn.Module:
+    """A copy of ``model`` with one more output channel (see module doc).
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        Not changed.
+    own_weights : bool
+        Weights of its own when ``model`` is napari-finetune's UNet; False: an
+        output row only.
 
     Raises
     ------
     AddChannelError
         One line when the model cannot be widened or rebuilt from its record.
     """
+    from napari_finetune.model.unet import UNet
+
+    # Exactly the UNet, not a subclass: another forward may make its output otherwise.
+    if type(model) is UNet and (own_weights or len(model.added)):
+        wide = _with_added_channel(model)
+        _check_rebuilds(wide)
+        return wide
     qualname, layer = output_layer(model)
     old = _out_of(layer)
     wide = copy.deepcopy(model)
@@ -261,6 +295,104 @@ def widen_model(model: nn.Module) -> nn.Module:
                 pass
     _check_rebuilds(wide)
     return wide
+
+
+def _with_added_channel(model: nn.Module) -> nn.Module:
+    """A copy of napari-finetune's UNet ``model`` with one more channel of its own weights.
+
+    The copy is built from ``model``'s record with one more added channel and takes
+    every one of ``model``'s weights; the new channel's UNet takes ``model``'s own
+    layers (not an earlier added channel's), and its output row starts at zero with
+    a bias of :data:`NEW_CHANNEL_BIAS`.
+    """
+    from napari_finetune.model.unet import UNet
+
+    assert isinstance(model, UNet)
+    kwargs = dict(model.init_kwargs)
+    existing = int(kwargs.get("added_channels", 0))
+    kwargs.update(out_channels=int(kwargs["out_channels"]) + 1, added_channels=existing + 1)
+    device = next(model.parameters()).device
+    # Every weight is copied below; the draws of the build must not move the global
+    # random state (a run seeded after this would draw other patches).
+    with torch.random.fork_rng(devices=[]):
+        wide = UNet(**kwargs)
+    state = model.state_dict()
+    missing, unexpected = wide.load_state_dict(state, strict=False)
+    new_prefix = f"added.{existing}."
+    if unexpected or any(not key.startswith(new_prefix) for key in missing):
+        raise AddChannelError(
+            f"UNet got a channel, but its weights do not fit the wider model (missing "
+            f"{missing[:3]}, unexpected {unexpected[:3]})."
+        )
+    own = wide.added[existing]
+    assert isinstance(own, UNet)
+    shared = {k: v for k, v in state.items() if not k.startswith(("head.", "added."))}
+    missing, unexpected = own.load_state_dict(shared, strict=False)
+    if unexpected or any(not key.startswith("head.") for key in missing):
+        raise AddChannelError(
+            f"UNet got a channel, but its own copy does not take the starting layers "
+            f"(missing {missing[:3]}, unexpected {unexpected[:3]})."
+        )
+    row = own.head
+    assert isinstance(row, nn.Conv2d | nn.Conv3d)
+    with torch.no_grad():
+        # Zero: the channel says "absent" everywhere (the bias) until it is trained; the
+        # run fits the row on the painting first (trainer/new_channel.py).
+        row.weight.zero_()
+        if row.bias is not None:
+            row.bias.fill_(NEW_CHANNEL_BIAS)
+    wide.to(device)
+    wide.train(model.training)
+    for name, param in wide.named_parameters():
+        if not name.startswith(new_prefix):
+            param.requires_grad_(model.get_parameter(name).requires_grad)
+    return wide
+
+
+def channel_rows(model: nn.Module, channels: range) -> list[tuple[str, nn.Module, int]]:
+    """Where each of ``channels`` is made: ``(layer name, layer, row)``.
+
+    An added channel with weights of its own is row 0 of its own UNet's output layer
+    (``added.K.head``); any other channel is its row of the model's output layer.
+
+    Raises
+    ------
+    AddChannelError
+        As :func:`output_layer`, for a channel made by the output layer.
+    """
+    from napari_finetune.model.unet import UNet
+
+    head_rows = model.head_channels if isinstance(model, UNet) and type(model) is UNet else None
+    found: list[tuple[str, nn.Module, int]] = []
+    for channel in channels:
+        if head_rows is not None and channel >= head_rows:
+            name = f"added.{channel - head_rows}.head"
+            found.append((name, model.get_submodule(name), 0))
+        elif head_rows is not None:
+            found.append(("head", model.get_submodule("head"), channel))
+        else:
+            found.append((*output_layer(model), channel))
+    return found
+
+
+def added_parameters(model: nn.Module, taught: int) -> list[str] | None:
+    """Module names whose weights are the channels ``taught..``'s own, or None.
+
+    A run that trains only the parameters under these names (``added.K.`` in the
+    model's parameter names, also inside a PEFT wrapper) leaves channels
+    ``0..taught-1`` exactly as they were. None when a channel from ``taught`` on has
+    no weights of its own (it is a row of the shared output layer), or when there is
+    no such channel: then every weight trains.
+    """
+    from napari_finetune.model.unet import UNet
+
+    if not isinstance(model, UNet) or type(model) is not UNet or not len(model.added):
+        return None
+    head_rows = model.head_channels
+    total = head_rows + len(model.added)
+    if taught < head_rows or taught >= total:
+        return None
+    return [f"added.{k}" for k in range(taught - head_rows, len(model.added))]
 
 
 def _out_of(layer: nn.Module) -> int:
@@ -297,7 +429,10 @@ def _check_rebuilds(model: nn.Module) -> None:
     try:
         architecture = architecture_of(model)
         # The model is in memory already, so its own factory is no new code to trust.
-        rebuilt = build_model(architecture, trust=architecture.get("factory"))
+        # Its first weights are replaced by the state dict: their draws must not move
+        # the caller's random state.
+        with torch.random.fork_rng(devices=[]):
+            rebuilt = build_model(architecture, trust=architecture.get("factory"))
         rebuilt.load_state_dict(model.state_dict())
     except (CheckpointError, RuntimeError) as exc:
         line = " ".join(str(exc).split())[:300]
@@ -306,11 +441,27 @@ def _check_rebuilds(model: nn.Module) -> None:
             f"rebuild it ({line}); an export could not be loaded again."
         ) from None
     outputs = channel_names_of({}, _recorded_out_channels(architecture))
-    if len(outputs) != _out_of(output_layer(model)[1]):
+    if len(outputs) != output_channel_count(model):
         raise AddChannelError(
             f"{type(model).__name__} got a channel, but its recorded architecture still "
             f"says out_channels={len(outputs)}; an export would name its channels wrong."
         )
+
+
+def output_channel_count(model: nn.Module) -> int:
+    """How many channels ``model`` makes (napari-finetune's UNet: its head's and its added
+    channels'; another model: its output layer's).
+
+    Raises
+    ------
+    AddChannelError
+        As :func:`output_layer`, for a model other than napari-finetune's UNet.
+    """
+    from napari_finetune.model.unet import UNet
+
+    if isinstance(model, UNet) and type(model) is UNet:
+        return model.head_channels + len(model.added)
+    return _out_of(output_layer(model)[1])
 
 
 def _recorded_out_channels(architecture: dict[str, Any]) -> int | None:

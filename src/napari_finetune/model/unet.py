@@ -71,6 +71,12 @@ class UNet(nn.Module):
         [2, 2, 2]]`` pools z only at the third level, for voxels 4-5 times
         coarser in z (:meth:`for_voxel_size`). None: 2 on every axis at every
         level (every checkpoint written before the option builds that way).
+    added_channels : int
+        How many of the last ``out_channels`` are channels added for a new
+        structure with weights of their own (:mod:`napari_finetune.model.add_channel`):
+        each is made by a one-channel UNet of this one's shape in ``added``, which
+        reads the input only, so no other channel reads its weights; ``head`` makes
+        the others. 0 (every checkpoint written before the option): ``head`` makes all.
     """
 
     def __init__(
@@ -82,12 +88,18 @@ class UNet(nn.Module):
         features: int = 16,
         norm: Norm = "group",
         scale_factors: Sequence[Sequence[int]] | None = None,
+        added_channels: int = 0,
     ) -> None:
         super().__init__()
         if dims not in (2, 3):
             raise ValueError(f"dims must be 2 or 3, got {dims}.")
         if depth < 0 or features < 1 or in_channels < 1 or out_channels < 1:
             raise ValueError("depth must be >= 0; features and channel counts >= 1.")
+        if not 0 <= added_channels < out_channels:
+            raise ValueError(
+                f"added_channels must be 0 to out_channels - 1 ({out_channels - 1}), "
+                f"got {added_channels}."
+            )
         self.init_kwargs: dict[str, Any] = {
             "dims": dims,
             "in_channels": in_channels,
@@ -115,6 +127,9 @@ class UNet(nn.Module):
             self.shape_multiple = tuple(
                 2 ** sum(level[axis] == 2 for level in factors) for axis in range(dims)
             )
+        if added_channels:
+            # Recorded only when used: an older checkpoint's record (and state dict) stays.
+            self.init_kwargs["added_channels"] = added_channels
         widths = [features * 2**level for level in range(depth + 1)]
         pool = nn.MaxPool3d if dims == 3 else nn.MaxPool2d
         conv = _conv(dims)
@@ -135,10 +150,22 @@ class UNet(nn.Module):
             self.up_convs.append(conv(channels, width, 3, padding=1))
             self.decoders.append(ConvBlock(dims, 2 * width, width, norm))
             channels = width
-        self.head = conv(channels, out_channels, 1)
+        self.head = conv(channels, out_channels - added_channels, 1)
+        self.added = nn.ModuleList(
+            UNet(dims, in_channels, 1, depth, features, norm, scale_factors)
+            for _ in range(added_channels)
+        )
+
+    @property
+    def head_channels(self) -> int:
+        """The channels ``head`` makes: all but the added channels with their own weights."""
+        head = self.head
+        assert isinstance(head, nn.Conv2d | nn.Conv3d)
+        return int(head.out_channels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Return one logit per output channel and voxel, same spatial shape as ``x``."""
+        image = x
         skips = []
         for level, encoder in enumerate(self.encoders):
             if level > 0:
@@ -156,7 +183,12 @@ class UNet(nn.Module):
                 )
             x = up_conv(x)
             x = decoder(torch.cat([skips.pop(), x], dim=1))
-        return self.head(x)
+        out = self.head(x)
+        if not len(self.added):
+            return out
+        # The head's channels are computed exactly as without added ones; the added
+        # channels are appended after them.
+        return torch.cat([out, *(added(image) for added in self.added)], dim=1)
 
     @classmethod
     def for_voxel_size(

@@ -119,9 +119,17 @@ def build_parts(
     """Wrap LoRA adapters (or keep a frozen copy), make the teacher and the optimizer.
 
     ``taught``: the channels the starting model had, when the model got one for a new
-    structure since (the teacher gives those only); None: every channel.
+    structure since (the teacher gives those only); None: every channel. When the
+    channels from ``taught`` on have weights of their own
+    (:func:`~napari_finetune.model.add_channel.added_parameters`), only those train,
+    in either mode: the old channels' outputs stay the starting model's bit for bit
+    (with GroupNorm, InstanceNorm or none; BatchNorm layers still move their running
+    statistics in training mode).
     """
+    from napari_finetune.model.add_channel import added_parameters
     from napari_finetune.trainer.teacher import AdapterOffTeacher, FrozenCopyTeacher
+
+    own = added_parameters(model, taught) if taught is not None else None
 
     corrected = corrected_channels(classes_present, out_channels)
     want_teacher = needs_teacher(corrected, distillation, hold_other_channels, taught)
@@ -133,6 +141,8 @@ def build_parts(
         teacher = AdapterOffTeacher(model, taught) if want_teacher else None
     else:
         teacher = FrozenCopyTeacher(model, taught) if want_teacher else None
+    if own is not None:
+        _train_only(model, own)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
@@ -143,3 +153,16 @@ def build_parts(
     )
     parts = TrainingParts(model, optimizer, precision, corrected, batchnorm_modules(model))
     return parts, teacher
+
+
+def _train_only(model: torch.nn.Module, modules: list[str]) -> None:
+    """Let only the parameters under ``modules`` (names in the plain model) train.
+
+    Matched as a part of the parameter's name, so the names hold inside PEFT's
+    wrapper too (``base_model.model.added.0.block.0.base_layer.weight``). A LoRA
+    adapter elsewhere keeps its zero ``B`` and so adds exactly 0 to its layer.
+    """
+    prefixes = tuple(f"{name}." for name in modules)
+    for name, param in model.named_parameters():
+        own = any(name.startswith(p) or f".{p}" in name for p in prefixes)
+        param.requires_grad_(own)

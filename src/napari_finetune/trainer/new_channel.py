@@ -9,7 +9,10 @@ each step, and the old channels with it. Before the run, the new row is therefor
 fitted as a logistic regression on the output layer's input at the painted voxels
 (the model's own features, frozen): positive where the channel is painted,
 negative where background or another channel is. Only the new rows change; the
-old channels' outputs stay exactly the starting model's.
+old channels' outputs stay exactly the starting model's. A channel with weights of
+its own (napari-finetune's UNet, :func:`~napari_finetune.model.add_channel.channel_rows`)
+has its own output row, fitted the same way on what that row reads: the decoder's
+features and its own block's (as first drawn).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import torch
 from torch import nn
 
 from napari_finetune.data.sampling import PatchSampler
-from napari_finetune.model.add_channel import output_layer
+from napari_finetune.model.add_channel import channel_rows, output_channel_count
 from napari_finetune.model.modes import evaluating
 
 # At most this many painted voxels go into the fit (a fit of a few thousand rows of
@@ -57,14 +60,22 @@ def fit_new_channels(
         One line for the run's log ("" when nothing was fitted: no pointwise output
         layer, or no painted voxel of a new channel's label).
     """
-    name, layer = output_layer(model)
-    if not isinstance(layer, nn.Conv1d | nn.Conv2d | nn.Conv3d) or any(
-        k != 1 for k in layer.kernel_size
-    ) or any(s != 1 for s in layer.stride):
-        return ""  # a wider kernel reads neighbours: a per-voxel fit is not its weights
-    captured: list[torch.Tensor] = []
+    rows = channel_rows(model, range(taught, output_channel_count(model)))
+    layers: dict[str, nn.Module] = {}
+    for name, layer, _row in rows:
+        if not isinstance(layer, nn.Conv1d | nn.Conv2d | nn.Conv3d) or any(
+            k != 1 for k in layer.kernel_size
+        ) or any(s != 1 for s in layer.stride):
+            return ""  # a wider kernel reads neighbours: a per-voxel fit is not its weights
+        layers[name] = layer
+    captured: dict[str, list[torch.Tensor]] = {name: [] for name in layers}
     drawn: list[torch.Tensor] = []
-    hook = layer.register_forward_pre_hook(lambda _m, args: captured.append(args[0].detach()))
+    hooks = [
+        layer.register_forward_pre_hook(
+            lambda _m, args, _n=name: captured[_n].append(args[0].detach())
+        )
+        for name, layer in layers.items()
+    ]
     state = sampler.get_state()
     try:
         # Batches of the run's micro-batch size: a forward without gradients that fits.
@@ -74,25 +85,34 @@ def fit_new_channels(
                 model(torch.from_numpy(np.ascontiguousarray(images)).to(device))
                 drawn.append(torch.from_numpy(np.ascontiguousarray(labels)).reshape(-1))
     finally:
-        hook.remove()
+        for hook in hooks:
+            hook.remove()
         sampler.set_state(state)
-    features = torch.cat([c.float().movedim(1, -1).reshape(-1, c.shape[1]) for c in captured])
     flat = torch.cat(drawn).to(device)
     painted = flat > 0
-    x, y = features[painted], flat[painted]
-    if len(y) > MAX_VOXELS:
-        keep = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))[:MAX_VOXELS]
-        x, y = x[keep.to(device)], y[keep.to(device)]
+    y_all = flat[painted]
+    keep = None
+    if len(y_all) > MAX_VOXELS:
+        keep = torch.randperm(len(y_all), generator=torch.Generator().manual_seed(0))[
+            :MAX_VOXELS
+        ].to(device)
     lines = []
-    for channel in range(taught, int(layer.out_channels)):
+    for channel, (name, layer, row) in zip(range(taught, taught + len(rows)), rows,
+                                           strict=True):
+        assert isinstance(layer, nn.Conv1d | nn.Conv2d | nn.Conv3d)
+        features = torch.cat([c.float().movedim(1, -1).reshape(-1, c.shape[1])
+                              for c in captured[name]])
+        x, y = features[painted], y_all
+        if keep is not None:
+            x, y = x[keep], y[keep]
         target = (y == channel + 2).float()
         if not target.any() or target.all():
             continue  # nothing to tell apart: the row stays as it was
-        weight, bias, before, after = _logistic(x, target, layer, channel)
+        weight, bias, before, after = _logistic(x, target, layer, row)
         with torch.no_grad():
-            layer.weight[channel].view(-1).copy_(weight)
+            layer.weight[row].view(-1).copy_(weight)
             if layer.bias is not None:
-                layer.bias[channel] = bias
+                layer.bias[row] = bias
         lines.append(f"channel {channel} fitted on {len(y)} painted voxels of {name} "
                      f"(loss {before:.3f} -> {after:.3f})")
     return "; ".join(lines)
