@@ -24,6 +24,7 @@ Run::
     python benchmarks/bench_real.py            # cremi and cho-t00, every row
     python benchmarks/bench_real.py --quick    # the fixed-step rows only, fewer steps
     python benchmarks/bench_real.py --volumes cho-t00 cho-t10 --steps 50 --seconds 60
+    python benchmarks/bench_real.py --volumes cremi --cremi-crop --runs pretrained full dense otsu
 """
 
 from __future__ import annotations
@@ -62,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="training time of the timed rows (default: %(default)s)")
     parser.add_argument("--quick", action="store_true",
                         help="fixed-step rows only, fewer steps")
+    parser.add_argument("--cremi-crop", action="store_true",
+                        help="CREMI cut to z 0-8 and 320 x 320 pixels (bench_adapt_real's "
+                        "crop: a CPU predicts it in seconds, the whole in minutes)")
     args = parser.parse_args(argv)
     steps = args.steps or (QUICK_STEPS if args.quick else STEPS)
     runs = args.runs or [r for r in RUNS if not (args.quick and r.endswith("-time"))]
@@ -75,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
             except RealDataUnavailable as exc:
                 print(f"bench_real: {exc}", file=sys.stderr)
                 return 1
+            if name == "cremi" and args.cremi_crop:
+                from bench_adapt_real import CREMI_CROP, crop_volume
+
+                volume = crop_volume(volume, CREMI_CROP)
             print(f"{name}: {volume.spec.description}, {volume.image.shape}, "
                   f"voxel {volume.voxel_size} nm", flush=True)
             rows = real_rows(volume, runs, steps, args.seconds, Path(tmp))

@@ -137,3 +137,16 @@ def test_lora_on_a_network_it_does_not_suit_says_so_and_follows_the_rank(qtbot):
     form.lora_rank.value = 16
     form.mode.value = "full"
     assert form.lora_advice.text() == ""
+
+
+def test_a_voxel_size_given_for_a_file_without_one_reaches_the_config(qtbot):
+    form = SettingsForm()
+    qtbot.addWidget(form)
+    assert form.config().voxel_size is None  # empty: the file's scale, read at the run
+    form.voxel_size.native.setText("1, 0.2 0.2")
+    assert form.config().voxel_size == (1.0, 0.2, 0.2)
+    for bad in ("1 0 0.2", "one two", "-1 1 1"):
+        form.voxel_size.native.setText(bad)
+        with pytest.raises(ValueError, match="Voxel size must be positive numbers") as info:
+            form.config()
+        assert "\n" not in str(info.value)

@@ -61,6 +61,9 @@ PLAIN_TIPS = {
                        "out and at the end of the run, for a bug report",
     "max_grad_norm": "Limit how big one step's change may be (off: no limit); it helps "
                      "when the loss jumps",
+    "voxel_size": "The size of a voxel along z, y, x (any one unit, such as '1 0.2 0.2' "
+                  "µm) when the volume's file does not say it; empty: the file's, or "
+                  "none. Training patches and object sizes follow it",
 }
 
 
@@ -170,9 +173,14 @@ class SettingsForm(QWidget):
         self.patch_shape = LineEdit(value=" ".join(str(n) for n in d.patch_shape),
                                     label=FIELDS["patch_shape"].label,
                                     tooltip=tip_of("patch_shape"))
+        # Empty: the store's NGFF scale (read when a run starts), or none.
+        self.voxel_size = LineEdit(
+            value=" ".join(f"{v:g}" for v in d.voxel_size) if d.voxel_size else "",
+            label="Voxel size", tooltip=tip_of("voxel_size"))
+        self.voxel_size.native.setPlaceholderText("from the file")
         self.inputs.update(autobatch=self.autobatch, memory_snapshot=self.memory_snapshot,
                            max_grad_norm=self.max_grad_norm, patch_shape=self.patch_shape,
-                           device=self.device)
+                           device=self.device, voxel_size=self.voxel_size)
 
         self._lora_share_per_rank = 0.0
         self.lora_advice = QLabel()
@@ -198,7 +206,7 @@ class SettingsForm(QWidget):
             _pair(self.autobatch), _pair(self.memory_fraction, self.seed),
             _pair(self.record_memory), _pair(self.memory_snapshot),
             _pair(self.max_grad_norm), _pair(self.lora_alpha, self.patch_shape),
-            *tls,
+            _pair(self.voxel_size), *tls,
         ], labels=False)
         # The scheduler's address and TLS files only when "Run on" is a scheduler.
         self.scheduler_rows = (address, *tls)
@@ -257,6 +265,7 @@ class SettingsForm(QWidget):
             values[name] = self.inputs[name].value / 100
         values.update(
             patch_shape=_sizes(self.patch_shape.value),
+            voxel_size=_voxel_size(self.voxel_size.value),
             memory_snapshot=(self.memory_snapshot.value.strip() or DEFAULT_SNAPSHOT)
             if self.record_memory.value else None,
             max_grad_norm=self.max_grad_norm.value or None,
@@ -309,4 +318,18 @@ def _sizes(text: str) -> tuple[int, ...]:
         raise ValueError(f"Patch must be whole numbers such as '32 64 64', got {text!r}.")
     for size in sizes:
         spec.check("each patch size", size)
+    return sizes
+
+
+def _voxel_size(text: str) -> tuple[float, ...] | None:
+    """ "40 8 8" (or "1, 0.2, 0.2") -> (40.0, 8.0, 8.0); empty -> None (the file's scale)."""
+    if not text.strip():
+        return None
+    try:
+        sizes = tuple(float(part) for part in text.replace(",", " ").split())
+    except ValueError:
+        sizes = ()
+    if not sizes or not all(v > 0 and v < float("inf") for v in sizes):
+        raise ValueError(f"Voxel size must be positive numbers such as '40 8 8' (z y x), got "
+                         f"{text!r}; leave it empty to use the file's.")
     return sizes

@@ -208,7 +208,8 @@ class Session:
     _handle: JobHandle | None = field(default=None, init=False, repr=False)
     _action: int = field(default=0, init=False, repr=False)  # which start is the latest
     _stop_asked: bool = field(default=False, init=False, repr=False)
-    # Set by Stop during a prediction: its job ends between batches, keeping what it did.
+    # Set by Stop during a prediction: its job ends before the model's next layer, keeping
+    # the blocks it wrote.
     _predict_stop: threading.Event = field(default_factory=threading.Event, init=False,
                                            repr=False)
     _uncertainty: tuple[tuple[str, int, int], np.ndarray] | None = field(
@@ -341,7 +342,7 @@ class Session:
         if self._busy is Busy.TRAIN and self.trainer is not None:
             self.trainer.stop()  # the run yields "stopped" and ends on its own
         elif self._busy is Busy.PREDICT:
-            self._predict_stop.set()  # ends between batches; what was predicted is kept
+            self._predict_stop.set()  # ends before the next layer; the blocks written are kept
         elif self._handle is not None:
             self._handle.stop()
 
