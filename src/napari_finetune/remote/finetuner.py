@@ -71,7 +71,7 @@ if TYPE_CHECKING:
 
     from distributed import Client, Future, Queue, Security
 
-    from napari_finetune.arrays import VolumeArray
+    from napari_finetune.arrays import AxesImage, VolumeArray
     from napari_finetune.model.checkpoint_format import Checkpoint
     from napari_finetune.remote.channel import MessageChannel
     from napari_finetune.remote.tiles import StoredImage
@@ -153,7 +153,7 @@ class RemoteFinetuner(Finetuner):
     """
 
     def __init__(
-        self, model: torch.nn.Module, image: VolumeArray, corrections: VolumeArray,
+        self, model: torch.nn.Module, image: VolumeArray | AxesImage, corrections: VolumeArray,
         config: FinetuneConfig,
         metadata: dict[str, Any] | None = None, source_sha256: str | None = None, *,
         scheduler: str | Client, checkpoint: bytes, suffix: str = ".pt",
@@ -196,7 +196,7 @@ class RemoteFinetuner(Finetuner):
 
     @classmethod
     def remote(
-        cls, checkpoint: Checkpoint, image: VolumeArray, corrections: VolumeArray,
+        cls, checkpoint: Checkpoint, image: VolumeArray | AxesImage, corrections: VolumeArray,
         config: FinetuneConfig,
         scheduler: str | Client, *, trust: tuple[str, ...] = (),
         security: Security | None = None, fit_patch: bool = True, weights_every: int = 5,
@@ -205,10 +205,16 @@ class RemoteFinetuner(Finetuner):
         """The run of ``checkpoint`` on ``image`` on the scheduler's worker (patch fitted as
         :meth:`Finetuner.from_checkpoint` fits it); nothing is sent before :meth:`run`.
 
+        ``image`` with channels or time points comes as an
+        :class:`~napari_finetune.arrays.AxesImage` (the model's channels, e.g.
+        ``volume.input.for_model(...)``), as for a local run; the worker trains on the
+        same channels and the painted time points.
+
         ``store_path`` is the OME-Zarr store ``image`` was opened from (what
         ``open_volume`` was given): when the workers open that path as an image of
-        the same shape and dtype (a shared filesystem), they read it themselves
-        and no tiles are sent; otherwise the tiles are sent as without it.
+        the same shape, dtype and axes (a shared filesystem), they read it themselves
+        (a channel taken of it taken there too) and no tiles are sent; otherwise the
+        tiles are sent as without it.
         """
         if fit_patch:
             config = cls.fitted_config(checkpoint.model, image, config)
@@ -277,8 +283,7 @@ class RemoteFinetuner(Finetuner):
 
         if self.store_path is None or not workers:
             return None, workers, "its tiles around the painting are sent"
-        stored = StoredImage(self.store_path, tuple(int(s) for s in self.image.shape),
-                             str(np.dtype(self.image.dtype)))
+        stored = StoredImage.of(self.store_path, self.axes_image)
         answers = client.run(stored.mismatch, workers=workers)
         readers = [w for w in workers if w in answers and answers[w] is None]
         if readers:
@@ -295,7 +300,7 @@ class RemoteFinetuner(Finetuner):
 
         painting = Painting.of(self.corrections)
         tiles = 0 if stored is not None else ImageTiles.planned_nbytes(
-            self.image, painting, tuple(self.remote_config.patch_shape))
+            self.axes_image, painting, tuple(self.remote_config.patch_shape))
         return {"checkpoint": len(self.checkpoint), "painting": painting.nbytes,
                 "image": tiles}
 
@@ -326,11 +331,13 @@ class RemoteFinetuner(Finetuner):
 
         painting = Painting.of(self.corrections)
         tiles = stored if stored is not None else ImageTiles.read(
-            self.image, painting, tuple(self.remote_config.patch_shape))
+            self.axes_image, painting, tuple(self.remote_config.patch_shape))
         return RunInputs(
             run_id=uuid.uuid4().hex, checkpoint=self.checkpoint, suffix=self.suffix,
             trust=self.trust, config=self.remote_config,
-            normalization_range=self.normalization_range, painting=painting, image=tiles,
+            # Measured here on the whole image: the worker's tiles would give other ranges.
+            normalization_ranges=tuple(self.normalization_ranges), painting=painting,
+            image=tiles,
             weights_every=self.weights_every, versions=versions(),
         )
 
@@ -614,16 +621,18 @@ class RemoteFinetuner(Finetuner):
         region : tuple of slice
             A box of the image (unit steps), as for :meth:`predict`.
         """
-        if not (isinstance(region, tuple) and len(region) == len(self.image.shape)
+        # A region indexes the painting: an image's axes without channels (a time point
+        # first), as for a local run's predict.
+        shape = self.axes_image.labels_shape
+        if not (isinstance(region, tuple) and len(region) == len(shape)
                 and all(isinstance(r, slice) and r.step in (None, 1) for r in region)):
             raise ValueError(
-                f"a preview region is {len(self.image.shape)} unit-step slices of the image "
-                f"{tuple(self.image.shape)}, not {region!r}; pass e.g. (slice(0, 8),) * ndim.")
-        box = tuple(slice(*r.indices(n)[:2]) for r, n in zip(region, self.image.shape,
-                                                              strict=True))
+                f"a preview region is {len(shape)} unit-step slices of the image's painting "
+                f"{shape}, not {region!r}; pass e.g. (slice(0, 8),) * {len(shape)}.")
+        box = tuple(slice(*r.indices(n)[:2]) for r, n in zip(region, shape, strict=True))
         if any(b.stop <= b.start for b in box):
-            raise ValueError(f"the preview region {region!r} is empty in the image "
-                             f"{tuple(self.image.shape)}; ask for a box inside it.")
+            raise ValueError(f"the preview region {region!r} is empty in the image's painting "
+                             f"{shape}; ask for a box inside it.")
         with self._previews_lock:
             self._preview_asked = box
 
@@ -652,7 +661,9 @@ class RemoteFinetuner(Finetuner):
             return
         request: dict[str, Any] = {"region": region_to_plain(region)}
         if not self.store_used:  # the worker has only the tiles around the painting
-            request["crop"] = np.asarray(self.image[region])
+            # (C, *spatial) of one time point, as a local run's predict reads it.
+            request["crop"] = (np.asarray(self.image[region]) if self.axes_image.is_plain
+                               else self.axes_image.read(region))
         previews.put(encode(request))
 
     def _receive_best(self, message: dict[str, Any]) -> None:
