@@ -193,6 +193,7 @@ def train(args: argparse.Namespace) -> int:
         from napari_finetune.cli import UsageError
 
         raise UsageError("--scheduler trains on one dask worker; leave out --nproc.")
+    train_remote.check_options(args)
     if world_size > 1 or args.global_samples is not None:
         from napari_finetune.trainer.distributed import per_rank_config
 
@@ -280,6 +281,7 @@ def _train_remotely(ckpt: Checkpoint, image: AxesImage, corrections: np.ndarray,
         ckpt, image, corrections, config, args.scheduler, trust=tuple(args.trust_factory),
         security=train_remote.security(args), fit_patch=args.patch_shape is None,
         store_path=args.volume,  # a worker that opens the same store reads it there
+        attach_to=args.attach,
     )
     try:
         return run_finetune(ckpt, image, corrections, trainer.remote_config, args.out,

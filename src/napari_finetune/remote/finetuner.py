@@ -124,6 +124,9 @@ class RemoteFinetuner(Finetuner):
     store_path : str or path-like, optional
         The store ``image`` was opened from; the workers that open it as the
         same image read it themselves (see :meth:`remote`).
+    attach_to : str, optional
+        The id of a run already on the scheduler (its client gone): :meth:`run`
+        re-attaches to it (:meth:`attach`) instead of sending a new one.
 
     Attributes
     ----------
@@ -160,7 +163,7 @@ class RemoteFinetuner(Finetuner):
         trust: tuple[str, ...] = (), security: Security | None = None,
         weights_every: int = 5, stop_wait_s: float = 60.0,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
-        store_path: str | os.PathLike | None = None,
+        store_path: str | os.PathLike | None = None, attach_to: str | None = None,
     ) -> None:
         # This process only predicts with the weights that come back, on its own device.
         super().__init__(model, image, corrections, dataclasses.replace(config, device="auto"),
@@ -193,6 +196,7 @@ class RemoteFinetuner(Finetuner):
         self._preview_failure: str | None = None
         self._kept_on: str | None = None  # the worker holding the run's kept end
         self.placement: str | None = None
+        self.attach_to = attach_to
 
     @classmethod
     def remote(
@@ -200,7 +204,7 @@ class RemoteFinetuner(Finetuner):
         config: FinetuneConfig,
         scheduler: str | Client, *, trust: tuple[str, ...] = (),
         security: Security | None = None, fit_patch: bool = True, weights_every: int = 5,
-        store_path: str | os.PathLike | None = None,
+        store_path: str | os.PathLike | None = None, attach_to: str | None = None,
     ) -> RemoteFinetuner:
         """The run of ``checkpoint`` on ``image`` on the scheduler's worker (patch fitted as
         :meth:`Finetuner.from_checkpoint` fits it); nothing is sent before :meth:`run`.
@@ -215,6 +219,10 @@ class RemoteFinetuner(Finetuner):
         the same shape, dtype and axes (a shared filesystem), they read it themselves
         (a channel taken of it taken there too) and no tiles are sent; otherwise the
         tiles are sent as without it.
+
+        ``attach_to``: the id of a run whose client went away; :meth:`run` then
+        follows it (:meth:`attach`) and sends nothing of its own. ``checkpoint`` must
+        be the run's starting checkpoint (its weights come back into its model).
         """
         if fit_patch:
             config = cls.fitted_config(checkpoint.model, image, config)
@@ -228,12 +236,13 @@ class RemoteFinetuner(Finetuner):
                    source_sha256=checkpoint.sha256, scheduler=scheduler,
                    checkpoint=Path(path).read_bytes(), suffix=Path(path).suffix or ".pt",
                    trust=trust, security=security, weights_every=weights_every,
-                   store_path=store_path)
+                   store_path=store_path, attach_to=attach_to)
 
     # --- the run -----------------------------------------------------------------------
 
     def run(self) -> Generator[Status, None, None]:
-        """Check, send, then yield the worker's statuses until its run ends.
+        """Check, send, then yield the worker's statuses until its run ends (with
+        :attr:`attach_to`: re-attach to that run and yield its statuses from where it is).
 
         Raises
         ------
@@ -246,6 +255,9 @@ class RemoteFinetuner(Finetuner):
         """
         if self._released:
             raise RuntimeError("this Finetuner was released; build a new one to train again.")
+        if self.attach_to is not None:  # a front end runs it as any run: statuses, weights
+            yield from self.attach(self.attach_to)
+            return
         self._start_time = time.perf_counter()
         if isinstance(self.scheduler, str):
             address = self.scheduler
@@ -269,7 +281,9 @@ class RemoteFinetuner(Finetuner):
                 f"sending {self.bytes_sent / 1e6:.1f} MB to the dask scheduler at {address} "
                 f"(the volume is {self.volume_bytes / 1e6:.1f} MB; {image_line}); "
                 f"{len(workers)} worker(s) can train it"
-                + (f" ({asked(resources)})" if resources else "")))
+                + (f" ({asked(resources)})" if resources else "")
+                # Said first: a client that goes away re-attaches to the run by it.
+                + f"; run id {inputs.run_id}"))
             yield from self._relay(client, inputs, workers, resources)
         finally:
             if client is not self.scheduler:
@@ -716,8 +730,9 @@ class RemoteFinetuner(Finetuner):
         # grace period, and the run's id is what re-attaches to it.
         grace = float(self.remote_config.remote_grace_s)
         again = (f"; if the scheduler is still up, the worker trains on for {grace:g} s "
-                 f"(remote_grace_s): re-attach to the run {self.run_id} "
-                 "(RemoteFinetuner.attach) for its weights" if grace > 0 and self.run_id else "")
+                 f"(remote_grace_s): re-attach to the run {self.run_id} for its weights "
+                 f"(the same train command with --attach {self.run_id}, or "
+                 "RemoteFinetuner.attach)" if grace > 0 and self.run_id else "")
         return (
             f"the dask scheduler at {address} was lost ({type(exc).__name__}: "
             f"{first_line(exc) or 'no answer'}); the weights of step {self.steps_done} "
