@@ -229,3 +229,33 @@ def test_a_preview_of_a_time_point_nobody_painted_comes_back_as_a_local_predict(
     assert previews == 1 and remote.store_used is by_store
     with pytest.raises(ValueError, match="4 unit-step slices of the image's painting"):
         remote.request_preview(region[1:])
+
+
+@pytest.mark.resource
+def test_a_session_run_on_a_scheduler_trains_a_store_with_channels(client, tmp_path):
+    """The panel's run (a Session, headless) on a CZYX store: the worker reads the store
+    and trains both channels; a preview of the region in view comes back."""
+    from napari_finetune.session.events import Preview
+    from napari_finetune.session.runner import InlineRunner
+    from napari_finetune.session.session import Busy, Outcome, Session
+
+    store = czyx_store(tmp_path / "s.zarr")
+    model = model_file(tmp_path / "m.pt", 2)
+    image, corrections = opened(store, model)
+    session = Session(
+        InlineRunner(), image=image, checkpoint=str(model), corrections=corrections,
+        store=str(store), channel_names=["a", "b"], config=config(steps=4),
+        scheduler=str(client.scheduler.address), preview_interval_s=1e-6,
+        region=(slice(0, 8), slice(0, 16), slice(8, 24)),
+    )
+    events: list[object] = []
+    ended: list[object] = []
+    session.events.job_event.connect(events.append)
+    session.events.ended.connect(ended.append)
+    assert session.finetune() is True
+    assert [(e.action, e.outcome) for e in ended] == [(Busy.TRAIN, Outcome.DONE)], ended
+    trainer = session.trainer
+    assert trainer.run_record["steps_done"] == 4 and trainer.store_used is True
+    assert trainer.metadata["input_channels"] == ["DAPI", "GFP"]
+    previews = [e for e in events if isinstance(e, Preview)]
+    assert previews and previews[-1].probs.shape == (2, 8, 16, 16)
