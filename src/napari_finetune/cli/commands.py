@@ -32,7 +32,7 @@ from napari_finetune.voxel_size import mismatch_line, trained_voxel_size
 if TYPE_CHECKING:  # torch, numpy and zarr are imported when a command runs, not with --help
     import numpy as np
 
-    from napari_finetune.arrays import AxesImage, VolumeArray
+    from napari_finetune.arrays import AxesImage
     from napari_finetune.cli.run import RunOutcome
     from napari_finetune.io.volume import Volume
     from napari_finetune.model.checkpoint import Checkpoint
@@ -193,6 +193,7 @@ def train(args: argparse.Namespace) -> int:
         from napari_finetune.cli import UsageError
 
         raise UsageError("--scheduler trains on one dask worker; leave out --nproc.")
+    train_remote.check_options(args)
     if world_size > 1 or args.global_samples is not None:
         from napari_finetune.trainer.distributed import per_rank_config
 
@@ -209,12 +210,12 @@ def train(args: argparse.Namespace) -> int:
         ckpt = _with_new_channel(ckpt, value)
     volume = open_volume(args.volume, keep_axes=True)
     image = _model_input(volume, ckpt, args.channel)
-    if not image.is_plain and (world_size > 1 or args.scheduler is not None):
+    if not image.is_plain and world_size > 1:
         from napari_finetune.cli import UsageError
 
         raise UsageError(
-            f"--nproc and --scheduler train on a single-channel volume of one time point; "
-            f"{args.volume} is {image.axes.upper()}: leave them out."
+            f"--nproc trains on a single-channel volume of one time point; "
+            f"{args.volume} is {image.axes.upper()}: leave it out."
         )
     corrections = load_corrections(args.volume, args.corrections)
     _say_missing(image)
@@ -223,7 +224,7 @@ def train(args: argparse.Namespace) -> int:
     if world_size > 1:
         outcome = multi.run_rank(ckpt, volume.data, corrections, config, args)
     elif args.scheduler is not None:
-        outcome = _train_remotely(ckpt, volume.data, corrections, config, args)
+        outcome = _train_remotely(ckpt, image, corrections, config, args)
     else:  # the default patch is fitted as the widget fits its patch; a given one is kept
         outcome = run_finetune(ckpt, image, corrections, config, args.out, quiet=args.quiet,
                                fit_patch=args.patch_shape is None)
@@ -268,9 +269,10 @@ def _with_new_channel(ckpt: Checkpoint, value: str) -> Checkpoint:
     return wide
 
 
-def _train_remotely(ckpt: Checkpoint, image: VolumeArray, corrections: np.ndarray,
+def _train_remotely(ckpt: Checkpoint, image: AxesImage, corrections: np.ndarray,
                     config: FinetuneConfig, args: argparse.Namespace) -> RunOutcome:
-    """The run on a worker of ``--scheduler``; what cannot start is one line."""
+    """The run on a worker of ``--scheduler`` (the model's channels and the painted time
+    points of ``image``, as in process); what cannot start is one line."""
     from napari_finetune.cli import CLIError
     from napari_finetune.remote.finetuner import RemoteFinetuner
     from napari_finetune.remote.preflight import RemoteError
@@ -279,6 +281,7 @@ def _train_remotely(ckpt: Checkpoint, image: VolumeArray, corrections: np.ndarra
         ckpt, image, corrections, config, args.scheduler, trust=tuple(args.trust_factory),
         security=train_remote.security(args), fit_patch=args.patch_shape is None,
         store_path=args.volume,  # a worker that opens the same store reads it there
+        attach_to=args.attach,
     )
     try:
         return run_finetune(ckpt, image, corrections, trainer.remote_config, args.out,

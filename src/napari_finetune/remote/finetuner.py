@@ -71,7 +71,7 @@ if TYPE_CHECKING:
 
     from distributed import Client, Future, Queue, Security
 
-    from napari_finetune.arrays import VolumeArray
+    from napari_finetune.arrays import AxesImage, VolumeArray
     from napari_finetune.model.checkpoint_format import Checkpoint
     from napari_finetune.remote.channel import MessageChannel
     from napari_finetune.remote.tiles import StoredImage
@@ -124,6 +124,9 @@ class RemoteFinetuner(Finetuner):
     store_path : str or path-like, optional
         The store ``image`` was opened from; the workers that open it as the
         same image read it themselves (see :meth:`remote`).
+    attach_to : str, optional
+        The id of a run already on the scheduler (its client gone): :meth:`run`
+        re-attaches to it (:meth:`attach`) instead of sending a new one.
 
     Attributes
     ----------
@@ -153,14 +156,14 @@ class RemoteFinetuner(Finetuner):
     """
 
     def __init__(
-        self, model: torch.nn.Module, image: VolumeArray, corrections: VolumeArray,
+        self, model: torch.nn.Module, image: VolumeArray | AxesImage, corrections: VolumeArray,
         config: FinetuneConfig,
         metadata: dict[str, Any] | None = None, source_sha256: str | None = None, *,
         scheduler: str | Client, checkpoint: bytes, suffix: str = ".pt",
         trust: tuple[str, ...] = (), security: Security | None = None,
         weights_every: int = 5, stop_wait_s: float = 60.0,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
-        store_path: str | os.PathLike | None = None,
+        store_path: str | os.PathLike | None = None, attach_to: str | None = None,
     ) -> None:
         # This process only predicts with the weights that come back, on its own device.
         super().__init__(model, image, corrections, dataclasses.replace(config, device="auto"),
@@ -193,22 +196,33 @@ class RemoteFinetuner(Finetuner):
         self._preview_failure: str | None = None
         self._kept_on: str | None = None  # the worker holding the run's kept end
         self.placement: str | None = None
+        self.attach_to = attach_to
 
     @classmethod
     def remote(
-        cls, checkpoint: Checkpoint, image: VolumeArray, corrections: VolumeArray,
+        cls, checkpoint: Checkpoint, image: VolumeArray | AxesImage, corrections: VolumeArray,
         config: FinetuneConfig,
         scheduler: str | Client, *, trust: tuple[str, ...] = (),
         security: Security | None = None, fit_patch: bool = True, weights_every: int = 5,
-        store_path: str | os.PathLike | None = None,
+        store_path: str | os.PathLike | None = None, attach_to: str | None = None,
     ) -> RemoteFinetuner:
         """The run of ``checkpoint`` on ``image`` on the scheduler's worker (patch fitted as
         :meth:`Finetuner.from_checkpoint` fits it); nothing is sent before :meth:`run`.
 
+        ``image`` with channels or time points comes as an
+        :class:`~napari_finetune.arrays.AxesImage` (the model's channels, e.g.
+        ``volume.input.for_model(...)``), as for a local run; the worker trains on the
+        same channels and the painted time points.
+
         ``store_path`` is the OME-Zarr store ``image`` was opened from (what
         ``open_volume`` was given): when the workers open that path as an image of
-        the same shape and dtype (a shared filesystem), they read it themselves
-        and no tiles are sent; otherwise the tiles are sent as without it.
+        the same shape, dtype and axes (a shared filesystem), they read it themselves
+        (a channel taken of it taken there too) and no tiles are sent; otherwise the
+        tiles are sent as without it.
+
+        ``attach_to``: the id of a run whose client went away; :meth:`run` then
+        follows it (:meth:`attach`) and sends nothing of its own. ``checkpoint`` must
+        be the run's starting checkpoint (its weights come back into its model).
         """
         if fit_patch:
             config = cls.fitted_config(checkpoint.model, image, config)
@@ -222,12 +236,13 @@ class RemoteFinetuner(Finetuner):
                    source_sha256=checkpoint.sha256, scheduler=scheduler,
                    checkpoint=Path(path).read_bytes(), suffix=Path(path).suffix or ".pt",
                    trust=trust, security=security, weights_every=weights_every,
-                   store_path=store_path)
+                   store_path=store_path, attach_to=attach_to)
 
     # --- the run -----------------------------------------------------------------------
 
     def run(self) -> Generator[Status, None, None]:
-        """Check, send, then yield the worker's statuses until its run ends.
+        """Check, send, then yield the worker's statuses until its run ends (with
+        :attr:`attach_to`: re-attach to that run and yield its statuses from where it is).
 
         Raises
         ------
@@ -240,6 +255,9 @@ class RemoteFinetuner(Finetuner):
         """
         if self._released:
             raise RuntimeError("this Finetuner was released; build a new one to train again.")
+        if self.attach_to is not None:  # a front end runs it as any run: statuses, weights
+            yield from self.attach(self.attach_to)
+            return
         self._start_time = time.perf_counter()
         if isinstance(self.scheduler, str):
             address = self.scheduler
@@ -263,7 +281,9 @@ class RemoteFinetuner(Finetuner):
                 f"sending {self.bytes_sent / 1e6:.1f} MB to the dask scheduler at {address} "
                 f"(the volume is {self.volume_bytes / 1e6:.1f} MB; {image_line}); "
                 f"{len(workers)} worker(s) can train it"
-                + (f" ({asked(resources)})" if resources else "")))
+                + (f" ({asked(resources)})" if resources else "")
+                # Said first: a client that goes away re-attaches to the run by it.
+                + f"; run id {inputs.run_id}"))
             yield from self._relay(client, inputs, workers, resources)
         finally:
             if client is not self.scheduler:
@@ -277,8 +297,7 @@ class RemoteFinetuner(Finetuner):
 
         if self.store_path is None or not workers:
             return None, workers, "its tiles around the painting are sent"
-        stored = StoredImage(self.store_path, tuple(int(s) for s in self.image.shape),
-                             str(np.dtype(self.image.dtype)))
+        stored = StoredImage.of(self.store_path, self.axes_image)
         answers = client.run(stored.mismatch, workers=workers)
         readers = [w for w in workers if w in answers and answers[w] is None]
         if readers:
@@ -295,7 +314,7 @@ class RemoteFinetuner(Finetuner):
 
         painting = Painting.of(self.corrections)
         tiles = 0 if stored is not None else ImageTiles.planned_nbytes(
-            self.image, painting, tuple(self.remote_config.patch_shape))
+            self.axes_image, painting, tuple(self.remote_config.patch_shape))
         return {"checkpoint": len(self.checkpoint), "painting": painting.nbytes,
                 "image": tiles}
 
@@ -326,11 +345,13 @@ class RemoteFinetuner(Finetuner):
 
         painting = Painting.of(self.corrections)
         tiles = stored if stored is not None else ImageTiles.read(
-            self.image, painting, tuple(self.remote_config.patch_shape))
+            self.axes_image, painting, tuple(self.remote_config.patch_shape))
         return RunInputs(
             run_id=uuid.uuid4().hex, checkpoint=self.checkpoint, suffix=self.suffix,
             trust=self.trust, config=self.remote_config,
-            normalization_range=self.normalization_range, painting=painting, image=tiles,
+            # Measured here on the whole image: the worker's tiles would give other ranges.
+            normalization_ranges=tuple(self.normalization_ranges), painting=painting,
+            image=tiles,
             weights_every=self.weights_every, versions=versions(),
         )
 
@@ -614,16 +635,18 @@ class RemoteFinetuner(Finetuner):
         region : tuple of slice
             A box of the image (unit steps), as for :meth:`predict`.
         """
-        if not (isinstance(region, tuple) and len(region) == len(self.image.shape)
+        # A region indexes the painting: an image's axes without channels (a time point
+        # first), as for a local run's predict.
+        shape = self.axes_image.labels_shape
+        if not (isinstance(region, tuple) and len(region) == len(shape)
                 and all(isinstance(r, slice) and r.step in (None, 1) for r in region)):
             raise ValueError(
-                f"a preview region is {len(self.image.shape)} unit-step slices of the image "
-                f"{tuple(self.image.shape)}, not {region!r}; pass e.g. (slice(0, 8),) * ndim.")
-        box = tuple(slice(*r.indices(n)[:2]) for r, n in zip(region, self.image.shape,
-                                                              strict=True))
+                f"a preview region is {len(shape)} unit-step slices of the image's painting "
+                f"{shape}, not {region!r}; pass e.g. (slice(0, 8),) * {len(shape)}.")
+        box = tuple(slice(*r.indices(n)[:2]) for r, n in zip(region, shape, strict=True))
         if any(b.stop <= b.start for b in box):
-            raise ValueError(f"the preview region {region!r} is empty in the image "
-                             f"{tuple(self.image.shape)}; ask for a box inside it.")
+            raise ValueError(f"the preview region {region!r} is empty in the image's painting "
+                             f"{shape}; ask for a box inside it.")
         with self._previews_lock:
             self._preview_asked = box
 
@@ -652,7 +675,9 @@ class RemoteFinetuner(Finetuner):
             return
         request: dict[str, Any] = {"region": region_to_plain(region)}
         if not self.store_used:  # the worker has only the tiles around the painting
-            request["crop"] = np.asarray(self.image[region])
+            # (C, *spatial) of one time point, as a local run's predict reads it.
+            request["crop"] = (np.asarray(self.image[region]) if self.axes_image.is_plain
+                               else self.axes_image.read(region))
         previews.put(encode(request))
 
     def _receive_best(self, message: dict[str, Any]) -> None:
@@ -705,8 +730,9 @@ class RemoteFinetuner(Finetuner):
         # grace period, and the run's id is what re-attaches to it.
         grace = float(self.remote_config.remote_grace_s)
         again = (f"; if the scheduler is still up, the worker trains on for {grace:g} s "
-                 f"(remote_grace_s): re-attach to the run {self.run_id} "
-                 "(RemoteFinetuner.attach) for its weights" if grace > 0 and self.run_id else "")
+                 f"(remote_grace_s): re-attach to the run {self.run_id} for its weights "
+                 f"(the same train command with --attach {self.run_id}, or "
+                 "RemoteFinetuner.attach)" if grace > 0 and self.run_id else "")
         return (
             f"the dask scheduler at {address} was lost ({type(exc).__name__}: "
             f"{first_line(exc) or 'no answer'}); the weights of step {self.steps_done} "

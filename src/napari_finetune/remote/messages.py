@@ -204,8 +204,9 @@ class RunInputs(RunNames):
         The factories the user trusts (as for a local load).
     config : FinetuneConfig
         The run's settings, the patch already fitted on the client.
-    normalization_range : (float, float)
-        The image's intensity range, measured on the whole volume on the client.
+    normalization_ranges : tuple of (float, float)
+        The image's intensity range per input channel (one pair for one channel),
+        measured on the whole image on the client.
     painting : Painting
         The painted voxels.
     image : ImageTiles or StoredImage
@@ -222,7 +223,7 @@ class RunInputs(RunNames):
     suffix: str
     trust: tuple[str, ...]
     config: FinetuneConfig
-    normalization_range: tuple[float, float]
+    normalization_ranges: tuple[tuple[float, float], ...]
     painting: Painting
     image: ImageTiles | StoredImage
     weights_every: int = 5

@@ -407,7 +407,7 @@ def _failed(exc: BaseException) -> dict[str, Any]:
 
 def _build(inputs: RunInputs) -> Finetuner:
     from napari_finetune.loading import load_checkpoint
-    from napari_finetune.remote.tiles import StoredImage, TileVolume
+    from napari_finetune.remote.tiles import StoredImage
     from napari_finetune.trainer.loop import Finetuner
 
     # The checkpoint's own reader, from a file as it was on the client.
@@ -419,11 +419,11 @@ def _build(inputs: RunInputs) -> Finetuner:
     finally:
         os.unlink(path)
     shipped = inputs.image
-    image = shipped.open() if isinstance(shipped, StoredImage) else TileVolume(shipped)
+    image = shipped.open() if isinstance(shipped, StoredImage) else shipped.volume()
     trainer = Finetuner.from_checkpoint(
         ckpt, image, inputs.painting.dense(), inputs.config, fit_patch=False
     )
-    trainer.normalization_range = inputs.normalization_range
+    trainer.normalization_ranges = list(inputs.normalization_ranges)
     return trainer
 
 

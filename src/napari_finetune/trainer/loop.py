@@ -232,6 +232,19 @@ class Finetuner:
             self._normalization_ranges = intensity_ranges(self.axes_image, spec)
         return self._normalization_ranges
 
+    @normalization_ranges.setter
+    def normalization_ranges(self, ranges: list[tuple[float, float]]) -> None:
+        # As normalization_range's setter, per channel: a remote worker's tiles of an image
+        # with channels take the ranges measured on the whole image.
+        pairs = [(float(low), float(high)) for low, high in ranges]
+        if len(pairs) != self.axes_image.channels:
+            raise ValueError(f"{len(pairs)} normalisation ranges for an image of "
+                             f"{self.axes_image.channels} channels; give one per channel.")
+        if self.axes_image.channels == 1:
+            self.normalization_range = pairs[0]
+        else:
+            self._normalization_ranges = pairs
+
     @property
     def out_channels(self) -> int:
         """Output channels of the model, once the patch is checked to fit it.
