@@ -67,3 +67,19 @@ def test_a_store_the_worker_cannot_open_as_the_image_gets_the_tiles(
     assert f"{path} is not readable on the workers" in line and "tiles" in line
     assert remote.bytes_sent > len(remote.checkpoint) + remote.inputs().painting.nbytes
     assert len(losses) == 2
+
+
+def test_a_relative_store_path_is_resolved_on_the_laptop(
+    client, store, checkpoint, monkeypatch
+):
+    # The workers started in another directory: 'v.ome.zarr' given from the store's own
+    # folder (the CLI's volume argument) names nothing there, or another store. Resolved
+    # here it names the store (before: the tiles were sent, 'not readable on the workers').
+    image = open_volume(store).data
+    corrections = painting_of(tuple(image.shape))
+    monkeypatch.chdir(store.parent)
+    remote = RemoteFinetuner.remote(load_checkpoint(checkpoint), image, corrections,
+                                    config(steps=1), client, store_path=store.name)
+    line, _ = run(remote)
+    assert remote.store_path == str(store.resolve())
+    assert remote.store_used and f"reads it from {store.resolve()}" in line

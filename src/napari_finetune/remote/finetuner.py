@@ -177,7 +177,9 @@ class RemoteFinetuner(Finetuner):
         self.weights_every = weights_every
         self.stop_wait_s = stop_wait_s
         self.connect_timeout_s = connect_timeout_s
-        self.store_path = None if store_path is None else str(store_path)
+        # Resolved here, on the laptop: the workers run in other directories, where a
+        # relative path names nothing (or another store).
+        self.store_path = None if store_path is None else str(Path(store_path).resolve())
         self.store_used = False
         self.run_record: dict[str, Any] | None = None
         self.worker: str | None = None
