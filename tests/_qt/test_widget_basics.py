@@ -28,10 +28,11 @@ def test_dock_lists_the_image_and_reads_the_checkpoint(docked):
     assert widget.predict_button.isEnabled()
     assert not widget.finetune_button.isEnabled()  # nothing to train on yet
     assert not widget.stop_button.isEnabled()
-    # The settings start from FinetuneConfig's defaults.
+    # The settings start from FinetuneConfig's defaults, with the distillation check on
+    # (off in FinetuneConfig so a Finetuner built directly does what its config says).
     from napari_finetune.config import FinetuneConfig
 
-    assert widget.settings.config() == FinetuneConfig()
+    assert widget.settings.config() == FinetuneConfig(distillation_check=True)
     # The LoRA rank only means something in LoRA mode.
     settings = widget.settings
     assert settings.lora_rank.enabled == (FinetuneConfig().mode == "lora")

@@ -85,3 +85,19 @@ def test_checkpoints_keep_their_pooling_through_a_save(tmp_path):
     torch.testing.assert_close(loaded(x), aniso(x))
     with pytest.raises(ValueError, match="scale_factors"):
         UNet(depth=2, scale_factors=[[1, 2, 2]])
+
+
+def test_a_unet_with_an_added_channel_scripts_as_the_bioimageio_export_does():
+    # TorchScript compiles forward and every property: a generator in forward and the
+    # head_channels property failed to compile (the bioimage.io export of any model).
+    import torch
+
+    from napari_finetune.model.unet import UNet
+
+    for added in (0, 1):
+        model = UNet(dims=3, in_channels=1, out_channels=3, depth=1, features=2,
+                     added_channels=added).eval()
+        scripted = torch.jit.script(model)
+        x = torch.randn(1, 1, 8, 8, 8)
+        torch.testing.assert_close(scripted(x), model(x))
+        assert model.head_channels == 3 - added

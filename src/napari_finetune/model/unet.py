@@ -156,6 +156,9 @@ class UNet(nn.Module):
             for _ in range(added_channels)
         )
 
+    # TorchScript compiles a module's properties; this one is for Python callers only.
+    __jit_unused_properties__ = ["head_channels"]
+
     @property
     def head_channels(self) -> int:
         """The channels ``head`` makes: all but the added channels with their own weights."""
@@ -183,12 +186,13 @@ class UNet(nn.Module):
                 )
             x = up_conv(x)
             x = decoder(torch.cat([skips.pop(), x], dim=1))
-        out = self.head(x)
-        if not len(self.added):
-            return out
         # The head's channels are computed exactly as without added ones; the added
-        # channels are appended after them.
-        return torch.cat([out, *(added(image) for added in self.added)], dim=1)
+        # channels are appended after them. A loop, not a generator: TorchScript (the
+        # bioimage.io export) compiles this.
+        outs = [self.head(x)]
+        for added in self.added:
+            outs.append(added(image))
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 
     @classmethod
     def for_voxel_size(
