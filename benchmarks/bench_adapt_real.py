@@ -156,11 +156,17 @@ def run_variant(
 def volume_rows(volume: Any, variants: list[str], steps: int, workdir: Path,
                 baselines: bool) -> list[dict[str, Any]]:
     """Pretrained, Otsu and every variant's row for one volume."""
-    from napari_finetune.cli.real import channel_of, classical, paint_sparse, score, semantic_truth
+    from napari_finetune.cli.real import (
+        channel_of,
+        classical,
+        paint_sparse,
+        score,
+        semantic_truth,
+        widget_objects,
+    )
     from napari_finetune.cli.simulate import predict_all
     from napari_finetune.data.normalization import intensity_range
     from napari_finetune.loading import load_checkpoint
-    from napari_finetune.objects import instances_of, roles_from_metadata, roles_from_painting
     from napari_finetune.samples.synthetic_em import sample_checkpoint_path
 
     pretrained = load_checkpoint(sample_checkpoint_path())
@@ -173,13 +179,7 @@ def volume_rows(volume: Any, variants: list[str], steps: int, workdir: Path,
     rows: list[dict[str, Any]] = []
 
     def objects_of(checkpoint: Any, probs: np.ndarray, painting: np.ndarray | None) -> np.ndarray:
-        # As the widget's Objects (sizes from the painting, else the prediction).
-        names = checkpoint.channel_names
-        roles = roles_from_metadata(checkpoint.metadata, names)
-        probs = np.asarray(probs)
-        found = roles_from_painting(roles, painting, names, volume.voxel_size,
-                                    probabilities={names[channel]: probs[channel]})
-        return instances_of(probs, found.roles, names, volume.voxel_size)[names[channel]]
+        return widget_objects(checkpoint, probs, painting, channel, volume.voxel_size)
 
     def add(row: str, probs: np.ndarray | None, objects: np.ndarray, steps_done: int,
             secs: float, fraction: float) -> None:

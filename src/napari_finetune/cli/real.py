@@ -146,6 +146,23 @@ def train(
     return step, elapsed
 
 
+def widget_objects(
+    checkpoint: Checkpoint, probs: np.ndarray, painting: np.ndarray | None, channel: int,
+    voxel_size: tuple[float, ...] | None,
+) -> np.ndarray:
+    """Channel ``channel``'s objects as the widget's Objects makes them: the checkpoint's
+    roles, each object channel's sizes from the painting or else the prediction,
+    distances in the voxel size."""
+    from napari_finetune.objects import instances_of, roles_from_metadata, roles_from_painting
+
+    names = checkpoint.channel_names
+    roles = roles_from_metadata(checkpoint.metadata, names)
+    probs = np.asarray(probs)
+    found = roles_from_painting(roles, painting, names, voxel_size,
+                                probabilities={names[channel]: probs[channel]})
+    return instances_of(probs, found.roles, names, voxel_size)[names[channel]]
+
+
 def config_for(run: str, steps: int, device: str = "cpu",
                voxel_size: tuple[float, ...] | None = None) -> FinetuneConfig:
     """The widget's default settings for ``run``, on the CPU, checked once at the end
@@ -278,7 +295,6 @@ def real_rows(
     """
     from napari_finetune.cli.simulate import predict_all
     from napari_finetune.loading import load_checkpoint
-    from napari_finetune.objects import instances_of, roles_from_metadata, roles_from_painting
     from napari_finetune.samples.synthetic_em import sample_checkpoint_path
 
     unknown = sorted(set(runs) - set(RUNS))
@@ -306,14 +322,7 @@ def real_rows(
 
     def objects_of(checkpoint: Checkpoint, probs: np.ndarray,
                    painting: np.ndarray | None) -> np.ndarray:
-        # As the widget's Objects: the checkpoint's roles, each object channel's sizes
-        # from the painting or else the prediction, distances in the voxel size.
-        names = checkpoint.channel_names
-        roles = roles_from_metadata(checkpoint.metadata, names)
-        probs = np.asarray(probs)
-        found = roles_from_painting(roles, painting, names, volume.voxel_size,
-                                    probabilities={names[channel]: probs[channel]})
-        return instances_of(probs, found.roles, names, volume.voxel_size)[names[channel]]
+        return widget_objects(checkpoint, probs, painting, channel, volume.voxel_size)
 
     for run in runs:
         if run == "pretrained":
