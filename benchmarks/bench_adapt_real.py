@@ -14,9 +14,10 @@ variant trains on the same strokes.
 Each variant is a full fine-tune from the sample checkpoint for a fixed number
 of optimizer steps (not seconds: the machine's load changes the time, not the
 scores), differing from the widget's defaults
-(:class:`~napari_finetune.config.FinetuneConfig`: lr 1e-3, distillation 0.5,
-positives weighted like negatives, percentile 1-99 normalisation per volume) in
-one setting:
+(:class:`~napari_finetune.config.FinetuneConfig`: lr 1e-3, distillation 0.5
+unless the widget's check turns it off for a starting model that gets most of the
+painting wrong, positives weighted like negatives, percentile 1-99 normalisation
+per volume) in one setting:
 
 - ``lr`` 1e-4, 3e-4, 1e-3 (default), 3e-3;
 - ``distillation`` 0 against 0.5 (the teacher is wrong everywhere on a large
@@ -203,7 +204,7 @@ def volume_rows(volume: Any, variants: list[str], steps: int, workdir: Path,
 LABELS = {
     "pretrained": "pretrained (sample model)",
     "otsu": "classical: gaussian, Otsu, watershed",
-    "default": "defaults (lr 1e-3, distillation 0.5)",
+    "default": "defaults (lr 1e-3, distillation 0.5 unless the check turns it off)",
     "lr1e-4": "lr 1e-4",
     "lr3e-4": "lr 3e-4",
     "lr3e-3": "lr 3e-3",
