@@ -210,19 +210,12 @@ def train(args: argparse.Namespace) -> int:
         ckpt = _with_new_channel(ckpt, value)
     volume = open_volume(args.volume, keep_axes=True)
     image = _model_input(volume, ckpt, args.channel)
-    if not image.is_plain and world_size > 1:
-        from napari_finetune.cli import UsageError
-
-        raise UsageError(
-            f"--nproc trains on a single-channel volume of one time point; "
-            f"{args.volume} is {image.axes.upper()}: leave it out."
-        )
     corrections = load_corrections(args.volume, args.corrections)
     _say_missing(image)
     if config.voxel_size is None and volume.voxel_size is not None:  # --voxel-size wins
         config = dataclasses.replace(config, voxel_size=volume.voxel_size)
     if world_size > 1:
-        outcome = multi.run_rank(ckpt, volume.data, corrections, config, args)
+        outcome = multi.run_rank(ckpt, image, corrections, config, args)
     elif args.scheduler is not None:
         outcome = _train_remotely(ckpt, image, corrections, config, args)
     else:  # the default patch is fitted as the widget fits its patch; a given one is kept

@@ -24,7 +24,7 @@ from napari_finetune.config import FinetuneConfig
 if TYPE_CHECKING:
     import numpy as np
 
-    from napari_finetune.arrays import VolumeArray
+    from napari_finetune.arrays import AxesImage, VolumeArray
     from napari_finetune.model.checkpoint import Checkpoint
 
 # Seconds a collective waits for the other ranks before the run ends with an
@@ -96,7 +96,7 @@ def without_nproc(argv: Sequence[str]) -> list[str]:
 
 def run_rank(
     ckpt: Checkpoint,
-    image: VolumeArray,
+    image: VolumeArray | AxesImage,
     corrections: np.ndarray,
     config: FinetuneConfig,
     args: argparse.Namespace,
@@ -104,7 +104,10 @@ def run_rank(
     """This process's part of a torchrun launch: join the group, train, leave.
 
     Rank 0 prints and exports; the others are silent unless they lose the
-    other ranks (then they say so, in one line).
+    other ranks (then they say so, in one line). ``image`` is the store's image
+    as the model takes it: a store with channels (all of them, or the one
+    ``--channel`` picks) or time points comes as an ``AxesImage``, the same as
+    for one process, so each rank draws its patches from the painted time points.
     """
     import torch
 
