@@ -82,9 +82,9 @@ def test_a_one_channel_model_on_two_channels_is_one_line(tmp_path):
     with pytest.raises(BioimageioExportError) as info:
         export_bioimageio(checkpoint(tmp_path / "m.pt"), out, store, check=False)
     assert str(info.value) == (
-        "the volume has 2 channels (0: DAPI, 1: GFP) and the model takes 1: cut the test "
-        "tensors from the channel the model reads (save it as its own OME-Zarr image, or "
-        "pass the model's input image)"
+        "the volume has 2 channels (0: DAPI, 1: GFP) and the model takes 1, and its "
+        "checkpoint records no channel it trained on: pass --channel 0 or --channel 1 "
+        "(channel= in Python) for the channel the model reads"
     )
     assert not out.exists()
 
@@ -125,3 +125,89 @@ def test_a_session_on_a_time_series_or_channels_exports_a_tested_package(tmp_pat
         assert [(e.action, e.outcome, e.reason) for e in ends] == [
             (Busy.BIOIMAGEIO, Outcome.DONE, "")]
         assert rdf_and_input(out)[1].shape[:2] == (1, in_channels)
+
+
+def _two_channel_store(path: Path, names: list[str] | None) -> tuple[Path, np.ndarray]:
+    """A CZYX store whose channels differ (the test input tells which one was cut)."""
+    channels = np.stack([volume(SHAPE), volume(SHAPE) // 3 + 40])
+    return write_store(path, channels, "czyx", names), channels
+
+
+def test_a_one_channel_model_exports_the_channel_its_run_recorded(tmp_path):
+    """By name where the store names its channels, else by the index train --channel
+    records; channel= overrides both."""
+    named, channels = _two_channel_store(tmp_path / "named.zarr", ["DAPI", "GFP"])
+    model = checkpoint(tmp_path / "m.pt", metadata={"input_channels": ["GFP"],
+                                                    "input_channel": 0})
+    package = export_bioimageio(model, tmp_path / "m.zip", named, tile_shape=TILE)
+    passes_test_model(package)
+    np.testing.assert_array_equal(rdf_and_input(package)[1][0, 0],
+                                  channels[1, 2:10, 4:36, 4:36])  # GFP, not index 0
+    unnamed, _ = _two_channel_store(tmp_path / "unnamed.zarr", None)
+    model = checkpoint(tmp_path / "i.pt", metadata={"input_channel": 1})
+    package = export_bioimageio(model, tmp_path / "i.zip", unnamed, tile_shape=TILE,
+                                check=False)
+    np.testing.assert_array_equal(rdf_and_input(package)[1][0, 0],
+                                  channels[1, 2:10, 4:36, 4:36])
+    package = export_bioimageio(model, tmp_path / "o.zip", unnamed, tile_shape=TILE,
+                                check=False, channel=0)
+    np.testing.assert_array_equal(rdf_and_input(package)[1][0, 0],
+                                  channels[0, 2:10, 4:36, 4:36])
+
+
+@pytest.mark.parametrize(
+    ("in_channels", "channel", "expected"),
+    [
+        (1, 2, "--channel 2: the volume has 2 channels (0: DAPI, 1: GFP); pass --channel 0 "
+               "or --channel 1."),
+        (2, 0, "--channel picks one channel for a single-channel model, but the model takes "
+               "2; leave out --channel"),
+    ],
+)
+def test_a_channel_that_does_not_fit_is_one_line(tmp_path, in_channels, channel, expected):
+    store, _ = _two_channel_store(tmp_path / "czyx.zarr", ["DAPI", "GFP"])
+    out = tmp_path / "m.zip"
+    with pytest.raises(BioimageioExportError) as info:
+        export_bioimageio(checkpoint(tmp_path / "m.pt", in_channels), out, store,
+                          check=False, channel=channel)
+    assert expected in str(info.value) and "\n" not in str(info.value)
+    assert not out.exists()
+
+
+def test_cli_train_channel_then_export_cuts_that_channel(tmp_path, capsys):
+    """train --channel 1 on a store without channel names, then export --bioimageio: the
+    package (checked by bioimageio.core) has channel 1 as its test input; --channel
+    overrides it with a note, and one that is not there is one line."""
+    from napari_finetune.io.omezarr import save_corrections
+    from napari_finetune.model.checkpoint import load_checkpoint
+    from test_cli import TRAIN_FAST, assert_one_line_error, run_cli
+    from test_cli_axes import painted
+
+    store, channels = _two_channel_store(tmp_path / "czyx.zarr", None)
+    save_corrections(store, painted(SHAPE))
+    tuned = tmp_path / "tuned.pt"
+    code, _, err = run_cli(capsys, "train", store, "-c", checkpoint(tmp_path / "m.pt"), "-o",
+                           tuned, "--channel", "1", "--steps", "1", *TRAIN_FAST)
+    assert code == 0, err
+    assert load_checkpoint(tuned).metadata["input_channel"] == 1
+    package = tmp_path / "tuned.zip"
+    code, out, err = run_cli(capsys, "export", tuned, "--bioimageio", package, "--volume",
+                             store, "--test-shape", *TILE)
+    assert code == 0, err
+    assert "test_model: passed" in out
+    np.testing.assert_array_equal(rdf_and_input(package)[1][0, 0],
+                                  channels[1, 2:10, 4:36, 4:36])
+    other = tmp_path / "other.zip"
+    code, _, err = run_cli(capsys, "export", tuned, "--bioimageio", other, "--volume", store,
+                           "--test-shape", *TILE, "--channel", "0", "--no-check")
+    assert code == 0, err
+    assert "note: the model was trained on channel 1; the test tensors come from channel 0" in err
+    np.testing.assert_array_equal(rdf_and_input(other)[1][0, 0],
+                                  channels[0, 2:10, 4:36, 4:36])
+    code, _, err = run_cli(capsys, "export", tuned, "--bioimageio", tmp_path / "x.zip",
+                           "--volume", store, "--channel", "3", "--no-check")
+    assert_one_line_error(code, err)
+    assert "--channel 3: the volume has 2 channels; pass --channel 0 or --channel 1." in err
+    code, _, err = run_cli(capsys, "export", tuned, "--torchscript", "--channel", "1")
+    assert_one_line_error(code, err, expected=2)
+    assert "--channel picks the channel of a bioimage.io package's test tensors" in err

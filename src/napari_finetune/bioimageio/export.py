@@ -71,6 +71,7 @@ def export_bioimageio(
     trust: Trust = None,
     check: bool = True,
     metadata: Mapping[str, Any] | None = None,
+    channel: int | None = None,
 ) -> Path:
     """Write ``source`` as a bioimage.io model package at ``out_path``.
 
@@ -106,6 +107,10 @@ def export_bioimageio(
         Entries that replace the checkpoint's in the package (the instance
         roles edited in the widget, which the trainer's or file's metadata
         does not hold); plain types only.
+    channel : int, optional
+        For a single-channel model and a volume with several channels: the
+        channel the test tensors are cut from. Default: the one the checkpoint
+        records its run trained on (by name, else by index), if it records one.
 
     Returns
     -------
@@ -132,7 +137,7 @@ def export_bioimageio(
         ckpt = _as_checkpoint(source, folder, trust)
         if metadata:
             ckpt = replace(ckpt, metadata={**ckpt.metadata, **metadata})
-        image, volume_name, scale, units = _image_of(volume, model_in_channels(ckpt.model))
+        image, volume_name, scale, units = _image_of(volume, ckpt, channel)
         ndim = len(image.spatial_shape)
         trained = for_axes(trained_voxel_size(ckpt.metadata), ndim)
         if scale is None and trained is not None:  # an array: the voxel size trained at
@@ -201,10 +206,13 @@ def _as_checkpoint(
 
 
 def _image_of(
-    volume: VolumeArray | AxesImage | str | os.PathLike, in_channels: int,
+    volume: VolumeArray | AxesImage | str | os.PathLike, ckpt: Checkpoint,
+    channel: int | None = None,
 ) -> tuple[AxesImage, str, list[float] | None, dict[str, str]]:
-    """``(image, name, scale, units)``: the model's input (its channels, one time point) of
+    """``(image, name, scale, units)``: the model's input (its channels, or ``channel``,
+    else the one the checkpoint trained on, for a single-channel model; one time point) of
     an OME-Zarr store's level 0, of an AxesImage, or of an array as given."""
+    in_channels = model_in_channels(ckpt.model)
     scale: list[float] | None = None
     units: dict[str, str] = {}
     if isinstance(volume, (str, os.PathLike)):
@@ -225,17 +233,39 @@ def _image_of(
             "the volume for the test tensors must be a ZYX or YX array, an AxesImage or an "
             "OME-Zarr store"
         )
+    if channel is None and in_channels == 1 and image.channels > 1:
+        channel = trained_channel(ckpt.metadata, image)
     try:
-        image = image.for_model(in_channels, what="the volume")
-    except ChannelChoiceError:
+        image = image.for_model(in_channels, channel, what="the volume")
+    except ChannelChoiceError as exc:
+        if channel is not None or in_channels != 1:
+            raise BioimageioExportError(str(exc)) from None
         listed = ", ".join(image.describe_channel(c) for c in range(image.channels))
+        choices = " or ".join(f"--channel {c}" for c in range(image.channels))
         raise BioimageioExportError(
-            f"the volume has {image.channels} channels ({listed}) and the model takes "
-            f"{in_channels}: cut the test tensors from the channel the model reads (save "
-            "it as its own OME-Zarr image, or pass the model's input image)"
+            f"the volume has {image.channels} channels ({listed}) and the model takes 1, "
+            f"and its checkpoint records no channel it trained on: pass {choices} "
+            "(channel= in Python) for the channel the model reads"
         ) from None
     # The middle time point: a spatial model sees one at a time; a package has no time axis.
     return image.at_time(image.time_points // 2), name, scale, units
+
+
+def trained_channel(metadata: Mapping[str, Any], image: AxesImage) -> int | None:
+    """The channel of ``image`` a single-channel model's run trained on, as its checkpoint
+    records it: the recorded name among the image's channel names, else the recorded
+    index (``"input_channel"``, written by ``train --channel``); None when neither fits.
+
+    The name comes first: the index is the training store's, and a store whose channels
+    are named can order them differently.
+    """
+    names = metadata.get("input_channels")
+    if isinstance(names, list) and len(names) == 1 and names[0] in image.channel_names:
+        return image.channel_names.index(str(names[0]))
+    index = metadata.get("input_channel")
+    if isinstance(index, int) and not isinstance(index, bool) and 0 <= index < image.channels:
+        return index
+    return None
 
 
 def _input_channels(ckpt: Checkpoint, image: AxesImage) -> list[str]:

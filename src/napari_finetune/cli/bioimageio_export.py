@@ -9,7 +9,10 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from napari_finetune.model.checkpoint import Checkpoint
 
 DEFAULT_LICENSE = "CC-BY-4.0"  # the same as napari_finetune.bioimageio.export's
 
@@ -61,6 +64,15 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         help="spatial shape of the test tensors (default: up to 32 64 64, or 256 256)",
     )
     group.add_argument(
+        "--channel",
+        type=int,
+        metavar="N",
+        default=None,
+        help="for a single-channel model and a --volume with several channels: the channel "
+        "(0, 1, ...) the test tensors are cut from (default: the one the model was trained "
+        "on, as its checkpoint records it)",
+    )
+    group.add_argument(
         "--no-check",
         action="store_true",
         help="skip bioimageio.core's test of the written package",
@@ -85,6 +97,8 @@ def run(args: argparse.Namespace, source: Path) -> int:
     update = metadata_update(args)
     if update:
         ckpt = dataclasses.replace(ckpt, metadata={**ckpt.metadata, **update})
+    if args.channel is not None:
+        _say_other_channel(ckpt, args.volume, args.channel)
     out = export_bioimageio(
         ckpt,
         args.bioimageio,
@@ -96,10 +110,31 @@ def run(args: argparse.Namespace, source: Path) -> int:
         cite=[parse_cite(text) for text in args.cite] or None,
         tile_shape=args.test_shape,
         check=not args.no_check,
+        channel=args.channel,
     )
     checked = "" if args.no_check else " (bioimageio.core test_model: passed)"
     print(f"wrote {out}{checked}")
     return 0
+
+
+def _say_other_channel(ckpt: Checkpoint, store: Path, channel: int) -> None:
+    """One line (stderr) when ``--channel`` is not the channel the checkpoint records its
+    run trained on: the package is written as asked (the override is the option's point,
+    e.g. a store whose channels are ordered differently), but the user hears of it."""
+    import sys
+
+    from napari_finetune.bioimageio.export import trained_channel
+    from napari_finetune.io.omezarr import open_volume
+
+    image = open_volume(store, keep_axes=True).input
+    trained = trained_channel(ckpt.metadata, image)
+    if trained is not None and trained != channel and 0 <= channel < image.channels:
+        print(
+            f"note: the model was trained on channel {image.describe_channel(trained)}; the "
+            f"test tensors come from channel {image.describe_channel(channel)} as --channel "
+            "asks",
+            file=sys.stderr,
+        )
 
 
 def metadata_update(args: argparse.Namespace) -> dict[str, Any]:

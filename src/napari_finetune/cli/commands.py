@@ -210,6 +210,7 @@ def train(args: argparse.Namespace) -> int:
         ckpt = _with_new_channel(ckpt, value)
     volume = open_volume(args.volume, keep_axes=True)
     image = _model_input(volume, ckpt, args.channel)
+    ckpt = _with_channel_recorded(ckpt, args.channel if volume.input.channels > 1 else None)
     corrections = load_corrections(args.volume, args.corrections)
     _say_missing(image)
     if config.voxel_size is None and volume.voxel_size is not None:  # --voxel-size wins
@@ -231,6 +232,20 @@ def train(args: argparse.Namespace) -> int:
 
         raise CLIError(line)
     return outcome.exit_code
+
+
+def _with_channel_recorded(ckpt: Checkpoint, channel: int | None) -> Checkpoint:
+    """``ckpt`` whose metadata records ``channel`` (``"input_channel"``), the store's channel
+    a single-channel model trains on, or records none: the export of the tuned model cuts
+    its bioimage.io test tensors from that channel even when the store names no channels
+    (the recorded ``input_channels`` name it otherwise). A model tuned again without
+    ``--channel`` drops the index it came with, which no longer says what it read."""
+    metadata = {k: v for k, v in ckpt.metadata.items() if k != "input_channel"}
+    if channel is not None:
+        metadata["input_channel"] = channel
+    if metadata == ckpt.metadata:
+        return ckpt
+    return dataclasses.replace(ckpt, metadata=metadata)
 
 
 def _with_new_channel(ckpt: Checkpoint, value: str) -> Checkpoint:
@@ -366,6 +381,11 @@ def export(args: argparse.Namespace) -> int:
     from napari_finetune.model.bring_your_own import checkpoint_from_factory
     from napari_finetune.model.checkpoint import save_checkpoint
 
+    if args.channel is not None and args.bioimageio is None:
+        from napari_finetune.cli import UsageError
+
+        raise UsageError("--channel picks the channel of a bioimage.io package's test "
+                         "tensors; add --bioimageio OUT.zip --volume STORE.")
     if args.bioimageio is not None and not (args.factory or args.out or args.torchscript):
         return bioimageio_export.run(args, args.source)  # SOURCE may be a package folder
     if not args.source.is_file():
