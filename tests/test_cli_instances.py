@@ -213,3 +213,82 @@ def test_predict_instances_takes_the_sizes_of_the_objects_painted_in_the_store(
     assert code == 0, err
     assert (seen["object"].seed_distance, seen["object"].min_size) == (5.5, mito.min_size)
     assert f"min size {mito.min_size} (set by you)" in out
+
+
+def _balls_store(path: Path, radius: int) -> tuple[Path, np.ndarray]:
+    """A 24x64x64 store of four bright balls ``2 * radius + 1`` wide on a dark background."""
+    from test_cli_axes import write_store
+
+    z, y, x = np.ogrid[:24, :64, :64]
+    balls = np.zeros((24, 64, 64), bool)
+    for cy, cx in ((16, 16), (16, 47), (47, 16), (47, 47)):
+        balls |= (z - 12) ** 2 + (y - cy) ** 2 + (x - cx) ** 2 <= radius**2
+    image = np.where(balls, 220, 20).astype(np.uint8)
+    return write_store(path, image, "zyx"), image
+
+
+def _thresholding_model(path: Path, roles: dict) -> Path:
+    """A 1x1x1 convolution (torch.nn.Conv3d, a trusted factory) whose channels are the
+    inverted and the plain normalised image: its objects are the image's bright balls."""
+    import torch
+
+    from napari_finetune.model.bring_your_own import checkpoint_from_factory
+
+    weights = {"weight": torch.tensor([-20.0, 20.0]).reshape(2, 1, 1, 1, 1),
+               "bias": torch.tensor([10.0, -10.0])}
+    return checkpoint_from_factory(
+        path, "torch.nn:Conv3d", {"in_channels": 1, "out_channels": 2, "kernel_size": 1},
+        weights, {"channel_names": ["membrane", "mitochondria"], "instance_roles": roles})
+
+
+def test_predict_instances_takes_the_sizes_of_the_predicted_objects_when_far_off(
+    capsys, monkeypatch, tmp_path
+):
+    """Nothing painted, objects 19 voxels wide and the checkpoint's seed distance 4 (for
+    objects about 8 wide): the predicted objects' sizes, one line saying why; objects
+    of about the checkpoint's size, or a size set by the user, keep theirs."""
+    from napari_finetune.objects import roles_to_metadata
+    from napari_finetune.objects.from_painting import parameters_for, predicted_objects
+    from napari_finetune.predict import store as predict_store
+
+    seen = {}
+    real = predict_store.blockwise_instances
+
+    def spy(prob, params, block_shape, out, **kwargs):
+        seen[params.role] = params
+        return real(prob, params, block_shape, out, **kwargs)
+
+    monkeypatch.setattr(predict_store, "blockwise_instances", spy)
+    roles = {"mitochondria": {"role": "object", "threshold": 0.5, "seed_distance": 4.0,
+                              "min_size": 20}}
+    model = _thresholding_model(tmp_path / "balls.pt", roles)
+    store, image = _balls_store(tmp_path / "balls.zarr", 9)
+    trust = ["--trust-factory", "torch.nn:Conv3d"]
+    code, out, err = run_cli(capsys, "predict", model, store, "--instances", *trust, *BLOCK)
+    assert code == 0, err
+    predicted = predicted_objects((image > 100).astype(np.float32), 0.5)
+    assert predicted.count == 4 and predicted.extent > 16  # more than twice 8
+    seed_distance, min_size = parameters_for(predicted, 3)
+    assert (seen["object"].seed_distance, seen["object"].min_size) == (seed_distance, min_size)
+    said = f"from the prediction (4 objects, typical width {predicted.extent:.3g} voxels)"
+    assert (f"objects of mitochondria: seed distance {seed_distance:g} ({said}), min size "
+            f"{min_size} ({said}); nothing painted sizes them, and the checkpoint's seed "
+            "distance 4 is for objects about 8 voxels wide, more than twice off") in out
+    assert int(open_volume(store / "labels" / "objects-mitochondria").data[:].max()) == 4
+
+    # Objects about the checkpoint's size (9 wide for 8): its sizes stay, nothing said.
+    small, _ = _balls_store(tmp_path / "small.zarr", 4)
+    code, out, err = run_cli(capsys, "predict", model, small, "--instances", *trust, *BLOCK)
+    assert code == 0, err
+    assert (seen["object"].seed_distance, seen["object"].min_size) == (4.0, 20)
+    assert "objects of mitochondria" not in out
+
+    # A seed distance the user set stays; the min size still follows the prediction.
+    ckpt = load_checkpoint(model, trust=["torch.nn:Conv3d"])
+    mine = save_checkpoint(tmp_path / "mine.pt", ckpt.model, roles_to_metadata(
+        roles_from_metadata(ckpt.metadata, ckpt.channel_names), ckpt.metadata,
+        {"mitochondria": {"seed_distance": "set by you"}}), architecture=ckpt.architecture)
+    code, out, err = run_cli(capsys, "predict", mine, store, "--instances", *trust, *BLOCK)
+    assert code == 0, err
+    assert (seen["object"].seed_distance, seen["object"].min_size) == (4.0, min_size)
+    assert "seed distance 4 (set by you)" in out

@@ -13,7 +13,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from napari_finetune.cli import bioimageio_export, multi, predict_cluster, train_remote
+from napari_finetune.cli import (
+    bioimageio_export,
+    multi,
+    object_sizes,
+    predict_cluster,
+    train_remote,
+)
 from napari_finetune.cli.options import (
     DEVICE_METAVAR,
     add_channel_option,
@@ -325,9 +331,9 @@ def predict(args: argparse.Namespace) -> int:
         _say_missing(image)
         if instances is not None:
             _say_voxel_size(ckpt, args.voxel_size or volume.voxel_size)
-            instances = _roles_from_painting(ckpt, instances, args.volume,
-                                             args.voxel_size or volume.voxel_size,
-                                             time_series=image.has_time)
+            instances = object_sizes.roles_for_store(ckpt, instances, args.volume, image,
+                                                     args.voxel_size or volume.voxel_size,
+                                                     config)
         return predict_cluster.run(args, config, instances)
     if not args.instances:
         ckpt = load_checkpoint(args.checkpoint, trust=args.trust_factory)
@@ -337,8 +343,8 @@ def predict(args: argparse.Namespace) -> int:
     voxel_size = args.voxel_size or volume.voxel_size
     _say_voxel_size(ckpt, voxel_size)
     if instances is not None:
-        instances = _roles_from_painting(ckpt, instances, args.volume, voxel_size,
-                                         time_series="t" in image.axes)
+        instances = object_sizes.roles_for_store(ckpt, instances, args.volume, image,
+                                                 voxel_size, config)
     bars: list = []  # made at the first block, so an early error prints no empty bar
 
     def progress(done: int, total: int) -> None:
@@ -512,40 +518,6 @@ def _instance_roles(
             "--role CHANNEL=object, e.g. --role " + f"{names[0]}=object."
         )
     return roles
-
-
-def _roles_from_painting(
-    ckpt: Checkpoint, roles: dict[str, ChannelRole], store: Path,
-    voxel_size: tuple[float, ...] | None, time_series: bool = False,
-) -> dict[str, ChannelRole]:
-    """``roles`` with each object channel's seed distance and min size from the objects
-    painted in the store's ``labels/corrections``, if it has them; a value the checkpoint
-    records as set by the user stays. One line per channel says where its values came from.
-    A time series (``time_series``: the corrections' first axis is time) is measured on
-    its most painted time point: objects of one structure keep their size over time, and
-    time points stacked as one volume would join objects across them."""
-    from napari_finetune.io.omezarr import VolumeError, load_corrections
-    from napari_finetune.objects import roles_from_painting, sources_from_metadata
-    from napari_finetune.objects.from_painting import DEFAULT, user_set_from_sources
-
-    try:
-        corrections = load_corrections(store, "corrections")
-    except VolumeError:  # none painted (or of another shape): the roles as they are
-        return roles
-    if time_series:
-        import numpy as np
-
-        painted = [int(np.count_nonzero(np.asarray(frame))) for frame in corrections]
-        corrections = np.asarray(corrections[int(np.argmax(painted))])
-    user_set = user_set_from_sources(sources_from_metadata(ckpt.metadata))
-    found = roles_from_painting(roles, corrections, ckpt.channel_names, voxel_size, user_set)
-    for channel, sources in found.sources.items():
-        if set(sources.values()) != {DEFAULT}:
-            role = found.roles[channel]
-            print(f"objects of {channel}: seed distance {role.seed_distance:g} "
-                  f"({sources['seed_distance']}), min size {role.min_size} "
-                  f"({sources['min_size']})")
-    return found.roles
 
 
 def _model_input(volume: Volume, ckpt: Checkpoint, channel: int | None) -> AxesImage:
