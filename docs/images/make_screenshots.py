@@ -311,16 +311,26 @@ def _structure_shot(app, tmp: Path, steps: int = 30) -> None:
     """"Add a structure…" on the sample (ZYX): vesicles, an object; disks painted on the
     vesicles of one slice with the new label (and background, membrane, mitochondria
     around them), a short run, the vesicles prediction shown."""
-    from napari_finetune.samples.synthetic_em import DEFAULT_SEEDS, _geometry, generate_volume
+    import shutil
+
+    from napari_finetune.samples.synthetic_em import (
+        DEFAULT_SEEDS,
+        _geometry,
+        generate_volume,
+        sample_checkpoint_path,
+    )
 
     image, truth = generate_volume(SMALL)
     vesicles = _geometry(SMALL, DEFAULT_SEEDS["target"], False)[2]
     classes = truth.copy()
     classes[vesicles] = 3  # vesicles: class 3 (label 4)
     store = _write_store(tmp / "zyx.ome.zarr", image, "zyx")
+    # A copy of the sample model: the widened one is written beside it, not into the package.
+    checkpoint = tmp / "synthetic_em_unet.pt"
+    shutil.copyfile(sample_checkpoint_path(), checkpoint)
     viewer = _viewer((1380, 960))
     viewer.open(str(store), plugin="napari-finetune")
-    widget = _dock(viewer, app)
+    widget = _dock(viewer, app, str(checkpoint))
     viewer.reset_view()
     z = SMALL[0] // 2
     viewer.dims.set_current_step(0, z)
