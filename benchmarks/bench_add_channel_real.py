@@ -10,8 +10,11 @@ are :mod:`napari_finetune.cli.real`'s: strokes on a few slices of the left half
 (at most 1 % of the voxels), drawn once per volume from the pretrained
 prediction, so both ways train on the same strokes (only the label value
 differs); scored on the right half, which nobody painted (semantic IoU, F1 of
-nuclei matched at IoU > 0.5, object counts). Every row is a fixed number of
-optimizer steps (the load changes the seconds, not the scores).
+nuclei matched at IoU > 0.5, object counts). Each row's objects are the ones the
+widget's Objects would show the user (:func:`napari_finetune.cli.real.widget_objects`:
+sizes from the row's painting, the volume's voxel size), and every run gets the
+voxel size as the widget passes it. Every row is a fixed number of optimizer steps
+(the load changes the seconds, not the scores).
 
 After a run that added a channel, the old channels must still do what they did
 on the sample (the synthetic EM target volume the widget opens): the drift is
@@ -274,7 +277,8 @@ def train_variant(
                   if r.role}
         ckpt = add_output_channel(ckpt, NEW_NAME, NEW_ROLE, roles_before=before,
                                   own_weights=variant.own_weights)
-    config = config_for("full", steps)
+    # The volume's voxel size, as the widget reads it from the store's scale.
+    config = config_for("full", steps, voxel_size=volume.voxel_size)
     if variant.learning_rate is not None:
         config = dataclasses.replace(config, learning_rate=variant.learning_rate)
     trainer = Finetuner.from_checkpoint(ckpt, volume.image, corrections, config)
@@ -297,14 +301,28 @@ def train_variant(
     return done, secs
 
 
+def row_objects(tuned: Checkpoint, probs: np.ndarray, painting: np.ndarray, channel: int,
+                volume: RealVolume) -> np.ndarray:
+    """Channel ``channel``'s objects as a user of the widget would see them.
+
+    The widget's Objects takes each object channel's sizes from the painting (or,
+    without painted objects, from the prediction) and measures in the volume's
+    voxel size; :func:`napari_finetune.cli.real.widget_objects` does the same, so both
+    rows of a volume are scored on the objects the user would get, not on the
+    checkpoint's default sizes.
+    """
+    from napari_finetune.cli.real import widget_objects
+
+    return widget_objects(tuned, probs, painting, channel, volume.voxel_size)
+
+
 def volume_rows(volume: RealVolume, variants: list[str], steps: int, workdir: Path,
-                sample: Sample, pretrained: Checkpoint) -> list[Row]:
-    """Every variant's row for one volume."""
+                sample: Sample, pretrained: Checkpoint, dump: Path | None = None) -> list[Row]:
+    """Every variant's row for one volume; with ``dump``, each row's scored channel
+    (probability, objects) and the truth go to ``dump/<volume>-<variant>.npz``."""
     from napari_finetune.cli.real import paint_sparse, score, semantic_truth
     from napari_finetune.cli.simulate import predict_all
     from napari_finetune.loading import load_checkpoint
-    from napari_finetune.objects import instances_of, roles_from_metadata
-
     old = list(pretrained.channel_names)
     existing = old.index(EXISTING)
     semantic = semantic_truth(volume, existing)
@@ -319,13 +337,16 @@ def volume_rows(volume: RealVolume, variants: list[str], steps: int, workdir: Pa
         variant = VARIANTS[name]
         channel = len(old) if variant.added else existing
         out = workdir / f"{volume.name}-{name}.pt"
-        done, secs = train_variant(variant, pretrained, volume,
-                                   as_new if variant.added else painting, steps, out)
+        strokes = as_new if variant.added else painting
+        done, secs = train_variant(variant, pretrained, volume, strokes, steps, out)
         tuned = load_checkpoint(out)
         probs = np.asarray(predict_all(tuned.model, volume.image, tuned, "cpu"))
-        names = tuned.channel_names
-        roles = roles_from_metadata(tuned.metadata, names)
-        objects = instances_of(probs, roles, names)[names[channel]]
+        objects = row_objects(tuned, probs, strokes, channel, volume)
+        if dump is not None:
+            # For looking at a row: overlays of its probability and objects on the truth.
+            np.savez_compressed(dump / f"{volume.name}-{name}.npz", image=volume.image,
+                                probability=probs[channel], objects=objects,
+                                truth=volume.truth, strokes=strokes)
         s = score(volume, channel, probs[channel], objects,
                   semantic if channel == existing else semantic_truth(volume, channel))
         after = sample_masks(tuned, sample.image, len(old))
@@ -378,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"optimizer steps (default {STEPS}; {QUICK_STEPS} with --quick)")
     parser.add_argument("--quick", action="store_true",
                         help=f"{len(QUICK_VARIANTS)} variants at {QUICK_STEPS} steps")
+    parser.add_argument("--dump", type=Path,
+                        help="write each row's probability, objects and truth here (npz)")
     args = parser.parse_args(argv)
     steps = args.steps or (QUICK_STEPS if args.quick else STEPS)
     variants = args.variants or list(QUICK_VARIANTS if args.quick else VARIANTS)
@@ -394,7 +417,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"bench_add_channel_real: {exc}", file=sys.stderr)
                 return 1
             print(f"{name}: {volume.spec.description}, {volume.image.shape}", flush=True)
-            rows += volume_rows(volume, variants, steps, Path(tmp), sample, pretrained)
+            rows += volume_rows(volume, variants, steps, Path(tmp), sample, pretrained,
+                                args.dump)
     print()
     print(measured_under())
     print()

@@ -107,3 +107,22 @@ def test_only_the_own_weights_row_uses_the_librarys_default_layout(bench):
     assert bench.VARIANTS["added-own"].own_weights
     rows = [v for k, v in bench.VARIANTS.items() if k.startswith("added") and k != "added-own"]
     assert rows and not any(v.own_weights for v in rows)
+
+
+def test_each_rows_objects_are_the_widgets(bench, monkeypatch):
+    # Both rows are scored on the objects a user of the widget would get: sizes from
+    # the row's painting, distances in the volume's voxel size (cli.real.widget_objects).
+    import napari_finetune.cli.real as real
+
+    calls = []
+
+    def widget_objects(checkpoint, probs, painting, channel, voxel_size):
+        calls.append((checkpoint, painting, channel, voxel_size))
+        return np.ones((2, 2), np.int32)
+
+    monkeypatch.setattr(real, "widget_objects", widget_objects)
+    volume = SimpleNamespace(voxel_size=(2.0, 0.5, 0.5))
+    painting = np.zeros((2, 2), np.uint8)
+    out = bench.row_objects("ckpt", np.zeros((3, 2, 2)), painting, 2, volume)
+    assert out.sum() == 4
+    assert calls == [("ckpt", painting, 2, (2.0, 0.5, 0.5))]

@@ -172,3 +172,36 @@ def test_the_new_row_is_fitted_on_the_painting_before_the_first_step(tmp_path):
     probs = trainer.predict(np.s_[:, :, :])
     # A random 4-feature UNet separates them a little (0.50 vs 0.45); the zero row not at all.
     assert probs[2][corrections == 4].mean() > probs[2][corrections == 1].mean() + 0.03
+
+
+@pytest.mark.parametrize("mode", ["full", "lora"])
+def test_a_run_keeps_the_old_channels_batchnorm_statistics(tmp_path, mode):
+    # With BatchNorm, training mode updates every BatchNorm's running statistics on
+    # each forward; the old channels' layers must keep theirs (their outputs in eval
+    # mode read them), while the added channel's copy learns its own.
+    torch.manual_seed(0)
+    model = UNet(dims=3, in_channels=1, out_channels=2, depth=2, features=4, norm="batch")
+    path = save_checkpoint(tmp_path / "bn.pt", model, {"channel_names": ["a", "b"]})
+    ckpt = add_output_channel(load_checkpoint(path), "nuclei", "object")
+    old = {n: b.detach().clone() for n, b in ckpt.model.named_buffers()
+           if not n.startswith("added.")}
+    own = {n: b.detach().clone() for n, b in ckpt.model.named_buffers()
+           if n.startswith("added.") and n.endswith("running_mean")}
+    assert any("running_mean" in n for n in old) and own
+    x = torch.randn(2, 1, 8, 16, 16, generator=torch.Generator().manual_seed(3))
+    before = _outputs(ckpt.model, x).clone()
+    image, corrections = volume()
+    corrections[2:6, 20:28, 4:12] = 4
+    trainer = make_trainer(model=ckpt.model, metadata=ckpt.metadata, steps=3, mode=mode,
+                           learning_rate=1e-2)
+    trainer.corrections = corrections
+    for _ in trainer.run():
+        pass
+    tuned = load_checkpoint(trainer.export(tmp_path / "tuned.pt"))
+    buffers = dict(tuned.model.named_buffers())
+    for name, value in old.items():
+        torch.testing.assert_close(buffers[name], value, rtol=0, atol=0, msg=name)
+    torch.testing.assert_close(_outputs(tuned.model, x)[:, :2], before[:, :2], rtol=0, atol=0)
+    # The copy's statistics did move (else the checks above could pass on a run that
+    # froze every BatchNorm, the new channel's too).
+    assert any(not torch.equal(buffers[n], v) for n, v in own.items())

@@ -123,8 +123,8 @@ def build_parts(
     channels from ``taught`` on have weights of their own
     (:func:`~napari_finetune.model.add_channel.added_parameters`), only those train,
     in either mode: the old channels' outputs stay the starting model's bit for bit
-    (with GroupNorm, InstanceNorm or none; BatchNorm layers still move their running
-    statistics in training mode).
+    (with any normalisation: the old layers' BatchNorms are held in eval mode, so
+    training-mode forwards do not move their running statistics).
     """
     from napari_finetune.model.add_channel import added_parameters
     from napari_finetune.trainer.teacher import AdapterOffTeacher, FrozenCopyTeacher
@@ -144,6 +144,8 @@ def build_parts(
     if own is not None:
         _train_only(model, own)
     model.train()
+    if own is not None:
+        _hold_batchnorm(model, own)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
         params,
@@ -153,6 +155,25 @@ def build_parts(
     )
     parts = TrainingParts(model, optimizer, precision, corrected, batchnorm_modules(model))
     return parts, teacher
+
+
+def _hold_batchnorm(model: torch.nn.Module, modules: list[str]) -> None:
+    """Put every BatchNorm outside ``modules`` in eval mode.
+
+    Frozen weights are not enough: a BatchNorm in training mode updates its running
+    statistics on every forward, and the old channels' eval-mode outputs read those,
+    so they would drift from the starting model's although no weight of theirs
+    trains. In eval mode the old layers normalise with their own statistics, as the
+    starting model does. :func:`napari_finetune.model.modes.evaluating` puts the flags
+    back per module, so a prediction during the run does not wake them.
+    """
+    from napari_finetune.trainer.state import BATCHNORM_TYPES
+
+    prefixes = tuple(f"{name}." for name in modules)
+    for name, module in model.named_modules():
+        held = not any(name.startswith(p) or f".{p}" in name for p in prefixes)
+        if held and isinstance(module, BATCHNORM_TYPES):
+            module.eval()
 
 
 def _train_only(model: torch.nn.Module, modules: list[str]) -> None:

@@ -66,10 +66,9 @@ class AdapterOffTeacher(Teacher):
         self.module = peft_model
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        was_training = self.module.training
-        self.module.eval()
-        try:
-            with self.module.disable_adapter():
-                return self.module(x)
-        finally:
-            self.module.train(was_training)
+        from napari_finetune.model.modes import evaluating
+
+        # Each module's flag put back, not the whole model set to training: BatchNorms
+        # held in eval on purpose (an added channel's run holds the old layers') stay so.
+        with evaluating(self.module), self.module.disable_adapter():
+            return self.module(x)
