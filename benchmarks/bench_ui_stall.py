@@ -215,7 +215,8 @@ class GilWatch:
         self.path, self.late_s = path, late_s
         self.step = "-"
         self._out = path.open("w")
-        self.t0 = self._last = time.perf_counter()
+        self.t0 = time.perf_counter()
+        self._last = float("inf")  # paused until the first step's heartbeat
         self._dumped = False
         self._lock = threading.Lock()
         threading.Thread(target=self._sample, name="gil-watch", daemon=True).start()
@@ -252,6 +253,31 @@ class GilWatch:
             self._last = float("inf")
 
 
+class FullCollections:
+    """Python's full (generation 2) garbage collections, in any thread: each holds the GIL
+    over every tracked object (napari with torch imported: ~560,000, 1.2 s at load 11)."""
+
+    def __init__(self) -> None:
+        import gc
+
+        self.spans: list[float] = []
+        self._start = 0.0
+        gc.callbacks.append(self._seen)
+
+    def _seen(self, phase: str, info: dict) -> None:
+        if info.get("generation") != 2:
+            return
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.spans.append(1000 * (time.perf_counter() - self._start))
+
+    def summary(self) -> str:
+        """"n: longest ms" of the collections since the last call (and forgets them)."""
+        spans, self.spans = self.spans, []
+        return f"{len(spans)}: longest {max(spans):.0f} ms" if spans else "0"
+
+
 def gaps_outside_ms(ticks: list[float], spans: list[tuple[float, float]]) -> np.ndarray:
     """Each heartbeat gap less the part of it spent inside ``spans`` (merged, sorted)."""
     out = []
@@ -281,11 +307,13 @@ def walk(args: argparse.Namespace) -> int:
     box: dict = {}
 
     watch = GilWatch(Path(args.gil_dump)) if args.gil_dump else None
+    collections = FullCollections()
 
     def step(name: str, action, done, settle_s: float = 0.3, timeout_s: float = 600) -> None:
         if watch is not None:
             watch.step = name
         napari_work.clear()
+        collections.summary()  # forgets those before the step
         meter = Meter(False, watch)
         meter.start()
         t = time.perf_counter()
@@ -302,14 +330,14 @@ def walk(args: argparse.Namespace) -> int:
         gaps = meter.gaps_ms()
         outside = gaps_outside_ms(meter.ticks, napari_work.intervals())
         rows.append((name, f"{wall:.2f} s", f"{gaps.max():.0f} ms", f"{outside.max():.0f} ms",
-                     napari_work.summary()))
+                     napari_work.summary(), collections.summary()))
 
     idle = Meter(False)
     idle.start()
     _wait(app, lambda: time.perf_counter() - idle.t0 > args.idle)
     idle.stop()
     floor = f"{idle.gaps_ms().max():.0f} ms"
-    rows.append(("idle window (the floor)", f"{args.idle:.1f} s", floor, floor, "-"))
+    rows.append(("idle window (the floor)", f"{args.idle:.1f} s", floor, floor, "-", "-"))
 
     step("open the sample (first time: empty cache)",
          lambda: viewer.open_sample("napari-finetune", "synthetic-em"), lambda: True)
@@ -452,7 +480,7 @@ def walk(args: argparse.Namespace) -> int:
     print(f"# bench_ui_stall --walk: image {shape}; {args.mode}; {os.cpu_count()} CPUs; "
           f"load average {os.getloadavg()[0]:.1f}")
     head = ("step", "wall", "longest gap", "longest gap outside napari's layer work",
-            "napari's layer work (main thread)")
+            "napari's layer work (main thread)", "full GC collections (any thread)")
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     for r in [head, tuple("-" * n for n in widths), *rows]:
         print("| " + " | ".join(f"{c:<{n}}" for c, n in zip(r, widths, strict=True)) + " |")
