@@ -97,3 +97,25 @@ def test_stop_during_a_prediction_keeps_what_was_predicted(docked, qtbot):
     for layer, mask in zip(layers, prediction.masks, strict=True):
         assert (layer.data[region] == mask[region]).all()
     assert not widget.stop_button.isEnabled() and widget.predict_button.isEnabled()
+
+
+def test_the_slice_on_screen_is_predicted_first(docked, qtbot):
+    """The region predicted first was the previews' one, the slice with 16 slices of
+    context on each side (20 s after Stop on the walk's sample): now the slice itself."""
+    from napari_finetune.session.events import RegionPredicted
+
+    viewer, widget, image = docked
+    session = widget.controller.session
+    z = image.data.shape[0] // 2 if not image.multiscale else image.data[0].shape[0] // 2
+    viewer.dims.set_current_step(0, z)
+    seen = []
+
+    def keep(event):
+        if isinstance(event, RegionPredicted):
+            seen.append(event.region)
+
+    session.events.job_event.connect(keep)
+    qtbot.mouseClick(widget.predict_button, Qt.LeftButton)
+    wait_idle(qtbot, widget)
+    session.events.job_event.disconnect(keep)
+    assert seen and seen[0][0] == slice(z, z + 1), seen

@@ -346,3 +346,55 @@ def test_a_run_takes_the_stores_voxel_size_and_its_export_records_it(checkpoint,
     out = str(tmp_path / "tuned.pt")
     assert session.export(out) is True
     assert load_checkpoint(out).metadata["run"]["config"]["voxel_size"] == [40.0, 8.0, 8.0]
+
+
+def test_the_slice_in_view_is_predicted_first_in_one_model_call(session, record):
+    """After Stop the viewed slice showed after 20 s (the walk, 64 x 256 x 256): the region
+    predicted first was the previews' one (the slice with 16 slices of context on each
+    side), four blocks, most of a whole pass. The slice on screen (:attr:`Session.view`)
+    comes first now, read with the model's context in one model call, before the pass
+    over the volume."""
+    from napari_finetune.session.events import Progress, RegionPredicted
+
+    assert session.finetune() is True  # Predict after a run, as the widget's after Stop
+    view = (slice(7, 8), slice(0, 40), slice(0, 40))
+    session.view = view
+    events = []
+    session.events.job_event.connect(events.append)
+    assert session.predict() is True
+    kinds = [type(e).__name__ for e in events]
+    first = kinds.index("RegionPredicted")
+    seen = events[first]
+    assert isinstance(seen, RegionPredicted) and seen.region == view
+    before = [e for e in events[:first] if isinstance(e, Progress)]
+    assert [(e.done, e.total) for e in before] == [(1, 1)], before  # one model call
+    rest = [e for e in events[first + 1:] if isinstance(e, Progress)]
+    assert rest and rest[-1].done == rest[-1].total  # the whole volume after it
+    assert session.prediction is not None and session.prediction.complete
+
+
+def test_stop_during_a_preview_ends_the_run_without_waiting_for_it(session, record, request):
+    """The walk's Stop waited 8.5 s for the run to end: a preview of the region on screen
+    (33 x 256 x 256, seconds on a loaded core) was being predicted between two steps.
+    Stop now cuts the preview at its model's next layer; no preview is shown."""
+    from napari_finetune.session.events import Preview, PreviewFailed
+    from napari_finetune.testing import build_hooks
+
+    def stop_as_the_preview_starts(trainer):
+        predict = trainer.predict
+
+        def stopped_then_predict(region):
+            session.stop()
+            return predict(region)
+
+        trainer.predict = stopped_then_predict
+
+    build_hooks.trainer.append(stop_as_the_preview_starts)
+    request.addfinalizer(build_hooks.clear)
+    events: list[object] = []
+    session.events.job_event.connect(events.append)
+    session.preview_interval_s = 1e-6
+    assert session.finetune() is True
+    assert record["ended"][-1].outcome is Outcome.STOPPED, record["ended"]
+    assert session.trainer.steps_done == 1
+    assert not [e for e in events if isinstance(e, Preview | PreviewFailed)], events

@@ -395,18 +395,20 @@ class FinetuneWidget(QWidget):
             combo.reset_choices()
 
     def _update_region(self, event: object = None) -> None:
-        """Keep the region in view on the Session: a run's live previews are of it."""
+        """Keep the region in view on the Session: a run's live previews are of it (with
+        half a patch of context), and a prediction's first part is the view itself."""
         context = max(1, FinetuneConfig().patch_shape[0] // 2)
         layer = self.image_layer()
         session = self.controller.session
         if layer is None:
-            session.region = None
+            session.region = session.view = None
             return
         try:
             ndim = len(layer.data[0].shape if layer.multiscale else layer.data.shape)
             session.region = visible_region(self.viewer, layer, (context,) * ndim)
+            session.view = visible_region(self.viewer, layer, (0,) * ndim)
         except Exception:  # a transient state while layers change
-            session.region = None
+            session.region = session.view = None
 
     # -- public views the controller reads ---------------------------------------------------
     def dialog_parent(self) -> QWidget:

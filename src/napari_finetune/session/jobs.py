@@ -183,16 +183,26 @@ def _predict_region(
 ) -> Job[int]:
     """Predict ``region`` alone into ``targets``: read with the halo around it (clipped to
     the image), its core written; the number of blocks it took. ``stop`` as
-    :func:`~napari_finetune.predict.predict_volume`'s (what was not predicted stays 0)."""
+    :func:`~napari_finetune.predict.predict_volume`'s (what was not predicted stays 0).
+
+    A read no bigger than one block with its halo is one model call: cut into the
+    configured blocks, a 256 x 256 slice in view was four blocks, each with its own halo.
+    """
     from napari_finetune.predict import MaskAndProbability, predict_volume
+    from napari_finetune.predict.volume import spatial_config, spatial_multiple
 
     shape = tuple(int(s) for s in image.shape)
     halo = tuple(config.halo[-len(shape):])
-    read = tuple(slice(max(0, r.start - h), min(n, r.stop + h))
-                 for r, h, n in zip(region, halo, shape, strict=True))
+    multiple = spatial_multiple(model, len(shape))
+    read = tuple(_with_context(r, h, m, n)
+                 for r, h, m, n in zip(region, halo, multiple, shape, strict=True))
     inner = tuple(slice(r.start - g.start, r.stop - g.start)
                   for r, g in zip(region, read, strict=True))
     part = np.asarray(image[read])
+    block, block_halo = spatial_config(config, len(shape))
+    if part.size <= np.prod([b + 2 * h for b, h in zip(block, block_halo, strict=True)]):
+        config = dataclasses.replace(config, block_shape=tuple(part.shape),
+                                     halo=(0,) * len(shape))
     local: list[Any] = [
         MaskAndProbability(np.zeros(part.shape, np.uint8), np.zeros(part.shape, np.float32))
         if isinstance(t, MaskAndProbability) else np.zeros(part.shape, np.uint8)
@@ -218,12 +228,25 @@ def _predict_region(
     return count["total"]
 
 
+def _with_context(region: slice, halo: int, multiple: int, size: int) -> slice:
+    """``region`` of one axis read with ``halo`` on each side (clipped to ``size``), its
+    length cut down to the model's ``multiple`` where that still covers ``region``: the
+    model pads a read up to it (a slice with a halo of 8, 17 voxels, costs 24 as it is,
+    16 with one voxel less of context on the far side)."""
+    lo, hi = max(0, region.start - halo), region.stop + halo
+    down = (hi - lo) // multiple * multiple
+    if down > 0 and lo + down >= region.stop:
+        hi = lo + down
+    return slice(lo, min(size, hi))
+
+
 def train_job(
     checkpoint_path: str, image: VolumeArray, corrections: np.ndarray, store_path: str | None,
     channel_names: Sequence[str], config: FinetuneConfig, preview_interval_s: float,
     region: Callable[[], tuple[slice, ...] | None], trust: Sequence[str] = (),
     snapshot: int | None = None, channel_colors: Sequence[str] = (),
     scheduler: str | None = None, tls_files: tuple[str, str, str] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> Job[None]:
     """Save the corrections, build model and trainer here, run, yield previews between steps.
 
@@ -236,7 +259,8 @@ def train_job(
     model move at once), then every ``preview_interval_s`` seconds (0: never).
     ``worker.quit()`` ends the run at its next event: every event comes after
     a whole optimizer step or a recovery, so the weights are those of the
-    last completed step.
+    last completed step. ``stop`` (the front end's Stop, asked) cuts a preview at its
+    model's next layer: the run then ends at once, without it.
     """
     if store_path:
         from napari_finetune.session.saving import save_corrections_locked
@@ -248,7 +272,7 @@ def train_job(
     with core_left_for_the_ui():  # from the build to the end of the run, whatever else runs
         yield from _build_and_run(checkpoint_path, image, corrections, config,
                                   preview_interval_s, region, trust, scheduler, tls_files,
-                                  store_path)
+                                  store_path, stop)
 
 
 def with_store_voxel_size(config: FinetuneConfig, store_path: str) -> FinetuneConfig:
@@ -268,7 +292,7 @@ def _build_and_run(
     checkpoint_path: str, image: VolumeArray, corrections: np.ndarray, config: FinetuneConfig,
     preview_interval_s: float, region: Callable[[], tuple[slice, ...] | None],
     trust: Sequence[str], scheduler: str | None, tls_files: tuple[str, str, str] | None,
-    store_path: str | None,
+    store_path: str | None, stop: Callable[[], bool] | None = None,
 ) -> Job[None]:
     from napari_finetune.loading import load_checkpoint
     from napari_finetune.testing import build_hooks
@@ -296,7 +320,7 @@ def _build_and_run(
     yield TrainerReady(trainer)
     run = trainer.run()
     try:
-        yield from _with_previews(trainer, run, preview_interval_s, region, remote)
+        yield from _with_previews(trainer, run, preview_interval_s, region, remote, stop)
     finally:
         # However the run ended (a quit() included), close the run here, in this thread
         # (its sample feed), and give back the optimizer state and the teacher; the
@@ -310,10 +334,14 @@ def _build_and_run(
 def _with_previews(
     trainer: Finetuner, run: Iterator[Status], interval_s: float,
     region: Callable[[], tuple[slice, ...] | None], remote: RemoteFinetuner | None,
+    stop: Callable[[], bool] | None = None,
 ) -> Job[None]:
     """The run's statuses and, after a step when one is due, the region on screen's
     probabilities: predicted here between two steps, or (``remote``) asked of the worker,
-    which answers after its next step, and shown as the answer comes back."""
+    which answers after its next step, and shown as the answer comes back. ``stop``
+    True cuts a preview here at its model's next layer (none is shown)."""
+    from napari_finetune.predict.volume import stop_between_layers
+
     last: float | None = None
     placement: str | None = None
     for status in run:
@@ -329,9 +357,14 @@ def _with_previews(
                 remote.request_preview(where)
             elif where is not None:
                 try:
-                    yield Preview(where, np.asarray(trainer.predict(where)))
+                    # A preview is most of a step's time on a loaded CPU (the walk: 8.5 s
+                    # from Stop to the run's end); Stop does not wait for it.
+                    with stop_between_layers(trainer.model, stop):
+                        probs = np.asarray(trainer.predict(where))
+                    yield Preview(where, probs)
                 except Exception as exc:  # a view of the run, not part of it: it goes on
-                    yield PreviewFailed(one_line(exc))
+                    if stop is None or not stop():  # else cut by Stop: nothing to say
+                        yield PreviewFailed(one_line(exc))
             last = time.monotonic()
         if remote is not None and (failed := remote.take_preview_failure()) is not None:
             yield PreviewFailed(failed)

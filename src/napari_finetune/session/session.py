@@ -178,6 +178,9 @@ class Session:
     # The region on screen when no viewer port says it (the widget keeps it as the camera
     # moves and shows the previews itself); a run's previews are of it.
     region: tuple[slice, ...] | None = None
+    # The region on screen itself, no context around it (the slice of a 2D view): a
+    # prediction's first part; None: ``region`` (or the viewer port's) is predicted first.
+    view: tuple[slice, ...] | None = None
     # What came of the actions.
     trainer: Finetuner | None = None  # the last run's, kept for Predict and Export
     status: Status | None = None  # the last run's latest event
@@ -208,6 +211,9 @@ class Session:
     _handle: JobHandle | None = field(default=None, init=False, repr=False)
     _action: int = field(default=0, init=False, repr=False)  # which start is the latest
     _stop_asked: bool = field(default=False, init=False, repr=False)
+    # Set by Stop during a run: a preview being predicted ends at the model's next layer.
+    _run_stop: threading.Event = field(default_factory=threading.Event, init=False,
+                                       repr=False)
     # Set by Stop during a prediction: its job ends before the model's next layer, keeping
     # the blocks it wrote.
     _predict_stop: threading.Event = field(default_factory=threading.Event, init=False,
@@ -339,6 +345,8 @@ class Session:
         """End the running action: a run after its current step (its weights kept),
         any other job at its next event."""
         self._stop_asked = True
+        if self._busy is Busy.TRAIN:
+            self._run_stop.set()  # a preview being predicted ends at its next layer
         if self._busy is Busy.TRAIN and self.trainer is not None:
             self.trainer.stop()  # the run yields "stopped" and ends on its own
         elif self._busy is Busy.PREDICT:
@@ -640,9 +648,12 @@ class Session:
         keep = [i for i, name in enumerate(self.channel_names)
                 if name in self.roles and self.roles[name].role is not None]
         self._predict_stop = threading.Event()  # a new one: a late Stop of an old job stays there
+        # The slice the user looks at, not the previews' region: the walk's 64 x 256 x 256
+        # sample showed the view 20 s after Stop when its 33 slices (four blocks) came first.
+        first = self.view if self.view is not None else self._shown_region()
         job = jobs.predict_job(str(self.checkpoint), self.image, count, self.config.device,
                                model=model, normalization=normalization, trust=self.trust,
-                               keep=keep, first=self._shown_region(),
+                               keep=keep, first=first,
                                stop=self._predict_stop.is_set)
         return self._start(Busy.PREDICT, job, self._predicted, on_event=self._region_shown)
 
@@ -693,11 +704,12 @@ class Session:
         # This run may keep its own weights under the offered file's name: no stale offer.
         self._withdraw_kept()
         self._run_key = (self._where(), self.config.mode)
+        self._run_stop = threading.Event()  # a new one: a late Stop of an old run stays there
         job = jobs.train_job(
             str(self.checkpoint), self.image, corrections, self.store,
             self.channel_names, self.config, self.preview_interval_s, self._shown_region,
             trust=self.trust, snapshot=snapshot, channel_colors=self.channel_colors,
-            scheduler=self.scheduler, tls_files=self.tls_files)
+            scheduler=self.scheduler, tls_files=self.tls_files, stop=self._run_stop.is_set)
         return self._start(Busy.TRAIN, job, lambda _: None, on_event=self._run_event)
 
     def _unencrypted_accepted(self, address: str) -> bool:
