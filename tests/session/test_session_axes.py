@@ -49,3 +49,57 @@ def test_a_time_series_is_predicted_at_every_time_point(tmp_path):
         np.testing.assert_array_equal(masks[0][t], alone.prediction.masks[0])
     assert session.finetune() is True
     assert session.busy is not Busy.TRAIN and session.trainer.steps_done == 2
+
+
+def _balls(shape: tuple[int, ...], centres: list[tuple[int, int, int]]) -> np.ndarray:
+    """A probability of 0.95 in balls of radius 5 around ``centres``, 0.05 elsewhere."""
+    z, y, x = np.indices(shape)
+    inside = np.zeros(shape, bool)
+    for cz, cy, cx in centres:
+        inside |= (z - cz) ** 2 + (y - cy) ** 2 + (x - cx) ** 2 <= 25
+    return np.where(inside, 0.95, 0.05).astype(np.float32)
+
+
+def test_objects_of_a_time_series_are_found_per_time_point(tmp_path):
+    from napari_finetune.objects import ChannelRole
+
+    frames = np.stack([image_of(SPATIAL, seed) for seed in range(2)])
+    store = write_store(tmp_path / "tzyx.zarr", frames, "tzyx")
+    corrections = np.zeros((2, *SPATIAL), np.uint8)
+    corrections[1] = painted()
+    save_corrections(store, corrections)
+    session = session_on(store, model_file(tmp_path / "m.pt"))
+    session.roles = {"b": ChannelRole(role="object")}
+    assert session.predict() is True
+    # Known objects in the prediction: two at time point 0, three at time point 1.
+    prob = session.prediction.probabilities[1]
+    assert prob.shape == (2, *SPATIAL)
+    prob[0] = _balls(SPATIAL, [(8, 10, 10), (8, 28, 28)])
+    prob[1] = _balls(SPATIAL, [(8, 10, 10), (8, 10, 28), (8, 28, 19)])
+    ended = []
+    session.events.ended.connect(ended.append)
+    assert session.objects() is True
+    assert ended[-1].reason == "", ended[-1]
+    found = session.found_objects["b"]
+    assert found.labels.shape == (2, *SPATIAL)
+    assert [int(found.labels[t].max()) for t in range(2)] == [2, 3]  # ids per time point
+    assert found.count == 5
+    assert session.viewer.layers["objects-b"][0].shape == (2, *SPATIAL)
+
+
+def test_objects_of_a_two_channel_image_are_the_models_channels(tmp_path):
+    from napari_finetune.objects import ChannelRole
+
+    store = write_store(tmp_path / "czyx.zarr",
+                        np.stack([image_of(SPATIAL, 0), image_of(SPATIAL, 1)]), "czyx")
+    save_corrections(store, painted())
+    session = session_on(store, model_file(tmp_path / "m.pt", in_channels=2))
+    session.roles = {"b": ChannelRole(role="object")}
+    assert session.predict() is True
+    session.prediction.probabilities[1][:] = _balls(SPATIAL, [(8, 10, 10), (8, 28, 28)])
+    ended = []
+    session.events.ended.connect(ended.append)
+    assert session.objects() is True
+    assert ended[-1].reason == "", ended[-1]
+    found = session.found_objects["b"]
+    assert found.labels.shape == SPATIAL and found.count == 2

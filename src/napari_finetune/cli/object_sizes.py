@@ -49,16 +49,14 @@ def roles_for_store(
     """
     from napari_finetune.io.omezarr import VolumeError, load_corrections
     from napari_finetune.objects import roles_from_painting, sources_from_metadata
-    from napari_finetune.objects.from_painting import user_set_from_sources
+    from napari_finetune.objects.from_painting import sizing_time_point, user_set_from_sources
 
     try:
         corrections: np.ndarray | None = np.asarray(load_corrections(store, "corrections"))
     except VolumeError:  # none painted (or of another shape): the prediction may say
         corrections = None
-    t = image.time_points // 2
+    t = sizing_time_point(corrections if image.has_time else None, image.time_points)
     if corrections is not None and image.has_time:
-        painted = [int(np.count_nonzero(frame)) for frame in corrections]
-        t = int(np.argmax(painted))
         corrections = corrections[t]
     user_set = user_set_from_sources(sources_from_metadata(ckpt.metadata))
     names = ckpt.channel_names

@@ -353,3 +353,28 @@ def user_set_from_sources(sources: Mapping[str, Mapping[str, str]]) -> dict[str,
     checkpoint's recorded sources: what the user set before stays theirs)."""
     return {channel: {name for name, source in per.items() if source == SET_BY_YOU}
             for channel, per in sources.items()}
+
+
+def sizing_time_point(corrections: np.ndarray | None, time_points: int) -> int:
+    """The time point a time series' objects are sized at: the most painted one, else
+    (nothing painted) the middle one.
+
+    Objects of one structure keep their size over time, so one time point says it;
+    time points stacked as one volume would join objects across them.
+
+    Parameters
+    ----------
+    corrections : (T, ...) array or None
+        The painting of every time point; None: nothing painted.
+    time_points : int
+        How many time points the series has.
+
+    Returns
+    -------
+    int
+    """
+    if corrections is not None and len(corrections):
+        painted = [int(np.count_nonzero(frame)) for frame in corrections]
+        if max(painted) > 0:
+            return int(np.argmax(painted))
+    return time_points // 2

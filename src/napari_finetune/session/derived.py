@@ -27,7 +27,11 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ChannelObjects:
-    """One channel's objects: uint32 ids 1..count (0 between objects)."""
+    """One channel's objects: uint32 ids 1..n (0 between objects), and ``count`` of them.
+
+    A time series' ids start at 1 at every time point (the objects of one time point
+    are found without the others'), and ``count`` is their total over time points.
+    """
 
     labels: np.ndarray
     count: int
@@ -53,20 +57,31 @@ def roles_job(
 
 def objects_job(
     probabilities: Mapping[str, np.ndarray], roles: Mapping[str, ChannelRole],
-    voxel_size: Sequence[float] | None = None,
+    voxel_size: Sequence[float] | None = None, has_time: bool = False,
 ) -> Job[dict[str, ChannelObjects]]:
     """Each channel's objects by its role (``instances_of``), channel by channel, distances
-    measured in ``voxel_size`` (None: in voxels)."""
+    measured in ``voxel_size`` (None: in voxels).
+
+    With ``has_time`` the probabilities' first axis is time: each time point's objects
+    are found alone (objects stacked over time would join across time points), their
+    ids starting at 1 at every time point.
+    """
     from napari_finetune.objects import instances_of
 
     out: dict[str, ChannelObjects] = {}
     for i, (channel, prob) in enumerate(probabilities.items()):
         yield Progress(i, len(probabilities), "objects")
-        # prob[None]: the (1, *spatial) view instances_of takes, without a copy.
-        labels = instances_of(prob[None], {channel: roles[channel]}, [channel],
-                              voxel_size)[channel]
-        # Ids are 1..N consecutive, so the largest is the count (computed here, off the UI).
-        out[channel] = ChannelObjects(labels, int(labels.max(initial=0)))
+        frames = prob if has_time else prob[None]
+        labels = np.zeros(frames.shape, np.uint32)
+        count = 0
+        for t, frame in enumerate(frames):
+            # frame[None]: the (1, *spatial) view instances_of takes, without a copy.
+            labels[t] = instances_of(frame[None], {channel: roles[channel]}, [channel],
+                                     voxel_size)[channel]
+            # Ids are 1..N consecutive, so the largest is the count (computed here, off
+            # the UI).
+            count += int(labels[t].max(initial=0))
+        out[channel] = ChannelObjects(labels if has_time else labels[0], count)
     yield Progress(len(probabilities), len(probabilities), "objects")
     return out
 

@@ -854,6 +854,15 @@ class Session:
         names = list(self.channel_names) or list(probabilities)
         user_set = {c: set(v) for c, v in self.roles_set.items()}
         config, store = self.config, self.store
+        from napari_finetune.arrays import AxesImage
+        from napari_finetune.objects.from_painting import sizing_time_point
+
+        # A time series' probabilities are (T, ...) per channel: sized at one time point
+        # (as the command line does), objects found per time point.
+        image = AxesImage.of(self.image) if self.image is not None else None
+        has_time = image is not None and image.has_time and len(shape) == len(
+            image.labels_shape)
+        t = sizing_time_point(painted, shape[0]) if has_time else None
 
         def job() -> Job[tuple[RolesFromPainting, dict[str, derived.ChannelObjects]]]:
             # The voxel size training used: the config's, else the store's scale (read
@@ -862,11 +871,13 @@ class Session:
             voxel_size = (jobs.with_store_voxel_size(config, store).voxel_size
                           if config.voxel_size is None and store else config.voxel_size)
             mine = {c: probabilities[c] for c in roles}
+            sized = mine if t is None else {c: p[t] for c, p in mine.items()}
+            sized_painting = painted if t is None or painted is None else painted[t]
             # Where the painting shows no whole objects (strokes), the predicted ones say
             # how large the channel's objects are.
-            found = yield from derived.roles_job(roles, painted, names, user_set, voxel_size,
-                                                 mine)
-            objects = yield from derived.objects_job(mine, found.roles, voxel_size)
+            found = yield from derived.roles_job(roles, sized_painting, names, user_set,
+                                                 voxel_size, sized)
+            objects = yield from derived.objects_job(mine, found.roles, voxel_size, has_time)
             return found, objects
 
         return self._start(Busy.OBJECTS, job(), self._objects_found)
