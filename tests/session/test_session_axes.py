@@ -103,3 +103,22 @@ def test_objects_of_a_two_channel_image_are_the_models_channels(tmp_path):
     assert ended[-1].reason == "", ended[-1]
     found = session.found_objects["b"]
     assert found.labels.shape == SPATIAL and found.count == 2
+
+
+def test_a_time_series_run_takes_the_stores_spatial_voxel_size(tmp_path, caplog):
+    import zarr
+    from ome_zarr.io import parse_url
+    from ome_zarr.writer import write_image
+
+    frames = np.stack([image_of(SPATIAL, seed) for seed in range(3)])
+    store = tmp_path / "tzyx.zarr"
+    write_image(frames, zarr.group(store=parse_url(str(store), mode="w").store),
+                axes="tzyx", scale_factors=[],
+                scale={"t": 1.0, "z": 2.0, "y": 0.5, "x": 0.5})
+    corrections = np.zeros((3, *SPATIAL), np.uint8)
+    corrections[1] = painted()
+    save_corrections(store, corrections)
+    session = session_on(store, model_file(tmp_path / "m.pt"))
+    assert session.finetune() is True
+    assert session.trainer.config.voxel_size == (2.0, 0.5, 0.5)
+    assert "voxel size" not in caplog.text  # no line saying it is unknown

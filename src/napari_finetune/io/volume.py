@@ -279,9 +279,10 @@ def open_volume(
             kind = {"c": "channels", "t": "time points"}.get(axis, f"entries on axis {axis!r}")
             raise VolumeError(
                 f"{p} has {size} {kind} (axes {''.join(full_axes).upper()}, shape {shape0}) "
-                "but the dock widget works on one channel of one time point; use "
-                "napari-finetune train/predict on the command line (channels, time points), "
-                "or save the channel (and time point) to correct as its own OME-Zarr image."
+                "but napari-finetune's reader opens one channel of one time point; open it "
+                "with napari-ome-zarr (the dock widget works on its channels and time "
+                "points), use napari-finetune train/predict on the command line, or save "
+                "the channel (and time point) to correct as its own OME-Zarr image."
             )
     index = tuple(slice(None) if i in keep else 0 for i in range(len(shape0)))
 

@@ -277,11 +277,16 @@ def train_job(
 
 def with_store_voxel_size(config: FinetuneConfig, store_path: str) -> FinetuneConfig:
     """``config`` with the voxel size of the store's NGFF scale (None when it says none, or
-    when the store cannot be read: the run trains the image in memory all the same)."""
+    when the store cannot be read: the run trains the image in memory all the same).
+
+    The store's channels and time points are kept (``keep_axes``): the panel works on
+    them, and the voxel size is of the spatial axes alone (a ``tzyx`` scale
+    ``(1, 2, 0.5, 0.5)`` gives ``(2, 0.5, 0.5)``).
+    """
     from napari_finetune.io.volume import open_volume
 
     try:
-        voxel_size = open_volume(store_path).voxel_size
+        voxel_size = open_volume(store_path, keep_axes=True).voxel_size
     except (OSError, ValueError) as exc:
         logger.warning("voxel size of %s unknown: %s", store_path, exc)
         return config
