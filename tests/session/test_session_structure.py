@@ -3,6 +3,8 @@ the session then works with (painted with the next label, trained, predicted).""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from tests.session.conftest import CHANNELS
 
 from napari_finetune.session.session import Busy, Outcome
@@ -42,3 +44,33 @@ def test_a_taken_name_fails_in_one_line_and_keeps_the_checkpoint(session, record
     assert session.checkpoint == before and session.added is None
     assert session.add_structure("  ", "object") is False
     assert record["refused"][-1] == "Cannot add a structure: give it a name."
+
+
+def _sample_model() -> Path:
+    import napari_finetune.samples
+
+    return Path(napari_finetune.samples.__file__).with_name("synthetic_em_unet.pt")
+
+
+def test_the_shipped_model_is_widened_beside_the_store_not_in_the_package(session, record):
+    shipped = _sample_model()
+    session.checkpoint = str(shipped)
+    assert session.add_structure("vesicles", "object") is True
+    end = record["ended"][-1]
+    assert end.outcome is Outcome.DONE, end
+    written = Path(session.checkpoint)
+    assert written == Path(str(session.store)).parent / "synthetic_em_unet+vesicles.pt"
+    assert written.is_file()
+    assert not shipped.with_name("synthetic_em_unet+vesicles.pt").exists()
+    assert str(written) in end.reason  # the panel's log names where it went
+
+
+def test_the_shipped_model_without_a_store_goes_to_the_user_data_folder(
+    session, record, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("NAPARI_FINETUNE_CACHE", str(tmp_path / "data"))
+    session.checkpoint, session.store = str(_sample_model()), None
+    assert session.add_structure("vesicles", "object") is True
+    assert record["ended"][-1].outcome is Outcome.DONE, record["ended"][-1]
+    assert Path(session.checkpoint) == tmp_path / "data" / "synthetic_em_unet+vesicles.pt"
+    assert not _sample_model().with_name("synthetic_em_unet+vesicles.pt").exists()

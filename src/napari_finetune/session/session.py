@@ -971,8 +971,10 @@ class Session:
 
     def add_structure(self, name: str, role: str, out: str | None = None) -> bool:
         """Give the checkpoint one more output channel ``name`` of ``role`` ("object" or
-        "boundary"), saved as a new checkpoint (``out``, else beside the old one), which
-        becomes :attr:`checkpoint`; :attr:`added` says its path and its painting label.
+        "boundary"), saved as a new checkpoint (``out``, else beside the old one; one
+        shipped with the package goes beside :attr:`store` or into the user's data folder:
+        :func:`~napari_finetune.session.structure.structure_path`), which becomes
+        :attr:`checkpoint`; :attr:`added` says its path and its painting label.
         The last run's weights are dropped (the new model starts from the checkpoint)."""
         if reason := self._free(Busy.STRUCTURE) or self._missing(checkpoint=True):
             return self._refuse(reason)
@@ -980,7 +982,8 @@ class Session:
             return self._refuse("Cannot add a structure: give it a name.")
         from napari_finetune.session.structure import add_structure_job
 
-        job = add_structure_job(str(self.checkpoint), name.strip(), role, self.trust, out)
+        job = add_structure_job(str(self.checkpoint), name.strip(), role, self.trust, out,
+                                self.store)
         return self._start(Busy.STRUCTURE, job, self._structure_added)
 
     def _structure_added(self, added: StructureAdded) -> None:
