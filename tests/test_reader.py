@@ -258,3 +258,13 @@ def test_the_layers_carry_the_store_units(tmp_path: Path) -> None:
 
 def test_a_store_without_units_gives_layers_without(store: Path) -> None:
     assert all("units" not in kw for _, kw, _ in read_ome_zarr(str(store)))
+
+
+def test_the_layers_carry_the_store_axis_labels(make_napari_viewer, store: Path) -> None:
+    assert [kw.get("axis_labels") for _, kw, _ in read_ome_zarr(str(store))] == [
+        ("z", "y", "x")] * 3
+    viewer = make_napari_viewer()
+    viewer.open(str(store), plugin="napari-finetune")
+    assert all(tuple(layer.axis_labels) == ("z", "y", "x") for layer in viewer.layers)
+    # The slice slider says "z", not "-3" (napari's name for an unnamed first axis).
+    assert tuple(viewer.dims.axis_labels) == ("z", "y", "x")

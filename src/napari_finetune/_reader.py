@@ -165,6 +165,7 @@ def _labels_layer(store: Path, name: str, units: tuple[str, ...] | None = None) 
         "scale": labels.scale[0],
         "translate": labels.translation[0],
         "metadata": {"ome_zarr_path": str(store), "labels_name": name},
+        "axis_labels": tuple(labels.axes),
     }
     if isinstance(data, list):
         kwargs["multiscale"] = True
@@ -192,6 +193,8 @@ def read_ome_zarr(path: PathOrPaths) -> list[LayerData]:
         "multiscale": multiscale,
         "contrast_limits": contrast_limits(volume.levels),
         "metadata": {"ome_zarr_path": str(volume.path)},
+        # The store's axis names: napari's sliders say "z" (and "t"), not "-3".
+        "axis_labels": tuple(volume.axes),
     }
     units = layer_units(volume)
     if units is not None:
