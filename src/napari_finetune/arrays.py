@@ -150,6 +150,10 @@ class AxesImage:
     channel_names : tuple of str
         The channels' names in order (a store's ``omero`` labels), when known; a
         run records them, so the model's input channels stay known.
+    channel_taken : int, optional
+        The index of the channel this image is, when it was taken from an image of
+        several (:meth:`channel`): a run records it, so the channel a single-channel
+        model read stays known where the store names no channels.
 
     The painting of such an image (corrections, predictions, objects) has its
     axes without ``c`` (:attr:`labels_shape`): one label per voxel and time point.
@@ -158,6 +162,7 @@ class AxesImage:
     array: VolumeArray
     axes: str
     channel_names: tuple[str, ...] = ()
+    channel_taken: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "axes", self.axes.lower())
@@ -238,10 +243,11 @@ class AxesImage:
         if axis not in self.axes:
             raise ValueError(f"the image (axes {self.axes}) has no {axis!r} axis")
         where = self.axes.index(axis)
-        names = self.channel_names
+        names, taken = self.channel_names, self.channel_taken
         if axis == "c":
-            names = names[index : index + 1]
-        return AxesImage(AxisTaken(self.array, where, index), self.axes.replace(axis, ""), names)
+            names, taken = names[index : index + 1], int(index)
+        return AxesImage(AxisTaken(self.array, where, index), self.axes.replace(axis, ""), names,
+                         taken)
 
     def channel(self, index: int) -> AxesImage:
         """Channel ``index`` alone (a single-channel model on a multi-channel store)."""

@@ -122,3 +122,23 @@ def test_a_time_series_run_takes_the_stores_spatial_voxel_size(tmp_path, caplog)
     assert session.finetune() is True
     assert session.trainer.config.voxel_size == (2.0, 0.5, 0.5)
     assert "voxel size" not in caplog.text  # no line saying it is unknown
+
+
+def test_a_run_on_one_channel_of_an_unnamed_store_records_its_index(tmp_path):
+    from napari_finetune.bioimageio.export import trained_channel
+    from napari_finetune.model.checkpoint import load_checkpoint
+
+    store = write_store(tmp_path / "czyx.zarr",
+                        np.stack([image_of(SPATIAL, 0), image_of(SPATIAL, 1)]), "czyx")
+    save_corrections(store, painted())
+    session = session_on(store, model_file(tmp_path / "m.pt"))
+    stored = open_volume(store, keep_axes=True).input
+    assert stored.channel_names == ()  # no omero names: only the index says which
+    session.image = stored.for_model(1, 1)  # the panel's Channel row: channel 1
+    assert session.finetune() is True
+    assert session.trainer.steps_done == 2
+    out = tmp_path / "tuned.pt"
+    assert session.export(str(out)) is True
+    metadata = load_checkpoint(out).metadata
+    assert metadata["input_channel"] == 1
+    assert trained_channel(metadata, stored) == 1  # export --bioimageio needs no --channel

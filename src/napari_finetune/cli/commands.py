@@ -186,6 +186,7 @@ def train(args: argparse.Namespace) -> int:
         return multi.launch(args.nproc, args.argv)
     from napari_finetune.io.omezarr import load_corrections, open_volume
     from napari_finetune.loading import load_checkpoint
+    from napari_finetune.model.checkpoint import with_channel_recorded
 
     config = config_from_args(
         FinetuneConfig,
@@ -216,7 +217,7 @@ def train(args: argparse.Namespace) -> int:
         ckpt = _with_new_channel(ckpt, value)
     volume = open_volume(args.volume, keep_axes=True)
     image = _model_input(volume, ckpt, args.channel)
-    ckpt = _with_channel_recorded(ckpt, args.channel if volume.input.channels > 1 else None)
+    ckpt = with_channel_recorded(ckpt, args.channel if volume.input.channels > 1 else None)
     corrections = load_corrections(args.volume, args.corrections)
     _say_missing(image)
     if config.voxel_size is None and volume.voxel_size is not None:  # --voxel-size wins
@@ -238,20 +239,6 @@ def train(args: argparse.Namespace) -> int:
 
         raise CLIError(line)
     return outcome.exit_code
-
-
-def _with_channel_recorded(ckpt: Checkpoint, channel: int | None) -> Checkpoint:
-    """``ckpt`` whose metadata records ``channel`` (``"input_channel"``), the store's channel
-    a single-channel model trains on, or records none: the export of the tuned model cuts
-    its bioimage.io test tensors from that channel even when the store names no channels
-    (the recorded ``input_channels`` name it otherwise). A model tuned again without
-    ``--channel`` drops the index it came with, which no longer says what it read."""
-    metadata = {k: v for k, v in ckpt.metadata.items() if k != "input_channel"}
-    if channel is not None:
-        metadata["input_channel"] = channel
-    if metadata == ckpt.metadata:
-        return ckpt
-    return dataclasses.replace(ckpt, metadata=metadata)
 
 
 def _with_new_channel(ckpt: Checkpoint, value: str) -> Checkpoint:

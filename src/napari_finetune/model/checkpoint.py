@@ -15,6 +15,7 @@ a file must never make the loader run code.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Mapping
 
@@ -44,6 +45,7 @@ __all__ = [
     "describe_checkpoint",
     "load_checkpoint",
     "save_checkpoint",
+    "with_channel_recorded",
 ]
 
 
@@ -103,6 +105,24 @@ def describe_checkpoint(ckpt: Checkpoint, roles: Mapping[str, str | None] | None
         lines.append("run:")
         lines += [f"  {key}: {value}" for key, value in run.items()]
     return "\n".join(lines)
+
+
+def with_channel_recorded(ckpt: Checkpoint, channel: int | None) -> Checkpoint:
+    """``ckpt`` whose metadata records ``channel`` (``"input_channel"``), the store's channel
+    a single-channel model trains on, or records none.
+
+    The export of the tuned model cuts its bioimage.io test tensors from that channel
+    even when the store names no channels (the recorded ``input_channels`` name it
+    otherwise). A model tuned again on no chosen channel drops the index it came with,
+    which no longer says what it read. ``train --channel`` and the panel's runs (its
+    Channel row) both record it here.
+    """
+    metadata = {k: v for k, v in ckpt.metadata.items() if k != "input_channel"}
+    if channel is not None:
+        metadata["input_channel"] = channel
+    if metadata == ckpt.metadata:
+        return ckpt
+    return dataclasses.replace(ckpt, metadata=metadata)
 
 
 def __getattr__(name: str) -> Callable[..., object]:

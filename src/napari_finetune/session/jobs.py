@@ -300,10 +300,14 @@ def _build_and_run(
     store_path: str | None, stop: Callable[[], bool] | None = None,
 ) -> Job[None]:
     from napari_finetune.loading import load_checkpoint
+    from napari_finetune.model.checkpoint import with_channel_recorded
     from napari_finetune.testing import build_hooks
     from napari_finetune.trainer.loop import Finetuner
 
     ckpt = load_checkpoint(checkpoint_path, trust=tuple(trust))  # as the user answered
+    # The channel the panel's Channel row chose, recorded as ``train --channel`` records
+    # it: a store without channel names says which only by it.
+    ckpt = with_channel_recorded(ckpt, AxesImage.of(image).channel_taken)
     if store_path and config.voxel_size is None:  # read here, in the job's thread, not the UI's
         config = with_store_voxel_size(config, store_path)
     for hook in build_hooks.model:
