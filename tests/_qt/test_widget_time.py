@@ -71,3 +71,34 @@ def test_a_time_series_is_painted_trained_and_predicted_per_time_point(
         assert shown.shape == (TIMES, 16, 64, 64)
     finally:
         wait_idle(qtbot, widget)
+
+
+def test_objects_of_a_time_series_are_found_per_time_point(
+    make_napari_viewer, qtbot, tzyx_store, tmp_path
+):
+    from tests._qt.objects_setup import LAYER_NAMES, ROLES, save_tiny_unet
+
+    checkpoint = save_tiny_unet(tmp_path / "tiny_roles.pt", ROLES)
+    viewer = make_napari_viewer()
+    viewer.open(str(tzyx_store), plugin="napari-ome-zarr")
+    _, widget = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
+    choose_checkpoint(qtbot, widget, str(checkpoint))
+    qtbot.waitUntil(lambda: widget.state.info is not None and widget.state.warming == 0,
+                    timeout=60_000)
+    try:
+        qtbot.mouseClick(widget.predict_button, Qt.LeftButton)
+        wait_idle(qtbot, widget)
+        assert widget.objects_button.isEnabled()
+        qtbot.mouseClick(widget.objects_button, Qt.LeftButton)
+        qtbot.waitUntil(lambda: widget.state.errors or all(
+            name in viewer.layers for name in LAYER_NAMES.values()), timeout=60_000)
+        wait_idle(qtbot, widget)
+        # Before, Objects failed: "expected (Y, X) or (Z, Y, X) probability, got shape
+        # (3, 16, 64, 64)".
+        assert not widget.state.errors, widget.state.errors
+        for name in LAYER_NAMES.values():  # on napari's time slider, ids per time point
+            assert viewer.layers[name].data.shape == (TIMES, 16, 64, 64)
+        found = widget.controller.session.found_objects["mitochondria"]
+        assert found.count == sum(int(found.labels[t].max()) for t in range(TIMES))
+    finally:
+        wait_idle(qtbot, widget)
