@@ -142,3 +142,25 @@ def test_a_run_on_one_channel_of_an_unnamed_store_records_its_index(tmp_path):
     metadata = load_checkpoint(out).metadata
     assert metadata["input_channel"] == 1
     assert trained_channel(metadata, stored) == 1  # export --bioimageio needs no --channel
+
+
+def test_save_predictions_of_a_time_series_writes_labels_for_every_time_point(tmp_path):
+    """Save in the panel on a TZYX store: the masks and objects go into the store's
+    labels with its time axis (it failed on opening the store as one ZYX volume)."""
+    frames = np.stack([image_of(SPATIAL, seed) for seed in range(2)])
+    store = write_store(tmp_path / "tzyx.zarr", frames, "tzyx")
+    corrections = np.zeros((2, *SPATIAL), np.uint8)
+    corrections[0] = painted()
+    save_corrections(store, corrections)
+    session = session_on(store, model_file(tmp_path / "m.pt"))
+    assert session.predict() is True
+    assert session.save_predictions() is True
+    import zarr
+
+    group = zarr.open_group(str(store / "labels" / "prediction-a"), mode="r")
+    attrs = group.attrs.asdict()
+    multiscale = attrs.get("ome", attrs)["multiscales"][0]
+    assert [a["name"] for a in multiscale["axes"]] == ["t", "z", "y", "x"]
+    written = np.asarray(group[multiscale["datasets"][0]["path"]])
+    assert written.shape == (2, *SPATIAL)
+    np.testing.assert_array_equal(written, session.prediction.masks[0])

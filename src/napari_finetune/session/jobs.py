@@ -447,7 +447,9 @@ def save_predictions_job(
     from napari_finetune.io.volume import open_volume
     from napari_finetune.predict.store import objects_names
 
-    store = open_volume(store_path).path  # the image group, as the CLI stages into
+    # The image group, as the CLI stages into; a store with channels or time points is
+    # opened with its axes (its labels carry them), not refused as one ZYX volume.
+    store = open_volume(store_path, keep_axes=True).path
     channels = [channel for channel, _ in objects]
     Metadata = tuple[list[dict[str, Any]] | None, list[dict[str, Any]] | None]
     items: list[tuple[str, np.ndarray, npt.DTypeLike, Metadata]] = [
