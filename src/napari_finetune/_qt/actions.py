@@ -331,8 +331,9 @@ class Controller:
             self.w.status_panel.say(f"Predict not started: {why}")
 
     def _show_region(self, event: RegionPredicted) -> None:
-        """The region in view, predicted first: into the prediction layers that are there
-        (a run made them), only that region copied, so the main thread's share is small."""
+        """A tile of the region in view, predicted first (its centre tile, then the
+        others): into the prediction layers that are there (a run made them), only that
+        tile copied, so the main thread's share is small."""
         info = self.state.info
         if info is None:
             return
@@ -341,7 +342,7 @@ class Controller:
             if layer and layer[0].data.shape == mask.shape:
                 layer[0].data[event.region] = mask[event.region]
                 layer[0].refresh()
-        self.w.status_panel.say("the view is predicted; predicting the rest…")
+        self.w.status_panel.say("the view shows as it is predicted; the rest follows…")
 
     def _show_prediction(self, prediction: jobs.Prediction | None) -> None:
         s, image = self.state, self.w.image_layer()

@@ -110,6 +110,15 @@ class Prediction:
     complete: bool = True
 
 
+VIEW_TILE = 128
+"""The side of the tiles the view is predicted in (voxels, on each axis wider than it).
+
+The view (a slice, 256 x 256 on screen) in one model call showed 2.7-4.6 s after Stop
+(the sample, one torch thread); its centre tile of 128 x 128, read 16 x 160 x 160 with
+the halo, is 0.7 s at load 10, and the nine tiles together cost about the one call.
+"""
+
+
 def predict_job(
     checkpoint_path: str, image: VolumeArray | AxesImage, channel_count: int | None,
     device: str, model: nn.Module | None = None, normalization: dict | None = None,
@@ -117,6 +126,7 @@ def predict_job(
     keep: Sequence[int] = (),
     first: tuple[slice, ...] | None = None,
     stop: Callable[[], bool] | None = None,
+    view_tile: int = VIEW_TILE,
 ) -> Job[Prediction]:
     """Whole-volume prediction, blockwise: one uint8 mask per channel, and the probability
     of the channels in ``keep`` (indices; the ones with an instance role); ``model`` (a
@@ -125,9 +135,11 @@ def predict_job(
     With ``first`` (the region in view) that region is predicted first, on its own
     (read with the blocks' halo around it), and :class:`RegionPredicted` says so: the
     user sees it in about a second, where the whole of a real crop takes a minute.
-    The blocks then left are those not wholly inside it. ``stop`` is asked between
-    batches and between the model's layers: True ends the job there with what was
-    predicted (``complete`` False).
+    A region wider than ``view_tile`` is predicted in tiles (:func:`view_tiles`), its
+    centre first, one :class:`RegionPredicted` per tile as it lands. The blocks then left
+    are those not wholly inside it. ``stop`` is asked between tiles, batches and the
+    model's layers: True ends the job there with what was predicted (``complete``
+    False); a tile it cut is not announced.
     """
     from napari_finetune.config import PredictConfig
     from napari_finetune.predict import MaskAndProbability, predict_volume
@@ -149,13 +161,18 @@ def predict_job(
     # volume with channels or time points is predicted whole, time point by time point.
     plain = axes_image.is_plain and isinstance(low_high, tuple)
     region = _within(first, shape) if first is not None and plain else None
-    offset = 0  # the blocks of the region's own pass, counted before the rest
+    offset = 0  # the blocks of the region's own passes, counted before the rest
     with core_left_for_the_ui():
-        if region is not None and isinstance(low_high, tuple) and not stopped():
-            offset = yield from _predict_region(model, axes_image.array, low_high, config,
-                                                targets, region, stopped)
-            if not stopped():  # a region cut short is not shown as predicted
-                yield RegionPredicted(region, masks)
+        if region is not None and isinstance(low_high, tuple):
+            tiles = view_tiles(region, view_tile)
+            for tile in tiles:
+                if stopped():
+                    break
+                offset += yield from _predict_region(
+                    model, axes_image.array, low_high, config, targets, tile, stopped,
+                    counted=(offset, len(tiles)))
+                if not stopped():  # a tile cut short is not shown as predicted
+                    yield RegionPredicted(tile, masks)
         if not stopped():
             yield from with_progress(
                 lambda progress: predict_volume(
@@ -177,13 +194,45 @@ def _within(region: tuple[slice, ...], shape: tuple[int, ...]) -> tuple[slice, .
     return clipped if all(c.stop > c.start for c in clipped) else None
 
 
+def view_tiles(region: tuple[slice, ...], tile: int = VIEW_TILE) -> list[tuple[slice, ...]]:
+    """``region`` (plain slices) cut into tiles of at most ``tile`` per axis, the one at its
+    centre first, then the others by their distance from it: the user looks at the centre
+    of the canvas, where the view's centre is (:func:`~napari_finetune._qt.layers.visible_region`).
+
+    On each axis wider than ``tile`` a piece of ``tile`` is centred and the sides are cut
+    outwards from it; a region no wider than ``tile`` is one tile.
+    """
+    import itertools
+
+    def pieces(axis: slice) -> list[tuple[int, int]]:
+        lo, hi = int(axis.start), int(axis.stop)
+        if hi - lo <= tile:
+            return [(lo, hi)]
+        start = (lo + hi - tile) // 2
+        cuts = [start, start + tile]
+        while cuts[0] > lo:
+            cuts.insert(0, max(lo, cuts[0] - tile))
+        while cuts[-1] < hi:
+            cuts.append(min(hi, cuts[-1] + tile))
+        return list(itertools.pairwise(cuts))
+
+    centre = [(r.start + r.stop) / 2 for r in region]
+    tiles = [tuple(slice(a, b) for a, b in box)
+             for box in itertools.product(*(pieces(r) for r in region))]
+    return sorted(tiles, key=lambda t: sum(((s.start + s.stop) / 2 - c) ** 2
+                                           for s, c in zip(t, centre, strict=True)))
+
+
 def _predict_region(
     model: nn.Module, image: VolumeArray, low_high: tuple[float, float], config: Any,
     targets: list[Any], region: tuple[slice, ...], stop: Callable[[], bool] | None = None,
+    counted: tuple[int, int] | None = None,
 ) -> Job[int]:
     """Predict ``region`` alone into ``targets``: read with the halo around it (clipped to
     the image), its core written; the number of blocks it took. ``stop`` as
     :func:`~napari_finetune.predict.predict_volume`'s (what was not predicted stays 0).
+    ``counted``: (blocks before, tiles in all) of the view's tiles, for one progress over
+    them (a tile is one model call as a rule); None: this region's own blocks.
 
     A read no bigger than one block with its halo is one model call: cut into the
     configured blocks, a 256 x 256 slice in view was four blocks, each with its own halo.
@@ -213,7 +262,11 @@ def _predict_region(
     def run(progress: Callable[[int, int], None]) -> Any:
         def seen(done: int, total: int) -> None:
             count["total"] = total
-            progress(done, total)
+            if counted is None:
+                progress(done, total)
+            else:  # the tiles so far and this one's share, over the tiles' count
+                before, tiles = counted
+                progress(before + done, max(tiles, before + total))
 
         return predict_volume(model, part, low_high, config, out=local, progress=seen,
                               stop=stop)
