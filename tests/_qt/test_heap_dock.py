@@ -13,7 +13,8 @@ from tests._qt.conftest import wait_idle
 @pytest.fixture
 def unfrozen():
     """Nothing frozen when the test begins (the suite froze its imports); the suite's freeze
-    is put back after it, so the other tests run as before."""
+    is put back after it, so the other tests run as before. Asked for first, so it ends
+    last: after the viewer is closed, never freezing a viewer the test leaves."""
     before = gc.get_freeze_count()
     gc.unfreeze()
     yield
@@ -31,7 +32,7 @@ def _dock(viewer, qtbot):
     return widget
 
 
-def test_docking_freezes_the_heap(make_napari_viewer, qtbot, unfrozen):
+def test_docking_freezes_the_heap(unfrozen, make_napari_viewer, qtbot):
     viewer = make_napari_viewer()
     viewer.add_image(np.zeros((4, 32, 32), np.uint8), name="image")
     assert gc.get_freeze_count() == 0
@@ -41,8 +42,8 @@ def test_docking_freezes_the_heap(make_napari_viewer, qtbot, unfrozen):
     assert gc.get_freeze_count() == 0  # a closed dock's objects are collectable again
 
 
-def test_a_layer_added_before_the_freeze_is_freed_once_removed(make_napari_viewer, qtbot,
-                                                                unfrozen):
+def test_a_layer_added_before_the_freeze_is_freed_once_removed(unfrozen, make_napari_viewer,
+                                                                qtbot):
     viewer = make_napari_viewer()
     layer = viewer.add_labels(np.zeros((64, 256, 256), np.uint8), name="old labels")
     ref = weakref.ref(layer)
