@@ -56,6 +56,7 @@ from napari_finetune._qt.shutdown import CLOSE_WAIT_S, WindowCloseWatcher, at_ex
 from napari_finetune._qt.state import WidgetState, shut_down, stop
 from napari_finetune._qt.status_panel import StatusPanel
 from napari_finetune.config import FinetuneConfig
+from napari_finetune.session.heap import HeapHold
 from napari_finetune.session.session import Busy
 
 if TYPE_CHECKING:
@@ -217,13 +218,20 @@ class FinetuneWidget(QWidget):
         self.state.events.all.connect(self._sync_buttons)  # the one place buttons follow
         self.state.events.busy.connect(self._fold_sections)
         self._refit_pending = True  # the canvas is refit once the dock is shown
+        # napari's long-lived heap hidden from full collections (300+ ms stalls each, see
+        # session/heap.py) from the jobs' start until a layer is removed or the dock closes.
+        self._heap = heap = HeapHold()
+        self.controller.session.events.warmed.connect(self._hide_heap)
         layers = self.viewer.layers.events
         self._viewer_hooks = [(self.viewer.events.theme, self._theme_changed),
                               (self.viewer.dims.events.current_step, self._update_region),
                               (camera_of(self.viewer).events.center, self._update_region),
                               *((emitter, self.reset_choices) for emitter in (
                                   layers.inserted, layers.removed, layers.moved,
-                                  layers.reordered, layers.renamed))]
+                                  layers.reordered, layers.renamed)),
+                              # A removed layer sits in reference cycles: frozen, its array
+                              # would never be freed.
+                              (layers.removed, heap.layer_removed)]
         for emitter, slot in self._viewer_hooks:
             emitter.connect(slot)
         # Closing: the viewer's window, the app, the dock removed, or the widget deleted.
@@ -241,6 +249,7 @@ class FinetuneWidget(QWidget):
             # Deleted with its window (viewer.close() deletes it at once, shown or not):
             # wait there too; this touches only the state, and the worker never the widget.
             state.events.all.disconnect()
+            heap.release()  # the widget's objects, the viewer's too, collectable again
             shut_down(state, CLOSE_WAIT_S)
             disconnect(app.aboutToQuit, quit_hook)  # nothing keeps the state alive after
 
@@ -260,9 +269,22 @@ class FinetuneWidget(QWidget):
         """Read the checkpoint and warm the engine up, in jobs (see the constructor)."""
         if self.state.closed:  # closed before this turn: no new work, no widget touched
             return
+        # Docked: what lives now (napari, the image, this dock) lives on. Hidden before the
+        # jobs' imports, the collections those set off walk only the young objects.
+        self._heap.freeze()
         if self.checkpoint_edit.text():
             self._checkpoint_changed()
         self.controller.warm_up(lora=self.settings.mode.value == "lora")
+
+    def _hide_heap(self) -> None:
+        """A warm-up ended: hide the modules it imported (torch, PEFT) from full collections.
+
+        Not while a job runs or a run's trainer is kept: a trainer frozen here could not be
+        freed by the collection that gives its device memory back (``release_trainer``).
+        """
+        s = self.state
+        if not s.closed and s.busy is None and self.controller.session.trainer is None:
+            self._heap.freeze()
 
     def sizeHint(self) -> QSize:  # noqa: N802 (Qt override)
         """Wide enough for the inputs: napari sizes the dock from this."""
@@ -310,6 +332,8 @@ class FinetuneWidget(QWidget):
             return True
         for emitter, slot in self._viewer_hooks:
             emitter.disconnect(slot)
+        self.controller.session.events.warmed.disconnect(self._hide_heap)
+        self._heap.release()  # a closed dock's objects must be collectable
         self.state.events.all.disconnect(self._sync_buttons)
         self.state.events.busy.disconnect(self._fold_sections)
         self.state.events.info.disconnect(self._show_channels)

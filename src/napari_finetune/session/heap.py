@@ -1,0 +1,92 @@
+"""Keep napari's long-lived heap out of the garbage collector's full collections.
+
+With napari, the sample, the dock and torch imported, the interpreter tracks
+~560 000 objects. A full (generation 2) collection walks all of them with the
+GIL held: 300-340 ms on a quiet machine, over a second at load 11, in whichever
+thread happens to allocate. The warm-up's imports (torch, PEFT, filelock)
+allocate enough to set them off, and they were the remaining Predict and
+Fine-tune gaps of the UI walk (issue 55). :func:`gc.freeze` moves every object
+alive now into a generation that no collection walks: a collection then walks
+only what was made since (0 ms measured).
+
+The heap is hidden at two moments (see ``FinetuneWidget``): when the dock starts
+its jobs (before the warm-up's imports, so the collections those set off walk
+only young objects) and when a warm-up has imported the engine (torch's
+modules then stay out of the walks too).
+
+The price, and why it is given back: a frozen object is never freed by the
+collector, even once it is cyclic garbage. napari's layers sit in reference
+cycles, so a layer frozen and removed later would keep its array for good.
+:meth:`HeapHold.layer_removed` (the viewer's ``layers.events.removed``) and
+:meth:`HeapHold.release` (the widget's close) unfreeze everything: the removed
+layer and the closed widget are then freed by the next full collection, as
+without the freeze; the next freeze point hides the heap again. Objects made
+before a freeze that become cyclic garbage otherwise (a prediction's model, the
+checkpoint's reading) wait for the next unfreeze.
+
+A freeze made by someone else (a host, the test suite) is undone by the same
+unfreeze: :func:`gc.unfreeze` cannot undo only a part. Nothing here imports Qt.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+_lock = threading.Lock()
+_holders = 0  # open docks that want the heap hidden
+
+
+def holders() -> int:
+    """How many open docks hold the heap hidden now."""
+    return _holders
+
+
+class HeapHold:
+    """One dock's wish that the long-lived heap stay out of full collections.
+
+    Created when the dock is built; :meth:`freeze` at the freeze points,
+    :meth:`layer_removed` when a layer leaves the viewer, :meth:`release` once
+    when the dock closes (a second call does nothing).
+    """
+
+    def __init__(self) -> None:
+        global _holders
+        with _lock:
+            _holders += 1
+        self._held = True
+
+    @property
+    def held(self) -> bool:
+        """Whether the dock is still open (not :meth:`release`-d)."""
+        return self._held
+
+    def freeze(self) -> bool:
+        """Hide every object alive now from full collections; whether it did.
+
+        Nothing after :meth:`release`: a closed dock's objects must stay
+        collectable.
+        """
+        if not self._held:
+            return False
+        # O(1): CPython splices the generations' lists into the permanent one.
+        gc.freeze()
+        return True
+
+    def layer_removed(self, *_: object) -> None:
+        """Let the collector see the whole heap again, so the removed layer is freed.
+
+        Connected to ``viewer.layers.events.removed`` (its event is ignored): the
+        layer and its array sit in reference cycles that only the collector frees.
+        """
+        gc.unfreeze()
+
+    def release(self) -> None:
+        """The dock closed: unfreeze, so its session, its layers and the viewer can go."""
+        global _holders
+        if not self._held:
+            return
+        self._held = False
+        with _lock:
+            _holders -= 1
+        gc.unfreeze()

@@ -1,0 +1,77 @@
+"""A dock's heap freeze hides old objects from the collector, and gives them back."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+
+from napari_finetune.session import heap
+
+
+@pytest.fixture(autouse=True)
+def _collector_as_found():
+    """Nothing frozen during the test; the suite's own freeze is put back after it."""
+    before = gc.get_freeze_count()
+    gc.unfreeze()
+    yield
+    gc.unfreeze()
+    if before:
+        gc.freeze()
+
+
+class _Layer:
+    """Stands for a napari layer: an array in a reference cycle only the collector frees."""
+
+    def __init__(self) -> None:
+        self.data = bytearray(1024)
+        self.me = self
+
+
+def _old_cycle_garbage(hold: heap.HeapHold) -> weakref.ref:
+    """A cycle made before ``hold`` froze the heap, then dropped: a weakref to it."""
+    layer = _Layer()
+    ref = weakref.ref(layer)
+    hold.freeze()
+    del layer
+    gc.collect()
+    return ref
+
+
+def test_a_freeze_hides_old_objects_from_collections():
+    hold = heap.HeapHold()
+    try:
+        assert gc.get_freeze_count() == 0
+        ref = _old_cycle_garbage(hold)
+        assert gc.get_freeze_count() > 0
+        assert ref() is not None  # what the unfreeze below is for
+    finally:
+        hold.release()
+
+
+def test_a_removed_layer_is_freed():
+    hold = heap.HeapHold()
+    try:
+        ref = _old_cycle_garbage(hold)
+        hold.layer_removed(object())  # napari's removed event
+        gc.collect()
+        assert ref() is None
+        assert gc.get_freeze_count() == 0
+    finally:
+        hold.release()
+
+
+def test_the_close_gives_everything_back_and_freezes_no_more():
+    before = heap.holders()
+    hold = heap.HeapHold()
+    assert heap.holders() == before + 1
+    ref = _old_cycle_garbage(hold)
+    hold.release()
+    gc.collect()
+    assert ref() is None
+    assert heap.holders() == before and not hold.held
+    assert not hold.freeze()  # a closed dock freezes nothing
+    assert gc.get_freeze_count() == 0
+    hold.release()  # twice: counted once
+    assert heap.holders() == before
