@@ -56,3 +56,43 @@ def test_a_false_object_inside_the_field_still_counts():
     p, t = scorable(pred, truth, SCORED)
     s = object_scores(p, t)
     assert (s["n_pred"], s["n_true"], s["matched"]) == (2, 1, 1)
+
+
+def _cells() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One labelled slice (z = 1) of 3 x 30 x 40; the reference labels a patch of it
+    (y 10-30, x 10-40), as CREMI's labels a patch of z = 4; x 20-40 is scored."""
+    truth = np.zeros((3, 30, 40), np.uint32)
+    truth[1, 10:30, 10:22] = 1  # mostly in the painted half: that half's cell
+    truth[1, 10:30, 22:31] = 2
+    truth[1, 10:30, 31:40] = 3
+    known = np.zeros(truth.shape, bool)
+    known[1] = truth[1] > 0
+    pred = np.zeros_like(truth)
+    pred[:, 10:30, 22:31] = 2  # lies on the patch (on every slice: z is not looked at)
+    pred[1, 10:30, 31:40] = 3
+    pred[1, 0:12, 31:40] = 4  # mostly above the patch: covers two of its rows
+    pred[1, 0:10, 22:31] = 4
+    return pred, truth, known
+
+
+def test_the_old_count_takes_any_cell_touching_a_labelled_pixel():
+    from napari_finetune.objects.scores import region_scores
+
+    pred, truth, known = _cells()
+    s = region_scores(pred[[1]][SCORED], truth[[1]][SCORED])
+    assert (s["n_pred"], s["n_true"]) == (3, 3)  # cell 4 counted on 18 pixels; cell 1 on 2 columns
+
+
+def test_a_cell_counts_when_most_of_it_lies_on_the_labelled_pixels_of_the_scored_half():
+    from napari_finetune.cli.real import countable_cells
+
+    pred, truth, known = _cells()
+    found, true = countable_cells(pred, truth, known, SCORED, [1])
+    assert found.tolist() == [2, 3]  # not 4: a few of its pixels on the patch
+    assert true.tolist() == [2, 3]  # not 1: most of it lies in the painted half
+    # Moved onto the patch, cell 4 counts: it is a cell to compare, a false one here.
+    pred[1, 0:12, 31:40] = 0
+    pred[1, 0:10, 22:31] = 0
+    pred[1, 20:30, 31:40] = 4
+    found, _ = countable_cells(pred, truth, known, SCORED, [1])
+    assert found.tolist() == [2, 3, 4]

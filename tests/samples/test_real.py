@@ -165,7 +165,8 @@ def test_nuclei_scores_and_the_classical_baseline(index):
     semantic = semantic_truth(volume, 1)
     truth_prob = (volume.truth > 0).astype(np.float32)
     perfect = score(volume, 1, truth_prob, volume.truth, semantic)
-    assert perfect == {"iou": 1.0, "score": 1.0, "found": 1, "true": 1}
+    assert perfect == {"iou": 1.0, "score": 1.0, "found": 1, "true": 1, "found_any": 1,
+                       "true_any": 1}
     nothing = score(volume, 1, truth_prob * 0, volume.truth * 0, semantic)
     assert nothing["iou"] == 0.0 and nothing["score"] == 0.0 and nothing["found"] == 0
     labels = classical(volume)
