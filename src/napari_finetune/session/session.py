@@ -658,9 +658,12 @@ class Session:
         return self._start(Busy.PREDICT, job, self._predicted, on_event=self._region_shown)
 
     def _region_shown(self, event: Event) -> None:
+        # Only the tile: the view comes in up to nine tiles, and re-showing both whole
+        # layers for each (as before) put nine whole-volume updates on the main thread.
         if isinstance(event, RegionPredicted) and self.viewer is not None:
             for i, mask in enumerate(event.masks):
-                self.viewer.show_layer(f"prediction-{self._channel(i)}", mask, LayerKind.LABELS)
+                self.viewer.show_region(f"prediction-{self._channel(i)}", mask, event.region,
+                                        LayerKind.LABELS)
 
     def _predicted(self, prediction: jobs.Prediction) -> None:
         self.prediction = prediction
