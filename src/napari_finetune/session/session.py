@@ -624,6 +624,9 @@ class Session:
         of that release is no click's to pay (0.3 s with the sample open)."""
         if self.trainer is None:
             return
+        from napari_finetune.session import heap
+
+        heap.give_back()  # a trainer frozen with the heap would outlive its collection
         self.trainer = None
         self._uncertainty = None
         from napari_finetune.session.work import call_job
@@ -702,6 +705,12 @@ class Session:
 
         if snapshot is None:  # the job reads it in another thread: a copy it alone holds
             corrections, snapshot = np.array(corrections, copy=True), next_snapshot()
+        if self.trainer is None:  # nothing old kept: what the run makes is young
+            from napari_finetune.session import heap
+
+            # The run's collections (a LoRA run's PEFT imports set off a 437 ms one while
+            # training) then walk only the run's own objects, not napari's heap.
+            heap.freeze_for_run()
         self.trainer, self.status, self.history = None, None, []
         self.placement = None
         # This run may keep its own weights under the offered file's name: no stale offer.
