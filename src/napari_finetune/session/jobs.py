@@ -79,10 +79,11 @@ def model_to_predict(
     trust: Sequence[str] = (),
 ) -> tuple[nn.Module, tuple[float, float] | list[tuple[float, float]], int]:
     """(model, intensity range of ``image`` (one per channel of an image with channels),
-    channels): the given model (a fine-tuned one, with the checkpoint's normalisation) or
-    the checkpoint's, loaded here in the worker."""
+    channels): the given model (a fine-tuned one, with the checkpoint's normalisation; a
+    LoRA one as a merged copy) or the checkpoint's, loaded here in the worker."""
     from napari_finetune.data.normalization import image_range
     from napari_finetune.model.checkpoint_format import DEFAULT_NORMALIZATION
+    from napari_finetune.model.lora import merged_to_predict
 
     if model is None:
         from napari_finetune.loading import load_checkpoint
@@ -95,6 +96,10 @@ def model_to_predict(
 
         spatial = AxesImage.of(image).spatial_shape
         channel_count = model_geometry(model, len(spatial)).out_channels
+    # Unmerged, every adapted layer runs twice (its base and its adapter): 2.1 -> 5.5 s
+    # a 16 x 256 x 256 forward pass. A merged copy predicts the same; the training model
+    # keeps its adapters (a next run or an export goes on from them).
+    model = merged_to_predict(model)
     # A model's run without a saved normalisation trained with the default one.
     return model, image_range(image, normalization or DEFAULT_NORMALIZATION), channel_count
 
