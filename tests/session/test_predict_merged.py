@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
+from tests.session.conftest import tiny_config
 
 from napari_finetune.model.lora import is_lora, wrap_lora
 from napari_finetune.model.unet import UNet
@@ -39,3 +42,32 @@ def test_a_lora_model_predicts_merged_as_it_does_unmerged_and_keeps_its_adapters
         assert is_lora(model) and any("lora_" in n for n, _ in model.named_parameters())
         torch.testing.assert_close(model(x), unmerged, atol=0, rtol=0)
     assert channels == 2
+
+
+def test_a_lora_runs_preview_is_the_trainers_prediction_and_leaves_its_adapters(
+        session, monkeypatch):
+    session.config = dataclasses.replace(tiny_config(), mode="lora")
+    assert session.finetune() is True
+    trainer = session.trainer
+    assert trainer is not None and is_lora(trainer.model)
+    with torch.no_grad():
+        for name, param in trainer.model.named_parameters():
+            if "lora_B" in name:  # adapters that change the output
+                param.add_(0.1)
+    where = (slice(0, 16), slice(0, 32), slice(0, 32))
+    import napari_finetune.predict as predict
+
+    models: list[bool] = []  # whether each model the preview ran was a LoRA one
+    real = predict.predict_block
+
+    def spy(model, block, device="cpu"):
+        models.append(is_lora(model))
+        return real(model, block, device=device)
+
+    monkeypatch.setattr(predict, "predict_block", spy)
+    probs = jobs.preview_probs(trainer, where)
+    monkeypatch.undo()
+    assert models == [False]  # the merged copy, not the adapters unmerged
+    np.testing.assert_allclose(probs, trainer.predict(where), atol=1e-5, rtol=0)
+    assert is_lora(trainer.model)
+    assert any("lora_" in name for name, _ in trainer.model.named_parameters())
