@@ -57,3 +57,21 @@ def test_a_session_on_threads_shows_its_prediction_in_the_viewer(
     qtbot.waitUntil(lambda: port.pending == 0 and len(viewer.layers) == 3, timeout=5_000)
     for channel, mask in zip(CHANNELS, session.prediction.masks, strict=True):
         assert viewer.layers[f"prediction-{channel}"].data is mask
+
+
+def test_a_region_is_written_into_the_layer_not_the_whole_data_replaced(
+        make_napari_viewer, qtbot):
+    viewer = make_napari_viewer()
+    port = NapariViewerPort(viewer, lambda: None)
+    shown = np.zeros(SHAPE, np.uint8)
+    port.show_layer("prediction", shown, LayerKind.LABELS)
+    qtbot.waitUntil(lambda: port.pending == 0, timeout=5_000)
+    layer = viewer.layers["prediction"]
+    replaced = []
+    layer.events.data.connect(replaced.append)
+
+    newer = np.ones(SHAPE, np.uint8)  # another array: only its region may reach the layer
+    region = (slice(2, 3), slice(0, 16), slice(0, 16))
+    port.show_region("prediction", newer, region, LayerKind.LABELS)
+    assert replaced == [] and layer.data is shown
+    assert layer.data[region].all() and layer.data.sum() == newer[region].sum()

@@ -24,6 +24,7 @@ class RecordingViewer:
         self.region = region
         self.layers: dict[str, tuple[np.ndarray, LayerKind]] = {}
         self.shown: list[str] = []
+        self.regions: list[tuple[str, tuple[slice, ...]]] = []  # show_region's, in order
 
     def shown_region(self) -> tuple[slice, ...] | None:
         return self.region
@@ -31,6 +32,15 @@ class RecordingViewer:
     def show_layer(self, name: str, data: np.ndarray, kind: LayerKind) -> None:
         self.layers[name] = (data, kind)
         self.shown.append(name)
+
+    def show_region(
+        self, name: str, data: np.ndarray, region: tuple[slice, ...], kind: LayerKind,
+    ) -> None:
+        if name in self.layers and self.layers[name][0].shape == data.shape:
+            self.layers[name][0][region] = data[region]
+        else:
+            self.layers[name] = (data, kind)
+        self.regions.append((name, region))
 
 
 def tiny_config(steps: int = 2) -> FinetuneConfig:

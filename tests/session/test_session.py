@@ -169,8 +169,10 @@ def test_predict_shows_the_region_in_view_first_then_the_rest_with_progress(sess
     assert any(isinstance(e, Progress) for e in events[:first])  # the region's own blocks
     rest = [e for e in events[first + 1:] if isinstance(e, Progress)]
     assert rest and rest[-1].done == rest[-1].total and rest[-1].what == "predict"
-    # Shown twice: the region, then the whole volume (the same arrays, filled).
-    assert session.viewer.shown == [f"prediction-{c}" for c in CHANNELS] * 2
+    # The region written as a tile, then the whole volume shown once (the same arrays).
+    names = [f"prediction-{c}" for c in CHANNELS]
+    assert session.viewer.regions == [(name, seen.region) for name in names]
+    assert session.viewer.shown == names
     assert session.prediction is not None and session.prediction.complete
 
 
@@ -192,8 +194,10 @@ def test_stop_ends_a_prediction_and_keeps_what_was_predicted(session, record):
         outside = mask.copy()
         outside[region] = 0
         assert not outside.any()
-    # Shown: the region, then the stopped prediction as it is.
-    assert session.viewer.shown == [f"prediction-{c}" for c in CHANNELS] * 2
+    # Shown: the region as a tile, then the stopped prediction as it is.
+    names = [f"prediction-{c}" for c in CHANNELS]
+    assert session.viewer.regions == [(name, region) for name in names]
+    assert session.viewer.shown == names
     session.events.job_event.disconnect(stop_once_the_view_is_there)
     assert session.predict() is True  # the next prediction starts afresh, not stopped
     assert record["ended"][-1] == ActionEnd(Busy.PREDICT, Outcome.DONE, "")

@@ -67,6 +67,24 @@ class NapariViewerPort:
             self._scheduled = True
             QTimer.singleShot(0, self._next)
 
+    def show_region(
+        self, name: str, data: np.ndarray, region: tuple[slice, ...], kind: LayerKind,
+    ) -> None:
+        """Write ``data[region]`` into the layer ``name`` now; a layer not there yet (or of
+        another shape) is shown whole at a coming turn, as :meth:`show_layer` does.
+
+        A tile of the view is small (128 x 128 a slice): copied and refreshed here, where
+        replacing the layer's data re-slices and re-checks the whole volume.
+        """
+        layers = self.viewer.layers
+        if name in self._pending or name not in layers or layers[name].data.shape != data.shape:
+            self.show_layer(name, data, kind)  # a show waiting takes the newer data anyway
+            return
+        layer = layers[name]
+        if layer.data is not data:  # the layer holds the prediction's own array: no copy
+            layer.data[region] = data[region]
+        layer.refresh()
+
     @property
     def pending(self) -> int:
         """How many layers wait to be shown."""
@@ -86,7 +104,11 @@ class NapariViewerPort:
     def _apply(self, name: str, data: np.ndarray, kind: LayerKind) -> None:
         layers = self.viewer.layers
         if name in layers:
-            layers[name].data = data
+            there = layers[name]
+            if there.data is data:  # its tiles written in place already: only repaint
+                there.refresh()
+            else:
+                there.data = data
             return
         from napari.layers import Image, Labels
 

@@ -279,11 +279,12 @@ class FinetuneWidget(QWidget):
     def _hide_heap(self) -> None:
         """A warm-up ended: hide the modules it imported (torch, PEFT) from full collections.
 
-        Not while a job runs or a run's trainer is kept: a trainer frozen here could not be
-        freed by the collection that gives its device memory back (``release_trainer``).
+        During a run too (a LoRA warm-up often ends in it): a trainer frozen here is given
+        back before it is dropped (``Session.release_trainer``). Not during another job:
+        a prediction's model would stay frozen after it ended.
         """
         s = self.state
-        if not s.closed and s.busy is None and self.controller.session.trainer is None:
+        if not s.closed and s.busy in (None, Busy.TRAIN):
             self._heap.freeze()
 
     def sizeHint(self) -> QSize:  # noqa: N802 (Qt override)

@@ -9,10 +9,14 @@ Fine-tune gaps of the UI walk (issue 55). :func:`gc.freeze` moves every object
 alive now into a generation that no collection walks: a collection then walks
 only what was made since (0 ms measured).
 
-The heap is hidden at two moments (see ``FinetuneWidget``): when the dock starts
-its jobs (before the warm-up's imports, so the collections those set off walk
-only young objects) and when a warm-up has imported the engine (torch's
-modules then stay out of the walks too).
+The heap is hidden at three moments: when the dock starts its jobs (before the
+warm-up's imports, so the collections those set off walk only young objects),
+when a warm-up has imported the engine (torch's and PEFT's modules then stay out
+of the walks too; ``FinetuneWidget``), and when a run starts with no older
+trainer kept (:func:`freeze_for_run`, the Session: what the run makes is young).
+A warm-up may end during a run and freeze the run's trainer with it; so
+:func:`give_back` unfreezes before the Session drops a trainer, and the
+collection that follows can free it and its device memory.
 
 The price, and why it is given back: a frozen object is never freed by the
 collector, even once it is cyclic garbage. napari's layers sit in reference
@@ -89,4 +93,27 @@ class HeapHold:
         self._held = False
         with _lock:
             _holders -= 1
+        gc.unfreeze()
+
+
+def freeze_for_run() -> bool:
+    """A run starts: hide what lives now while a dock is open; whether it froze.
+
+    Only with a dock (:func:`holders`): a Session without one leaves the collector
+    to the run's own freeze (``trainer/collector.py``), which stands aside when the
+    process is frozen already.
+    """
+    if _holders == 0:
+        return False
+    gc.freeze()
+    return True
+
+
+def give_back() -> None:
+    """Unfreeze before a trainer is dropped, while a dock is open (else nothing here froze).
+
+    A trainer frozen with the heap (a warm-up ending during its run) would otherwise
+    never be freed by the collection meant to give its memory back.
+    """
+    if _holders:
         gc.unfreeze()

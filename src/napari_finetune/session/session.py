@@ -624,6 +624,9 @@ class Session:
         of that release is no click's to pay (0.3 s with the sample open)."""
         if self.trainer is None:
             return
+        from napari_finetune.session import heap
+
+        heap.give_back()  # a trainer frozen with the heap would outlive its collection
         self.trainer = None
         self._uncertainty = None
         from napari_finetune.session.work import call_job
@@ -658,9 +661,12 @@ class Session:
         return self._start(Busy.PREDICT, job, self._predicted, on_event=self._region_shown)
 
     def _region_shown(self, event: Event) -> None:
+        # Only the tile: the view comes in up to nine tiles, and re-showing both whole
+        # layers for each (as before) put nine whole-volume updates on the main thread.
         if isinstance(event, RegionPredicted) and self.viewer is not None:
             for i, mask in enumerate(event.masks):
-                self.viewer.show_layer(f"prediction-{self._channel(i)}", mask, LayerKind.LABELS)
+                self.viewer.show_region(f"prediction-{self._channel(i)}", mask, event.region,
+                                        LayerKind.LABELS)
 
     def _predicted(self, prediction: jobs.Prediction) -> None:
         self.prediction = prediction
@@ -699,6 +705,12 @@ class Session:
 
         if snapshot is None:  # the job reads it in another thread: a copy it alone holds
             corrections, snapshot = np.array(corrections, copy=True), next_snapshot()
+        if self.trainer is None:  # nothing old kept: what the run makes is young
+            from napari_finetune.session import heap
+
+            # The run's collections (a LoRA run's PEFT imports set off a 437 ms one while
+            # training) then walk only the run's own objects, not napari's heap.
+            heap.freeze_for_run()
         self.trainer, self.status, self.history = None, None, []
         self.placement = None
         # This run may keep its own weights under the offered file's name: no stale offer.

@@ -1,8 +1,9 @@
 """What a :class:`~napari_finetune.session.session.Session` asks of a viewer: two things.
 
 The Session reads the region the user is looking at (a run's previews are
-of it) and shows an array as a named layer (added the first time, updated
-after). napari's viewer does this through the widget; a test passes a plain
+of it), shows an array as a named layer (added the first time, updated
+after) and writes one region of an array into a layer (a tile of the view
+predicted before the rest). napari's viewer does this through the widget; a test passes a plain
 object, so no Session test needs a viewer or a display.
 """
 
@@ -29,3 +30,12 @@ class ViewerPort(Protocol):
 
     def show_layer(self, name: str, data: np.ndarray, kind: LayerKind) -> None:
         """Add the layer ``name`` holding ``data``, or replace the data of the one there."""
+
+    def show_region(
+        self, name: str, data: np.ndarray, region: tuple[slice, ...], kind: LayerKind,
+    ) -> None:
+        """Write ``data[region]`` into the layer ``name`` (added holding ``data`` if absent).
+
+        Only that region changes: a prediction's view comes in nine tiles, and
+        replacing the whole layer for each re-shows the whole volume nine times.
+        """
