@@ -57,3 +57,26 @@ def test_no_dock_no_freeze(session: Session):
     finally:
         if before:
             gc.freeze()
+
+
+def test_a_freeze_waits_until_the_unfrozen_garbage_is_collected(dock):
+    """A trainer given back (or a layer removed) and then, before any full collection,
+    a freeze point (the next run's start, a warm-up's end): the garbage must not be
+    hidden again, or it would never be freed while the dock stays open."""
+
+    class Kept:  # stands for a dropped trainer or a removed layer: a reference cycle
+        pass
+
+    for unfreeze in (heap.give_back, dock.layer_removed):
+        garbage = Kept()
+        garbage.cycle = garbage
+        ref = weakref.ref(garbage)
+        assert dock.freeze()
+        del garbage
+        unfreeze()  # what the Session / the viewer's removed event call
+        assert not heap.freeze_for_run() and not dock.freeze()  # they wait ...
+        assert gc.get_freeze_count() == 0
+        gc.collect()  # ... for the next full collection, which frees it
+        assert ref() is None
+        assert heap.may_freeze() and heap.freeze_for_run()  # and freeze again after it
+        gc.unfreeze()

@@ -39,6 +39,32 @@ import threading
 
 _lock = threading.Lock()
 _holders = 0  # open docks that want the heap hidden
+# An unfreeze that let garbage be seen (a removed layer, a dropped trainer) until a full
+# collection has walked it: a freeze before that collection would hide the garbage again
+# and it would never be freed (until the next unfreeze), so the freeze points wait.
+_garbage_unseen = False
+
+
+def _full_collection_done(phase: str, info: dict[str, int]) -> None:
+    """``gc.callbacks`` hook: a generation-2 collection ended, the unfrozen garbage is gone."""
+    global _garbage_unseen
+    if phase == "stop" and info.get("generation") == 2:
+        _garbage_unseen = False
+
+
+gc.callbacks.append(_full_collection_done)
+
+
+def _unfreeze_garbage() -> None:
+    """Unfreeze because something frozen became garbage: no freeze until it is collected."""
+    global _garbage_unseen
+    _garbage_unseen = True
+    gc.unfreeze()
+
+
+def may_freeze() -> bool:
+    """Whether a freeze now hides no garbage an unfreeze was meant to free."""
+    return not _garbage_unseen
 
 
 def holders() -> int:
@@ -71,7 +97,7 @@ class HeapHold:
         Nothing after :meth:`release`: a closed dock's objects must stay
         collectable.
         """
-        if not self._held:
+        if not self._held or not may_freeze():
             return False
         # O(1): CPython splices the generations' lists into the permanent one.
         gc.freeze()
@@ -83,7 +109,7 @@ class HeapHold:
         Connected to ``viewer.layers.events.removed`` (its event is ignored): the
         layer and its array sit in reference cycles that only the collector frees.
         """
-        gc.unfreeze()
+        _unfreeze_garbage()
 
     def release(self) -> None:
         """The dock closed: unfreeze, so its session, its layers and the viewer can go."""
@@ -103,7 +129,7 @@ def freeze_for_run() -> bool:
     to the run's own freeze (``trainer/collector.py``), which stands aside when the
     process is frozen already.
     """
-    if _holders == 0:
+    if _holders == 0 or not may_freeze():
         return False
     gc.freeze()
     return True
@@ -116,4 +142,4 @@ def give_back() -> None:
     never be freed by the collection meant to give its memory back.
     """
     if _holders:
-        gc.unfreeze()
+        _unfreeze_garbage()
