@@ -42,6 +42,20 @@ def _no_sample_thread_outlives_a_test(request):
 
 
 @pytest.fixture
+def unfrozen():
+    """Nothing frozen when the test begins, as in a user's process (the suite freezes its
+    imports: ``pytest_collection_finish``); the suite's freeze is put back after it. A
+    test with a viewer asks for it first, so it ends last: after the viewer is closed,
+    never freezing a viewer the test leaves."""
+    before = gc.get_freeze_count()
+    gc.unfreeze()
+    yield
+    gc.unfreeze()
+    if before:
+        gc.freeze()
+
+
+@pytest.fixture
 def store(tmp_path):
     """A 16x40x40 NGFF store written by ome-zarr-py, nothing painted."""
     from test_cli import make_store

@@ -6,21 +6,7 @@ import gc
 import weakref
 
 import numpy as np
-import pytest
 from tests._qt.conftest import wait_idle
-
-
-@pytest.fixture
-def unfrozen():
-    """Nothing frozen when the test begins (the suite froze its imports); the suite's freeze
-    is put back after it, so the other tests run as before. Asked for first, so it ends
-    last: after the viewer is closed, never freezing a viewer the test leaves."""
-    before = gc.get_freeze_count()
-    gc.unfreeze()
-    yield
-    gc.unfreeze()
-    if before:
-        gc.freeze()
 
 
 def _dock(viewer, qtbot):

@@ -9,16 +9,7 @@ import pytest
 
 from napari_finetune.session import heap
 
-
-@pytest.fixture(autouse=True)
-def _collector_as_found():
-    """Nothing frozen during the test; the suite's own freeze is put back after it."""
-    before = gc.get_freeze_count()
-    gc.unfreeze()
-    yield
-    gc.unfreeze()
-    if before:
-        gc.freeze()
+pytestmark = pytest.mark.usefixtures("unfrozen")  # nothing frozen during a test
 
 
 class _Layer:

@@ -15,16 +15,11 @@ from napari_finetune.session.session import Session
 
 
 @pytest.fixture
-def dock():
+def dock(unfrozen):
     """A dock's hold, nothing frozen before; the suite's own freeze put back after."""
-    before = gc.get_freeze_count()
-    gc.unfreeze()
     hold = heap.HeapHold()
     yield hold
     hold.release()
-    gc.unfreeze()
-    if before:
-        gc.freeze()
 
 
 def test_a_run_freezes_at_its_start_and_a_released_trainer_is_freed(session: Session, dock):

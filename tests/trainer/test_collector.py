@@ -10,22 +10,10 @@ import sys
 import weakref
 from pathlib import Path
 
-import pytest
 from engine_setup import make_trainer
 
 from napari_finetune import testing
 from napari_finetune.trainer import collector
-
-
-@pytest.fixture
-def unfrozen():
-    """The process as a user's is: nothing frozen (the suite's conftest froze its imports)."""
-    before = gc.get_freeze_count()
-    gc.unfreeze()
-    yield
-    gc.unfreeze()
-    if before:
-        gc.freeze()
 
 
 class Node:
