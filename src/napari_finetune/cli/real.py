@@ -115,8 +115,11 @@ def paint_sparse(
     budget = min(BUDGET * volume.truth.size, KNOWN_SHARE * int(known.sum()))
     crop_truth = semantic[part]
     crop_probs = probabilities[(slice(None), part[0], part[1], part[2])]
-    painted = simulate_corrections(crop_truth, crop_probs, slices, budget / crop_truth.size, seed)
-    painted[~known] = 0  # strokes reaching unlabelled voxels paint nothing there
+    # Strokes only on labelled voxels: on CREMI's patch-labelled slice, strokes centred
+    # on unlabelled voxels (a class of their own to the painter) and then wiped spent
+    # three quarters of the budget on nothing (222 voxels painted of 834).
+    painted = simulate_corrections(crop_truth, crop_probs, slices, budget / crop_truth.size,
+                                   seed, paintable=known)
     corrections = np.zeros(volume.truth.shape, np.uint8)
     corrections[part] = painted
     return corrections

@@ -59,6 +59,7 @@ def simulate_corrections(
     slices: Sequence[int],
     budget_fraction: float = 0.01,
     seed: int = 0,
+    paintable: np.ndarray | None = None,
 ) -> np.ndarray:
     """Paint corrections on ``slices`` of a ZYX volume.
 
@@ -74,6 +75,10 @@ def simulate_corrections(
         At most this fraction of the volume's voxels is painted.
     seed : int
         Seeds the stroke positions.
+    paintable : numpy.ndarray, optional
+        ZYX bool: the voxels whose truth is known (a volume labelled in patches).
+        Strokes are centred on them and clipped to them, so the whole budget is
+        spent where the truth says something. None: every voxel.
 
     Returns
     -------
@@ -88,11 +93,13 @@ def simulate_corrections(
     wrong = prediction_errors(probabilities, truth)
     for z in slices:
         painted = np.zeros(truth.shape[1:], bool)
+        allowed = None if paintable is None else np.asarray(paintable[z], bool)
+        where = np.ones(truth.shape[1:], bool) if allowed is None else allowed
         # Strokes over errors first, then correct context, class by class in turn.
-        error_centers = np.argwhere(wrong[z])
+        error_centers = np.argwhere(wrong[z] & where)
         centers = [error_centers[rng.permutation(len(error_centers))]]
         budgets = [int(ERROR_SHARE * per_slice), per_slice]
-        right = ~wrong[z]
+        right = ~wrong[z] & where
         pools = [np.argwhere(right & (truth[z] == k)) for k in np.unique(truth[z])]
         pools = [pool[rng.permutation(len(pool))] for pool in pools if len(pool)]
         interleaved = [
@@ -108,19 +115,23 @@ def simulate_corrections(
                     break
                 if painted[cy, cx]:
                     continue
-                _stamp(painted, disk, cy, cx, budget)
+                _stamp(painted, disk, cy, cx, budget, allowed)
         corrections[z][painted] = truth[z][painted] + 1
     return corrections
 
 
-def _stamp(painted: np.ndarray, disk: np.ndarray, cy: int, cx: int, budget: int) -> None:
-    """Add one brush stroke at (cy, cx), clipped at the borders and to the budget."""
+def _stamp(painted: np.ndarray, disk: np.ndarray, cy: int, cx: int, budget: int,
+           allowed: np.ndarray | None = None) -> None:
+    """Add one brush stroke at (cy, cx), clipped at the borders, to ``allowed`` (YX bool,
+    None: everywhere) and to the budget."""
     r = disk.shape[0] // 2
     y0, x0 = max(cy - r, 0), max(cx - r, 0)
     y1, x1 = min(cy + r + 1, painted.shape[0]), min(cx + r + 1, painted.shape[1])
     stroke = disk[y0 - cy + r : y1 - cy + r, x0 - cx + r : x1 - cx + r]
     region = painted[y0:y1, x0:x1]
     new = stroke & ~region
+    if allowed is not None:
+        new &= allowed[y0:y1, x0:x1]
     room = budget - int(painted.sum())
     if int(new.sum()) > room:
         # The last stroke is trimmed so the budget is a hard limit.
