@@ -292,3 +292,58 @@ def test_predict_instances_takes_the_sizes_of_the_predicted_objects_when_far_off
     assert code == 0, err
     assert (seen["object"].seed_distance, seen["object"].min_size) == (4.0, min_size)
     assert "seed distance 4 (set by you)" in out
+
+
+def test_sizes_given_on_the_command_line_are_used_and_said(capsys, monkeypatch, store,
+                                                           checkpoint):
+    """--seed-distance and --min-size: the objects are labelled with them, whatever the
+    painting says, and the line names them as set by the user."""
+    from napari_finetune.io.omezarr import save_corrections
+    from napari_finetune.predict import store as predict_store
+
+    seen = {}
+    real = predict_store.blockwise_instances
+
+    def spy(prob, params, block_shape, out, **kwargs):
+        seen[params.role] = params
+        return real(prob, params, block_shape, out, **kwargs)
+
+    monkeypatch.setattr(predict_store, "blockwise_instances", spy)
+    painted = np.zeros((16, 40, 40), np.uint8)
+    for z in (4, 8):
+        painted[z, 4:15, 4:15] = painted[z, 22:33, 22:33] = 3  # would give 5.5 and 87
+    save_corrections(store, painted)
+    code, out, err = run_cli(capsys, "predict", checkpoint, store, "--instances",
+                             "--seed-distance", "mitochondria=3", "--min-size",
+                             "mitochondria=40", "--seed-distance", "membrane=6", *BLOCK)
+    assert code == 0, err
+    assert (seen["object"].seed_distance, seen["object"].min_size) == (3.0, 40)
+    assert seen["boundary"].seed_distance == 6.0
+    assert "objects of mitochondria: seed distance 3 (set by you), min size 40 (set by you)" in out
+
+    # Only the min size given: the seed distance still comes from the painting.
+    code, out, err = run_cli(capsys, "predict", checkpoint, store, "--instances",
+                             "--min-size", "mitochondria=40", *BLOCK)
+    assert code == 0, err
+    assert (seen["object"].seed_distance, seen["object"].min_size) == (5.5, 40)
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--seed-distance", "mitochondria=0.5"], ">= 1"),
+    (["--seed-distance", "mitochondria"], "CHANNEL=VOXELS"),
+    (["--min-size", "mitochondria=1.5"], "whole number"),
+    (["--min-size", "nucleus=10"], "does not have"),
+    (["--seed-distance", "membrane=4", "--role", "membrane=none"], "no instance role"),
+])
+def test_a_bad_size_is_a_one_line_error(capsys, store, checkpoint, args, says):
+    code, _, err = run_cli(capsys, "predict", checkpoint, store, "--instances", *args, *BLOCK)
+    assert_one_line_error(code, err, expected=2)
+    assert says in err
+    assert list_labels(store) == []
+
+
+def test_sizes_without_instances_say_to_add_it(capsys, store, checkpoint):
+    code, _, err = run_cli(capsys, "predict", checkpoint, store, "--min-size",
+                           "mitochondria=40", *BLOCK)
+    assert_one_line_error(code, err, expected=2)
+    assert "--min-size" in err and "add --instances" in err

@@ -109,6 +109,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "checkpoint's (repeatable)",
     )
     p.add_argument(
+        "--seed-distance", action="append", default=[], metavar="CHANNEL=VOXELS",
+        help="for --instances: the smallest distance between two objects' middles (cells: "
+        "how far from the membrane a cell's middle lies), in voxels of the finest axis (y, x "
+        "on an anisotropic volume), >= 1; kept as given, "
+        "never taken from the painting or the prediction (repeatable)",
+    )
+    p.add_argument(
+        "--min-size", action="append", default=[], metavar="CHANNEL=VOXELS",
+        help="for --instances: objects of a channel smaller than this many voxels are "
+        "dropped; kept as given, never taken from the painting or the prediction "
+        "(repeatable)",
+    )
+    p.add_argument(
         "--voxel-size", type=voxel_size_option, metavar="Z,Y,X",
         help="the volume's voxel size, for a store whose NGFF scale does not say it (default: "
         "the store's scale): --instances measures distances in it, and a model trained at "
@@ -302,14 +315,19 @@ def predict(args: argparse.Namespace) -> int:
 
     config = config_from_args(PredictConfig, args)
     overrides = _parse_roles(args.role)
-    if overrides and not args.instances:
-        from napari_finetune.cli import UsageError
+    sizes = _parse_sizes(args.seed_distance, args.min_size)
+    for option, given in (("--role", overrides), ("--seed-distance", args.seed_distance),
+                          ("--min-size", args.min_size)):
+        if given and not args.instances:
+            from napari_finetune.cli import UsageError
 
-        raise UsageError("--role sets a channel's role for --instances; add --instances.")
+            raise UsageError(f"{option} is for the objects of --instances; add --instances.")
     instances = None
+    user_set: dict[str, set[str]] = {}
     if args.instances:
         ckpt = load_checkpoint(args.checkpoint, trust=args.trust_factory)
         instances = _instance_roles(ckpt, overrides)
+        instances, user_set = _given_sizes(ckpt, instances, sizes)
     if predict_cluster.wanted(args):  # the default stays in process, below
         if not args.instances:  # the channel choice is checked before a cluster starts
             ckpt = load_checkpoint(args.checkpoint, trust=args.trust_factory)
@@ -320,7 +338,7 @@ def predict(args: argparse.Namespace) -> int:
             _say_voxel_size(ckpt, args.voxel_size or volume.voxel_size)
             instances = object_sizes.roles_for_store(ckpt, instances, args.volume, image,
                                                      args.voxel_size or volume.voxel_size,
-                                                     config)
+                                                     config, user_set)
         return predict_cluster.run(args, config, instances)
     if not args.instances:
         ckpt = load_checkpoint(args.checkpoint, trust=args.trust_factory)
@@ -331,7 +349,7 @@ def predict(args: argparse.Namespace) -> int:
     _say_voxel_size(ckpt, voxel_size)
     if instances is not None:
         instances = object_sizes.roles_for_store(ckpt, instances, args.volume, image,
-                                                 voxel_size, config)
+                                                 voxel_size, config, user_set)
     bars: list = []  # made at the first block, so an early error prints no empty bar
 
     def progress(done: int, total: int) -> None:
@@ -469,6 +487,63 @@ def _parse_roles(values: list[str]) -> dict[str, str | None]:
             )
         roles[channel] = None if role == "none" else role
     return roles
+
+
+def _parse_sizes(
+    seed_distances: list[str], min_sizes: list[str]
+) -> dict[str, dict[str, float | int]]:
+    """``--seed-distance`` and ``--min-size`` values as {channel: {parameter: value}}; a
+    one-line UsageError for a value that is not ``CHANNEL=NUMBER`` in range."""
+    from napari_finetune.cli import UsageError
+
+    sizes: dict[str, dict[str, float | int]] = {}
+    for option, name, values in (("--seed-distance", "seed_distance", seed_distances),
+                                 ("--min-size", "min_size", min_sizes)):
+        for value in values:
+            channel, sep, number = (part.strip() for part in value.partition("="))
+            parsed: float | int | None
+            try:
+                parsed = float(number) if name == "seed_distance" else int(number)
+            except ValueError:
+                parsed = None
+            if (not sep or not channel or parsed is None or parsed != parsed
+                    or parsed < (1 if name == "seed_distance" else 0)):
+                what = ("a number of voxels >= 1, e.g. --seed-distance nuclei=12"
+                        if name == "seed_distance"
+                        else "a whole number of voxels >= 0, e.g. --min-size nuclei=500")
+                raise UsageError(f"{option} {value!r}: give CHANNEL=VOXELS with {what}.")
+            sizes.setdefault(channel, {})[name] = parsed
+    return sizes
+
+
+def _given_sizes(
+    ckpt: Checkpoint, roles: dict[str, ChannelRole], sizes: dict[str, dict[str, float | int]],
+) -> tuple[dict[str, ChannelRole], dict[str, set[str]]]:
+    """``roles`` with the sizes given on the command line, and which parameters they set
+    per channel (never estimated afterwards); a one-line UsageError for a channel the
+    model does not have, or one without an instance role."""
+    from dataclasses import replace
+
+    from napari_finetune.cli import UsageError
+
+    names = [str(n) for n in ckpt.channel_names]
+    out = dict(roles)
+    user_set: dict[str, set[str]] = {}
+    for channel, given in sizes.items():
+        options = " / ".join("--" + name.replace("_", "-") for name in given)
+        if channel not in names:
+            raise UsageError(f"{options} names channel {channel!r}, which the model does not "
+                             f"have; its channels are {', '.join(names)}.")
+        if out[channel].role is None:
+            raise UsageError(f"{options} sizes the objects of {channel!r}, which has no "
+                             f"instance role; give it one with --role {channel}=object (or "
+                             "boundary).")
+        role = out[channel]
+        out[channel] = replace(
+            role, seed_distance=float(given.get("seed_distance", role.seed_distance)),
+            min_size=int(given.get("min_size", role.min_size)))
+        user_set[channel] = set(given)
+    return out, user_set
 
 
 def _instance_roles(

@@ -17,7 +17,7 @@ seconds, however large the volume.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,11 +37,14 @@ CROP = (64, 256, 256)
 def roles_for_store(
     ckpt: Checkpoint, roles: dict[str, ChannelRole], store: Path, image: AxesImage,
     voxel_size: Sequence[float] | None, config: PredictConfig,
+    given: Mapping[str, Collection[str]] | None = None,
 ) -> dict[str, ChannelRole]:
     """``roles`` with each object channel's seed distance and min size from the objects
     painted in ``store``'s ``labels/corrections``, else from those the model predicts
     on ``image`` (the store's image as the model takes it) when the roles' sizes are
-    more than twice off; prints one line per channel whose sizes changed.
+    more than twice off; prints one line per channel whose sizes changed. ``given``:
+    the parameters set on the command line per channel, kept as they are in ``roles``
+    (as those the checkpoint records as set by the user).
 
     A time series is measured at its most painted time point (the middle one when
     nothing is painted): objects of one structure keep their size over time, and time
@@ -59,6 +62,8 @@ def roles_for_store(
     if corrections is not None and image.has_time:
         corrections = corrections[t]
     user_set = user_set_from_sources(sources_from_metadata(ckpt.metadata))
+    for channel, names_given in (given or {}).items():
+        user_set.setdefault(channel, set()).update(names_given)
     names = ckpt.channel_names
     found = roles_from_painting(roles, corrections, names, voxel_size, user_set)
     unsized = _unsized(found)
