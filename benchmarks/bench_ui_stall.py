@@ -244,7 +244,7 @@ class GilWatch:
                 self._out.write(f"## {1000 * late:.0f} ms late, in {self.step}\n")
                 for ident, frame in frames.items():
                     self._out.write(f"Thread {names.get(ident, ident)}:\n")
-                    self._out.write("".join(traceback.format_stack(frame)[-8:]))
+                    self._out.write("".join(traceback.format_stack(frame)[-30:]))
                 del frames
 
     def pause(self) -> None:
@@ -257,20 +257,36 @@ class FullCollections:
     """Python's full (generation 2) garbage collections, in any thread: each holds the GIL
     over every tracked object (napari with torch imported: ~560,000, 1.2 s at load 11)."""
 
-    def __init__(self) -> None:
+    def __init__(self, out=None) -> None:
         import gc
 
         self.spans: list[float] = []
         self._start = 0.0
+        self._out = out  # with --gil-dump: who set each one off, and how much it walked
+        self.step = ""
         gc.callbacks.append(self._seen)
 
     def _seen(self, phase: str, info: dict) -> None:
+        import gc
+
         if info.get("generation") != 2:
             return
         if phase == "start":
             self._start = time.perf_counter()
+            if self._out is not None:
+                # Who allocates when the collection starts: its thread's stack (its caller,
+                # when gc.collect() is called), and the objects it walks (not frozen ones).
+                self._out.write(
+                    f"## full collection in {self.step}: thread "
+                    f"{threading.current_thread().name}; frozen {gc.get_freeze_count()}, "
+                    f"tracked {sum(gc.get_count())} young\n"
+                    + "".join(traceback.format_stack()[-14:-1]))
         else:
             self.spans.append(1000 * (time.perf_counter() - self._start))
+            if self._out is not None:
+                self._out.write(f"# the collection took {self.spans[-1]:.0f} ms, "
+                                f"collected {info.get('collected')}\n")
+                self._out.flush()
 
     def summary(self) -> str:
         """"n: longest ms" of the collections since the last call (and forgets them)."""
@@ -307,11 +323,12 @@ def walk(args: argparse.Namespace) -> int:
     box: dict = {}
 
     watch = GilWatch(Path(args.gil_dump)) if args.gil_dump else None
-    collections = FullCollections()
+    collections = FullCollections(watch._out if watch is not None else None)
 
     def step(name: str, action, done, settle_s: float = 0.3, timeout_s: float = 600) -> None:
         if watch is not None:
             watch.step = name
+        collections.step = name
         napari_work.clear()
         collections.summary()  # forgets those before the step
         meter = Meter(False, watch)
