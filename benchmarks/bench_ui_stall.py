@@ -132,14 +132,16 @@ class Meter:
 class NapariLayerWork:
     """The main thread's time in napari's own layer code, to be told apart from the plugin's.
 
-    Two kinds of interval: a layer's construction (``Image.__init__``,
-    ``Labels.__init__``, wrapped for the walk) and its addition
+    Three kinds of interval: a layer's construction (``Image.__init__``,
+    ``Labels.__init__``, wrapped for the walk), its addition
     (``LayerList.insert``, which ``viewer.add_layer``, ``add_image`` and
     ``layers.append`` all end in: the ``inserting``/``inserted`` events and the
-    canvas's visual, made by a handler of ``inserted``). Both are napari's code
-    on data already in memory; opening a sample calls them after the plugin's
-    function returned, in the same main-thread turn, so a heartbeat alone would
-    charge them to the plugin.
+    canvas's visual, made by a handler of ``inserted``) and its removal
+    (``LayerList.__delitem__`` and ``clear``: ``viewer.close()`` removes every
+    layer, each removal ending in napari's own ``gc.collect()``). All are
+    napari's code on data already in memory; opening a sample calls them after
+    the plugin's function returned, in the same main-thread turn, so a
+    heartbeat alone would charge them to the plugin.
     """
 
     def __init__(self) -> None:
@@ -148,22 +150,31 @@ class NapariLayerWork:
 
         self.built: list[tuple[float, float]] = []
         self.added: list[tuple[float, float]] = []
+        self.removed: list[tuple[float, float]] = []
         self._undo: list[tuple[type, str, object]] = []
+        self._depth: dict[str, list[int]] = {}
         for owner, name, into in ((Image, "__init__", self.built),
                                   (Labels, "__init__", self.built),
-                                  (LayerList, "insert", self.added)):
+                                  (LayerList, "insert", self.added),
+                                  (LayerList, "__delitem__", self.removed),
+                                  (LayerList, "clear", self.removed)):
             self._wrap(owner, name, into)
 
     def _wrap(self, owner: type, name: str, into: list[tuple[float, float]]) -> None:
-        real = owner.__dict__[name]
+        real = owner.__dict__.get(name)  # None: inherited (deleted again at the restore)
+        inner = getattr(owner, name)
+        # One count for both removals: ``clear`` deletes through ``__delitem__``.
+        depth = self._depth.setdefault("removal", [0]) if into is self.removed else [0]
 
         def timed(*args: object, **kwargs: object) -> object:
-            if threading.current_thread() is not threading.main_thread():
-                return real(*args, **kwargs)
+            if threading.current_thread() is not threading.main_thread() or depth[0]:
+                return inner(*args, **kwargs)  # a removal inside ``clear``: counted there
             t = time.perf_counter()
+            depth[0] += 1
             try:
-                return real(*args, **kwargs)
+                return inner(*args, **kwargs)
             finally:
+                depth[0] -= 1
                 into.append((t, time.perf_counter()))
 
         setattr(owner, name, timed)
@@ -172,15 +183,19 @@ class NapariLayerWork:
     def clear(self) -> None:
         self.built.clear()
         self.added.clear()
+        self.removed.clear()
 
     def restore(self) -> None:
-        for owner, name, real in self._undo:
-            setattr(owner, name, real)
+        for owner, name, real in reversed(self._undo):
+            if real is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, real)
 
     def intervals(self) -> list[tuple[float, float]]:
         """All intervals, nested ones (a Labels layer built inside ``add_labels``) merged."""
         merged: list[list[float]] = []
-        for a, b in sorted(self.built + self.added):
+        for a, b in sorted(self.built + self.added + self.removed):
             if merged and a <= merged[-1][1]:
                 merged[-1][1] = max(merged[-1][1], b)
             else:
@@ -190,7 +205,8 @@ class NapariLayerWork:
     def summary(self) -> str:
         """"n built: ms; n added: ms (max)", or "-" when napari made no layer."""
         parts = []
-        for what, spans in (("built", self.built), ("added", self.added)):
+        for what, spans in (("built", self.built), ("added", self.added),
+                            ("removed", self.removed)):
             ms = [1000 * (b - a) for a, b in spans]
             if ms:
                 parts.append(f"{len(ms)} {what}: {sum(ms):.0f} ms (max {max(ms):.0f})")
@@ -396,17 +412,30 @@ def walk(args: argparse.Namespace) -> int:
     rows[-1] = (rows[-1][0] + f" [first click {box['at_click']}; {clicks['n']} click(s)]",
                 *rows[-1][1:])
 
+    painted = {"n": 0}
+
     def paint() -> None:
+        from qtpy.QtCore import QTimer
+
         w.new_corrections_button.click()
         layer = w.corrections_combo.value  # the new one, which the user paints into
         layer.brush_size = 7
         truth = np.asarray(viewer.layers["ground truth"].data)
         rng = np.random.default_rng(0)
-        for _ in range(12):
+
+        def stroke() -> None:
+            # One stroke per event-loop turn, as a user's mouse events come (12 in one
+            # call measured their sum, ~15 ms each, as one gap).
             z, y, x = (int(rng.integers(0, n)) for n in shape)
             layer.paint((z, y, x), 1 + int(truth[z, y, x]))
+            painted["n"] += 1
+            if painted["n"] < 12:
+                QTimer.singleShot(20, stroke)
 
-    step("New corrections layer + 12 strokes", paint, lambda: w.state.busy is None, 1.0)
+        QTimer.singleShot(20, stroke)
+
+    step("New corrections layer + 12 strokes (one a turn)", paint,
+         lambda: painted["n"] == 12 and w.state.busy is None, 1.0)
     s = w.settings
     s.steps.value, s.batch_size.value, s.mode.value = args.steps, args.batch, args.mode
     s.preview_interval.value, s.device.value = args.preview, args.device
