@@ -132,14 +132,16 @@ class Meter:
 class NapariLayerWork:
     """The main thread's time in napari's own layer code, to be told apart from the plugin's.
 
-    Two kinds of interval: a layer's construction (``Image.__init__``,
-    ``Labels.__init__``, wrapped for the walk) and its addition
+    Three kinds of interval: a layer's construction (``Image.__init__``,
+    ``Labels.__init__``, wrapped for the walk), its addition
     (``LayerList.insert``, which ``viewer.add_layer``, ``add_image`` and
     ``layers.append`` all end in: the ``inserting``/``inserted`` events and the
-    canvas's visual, made by a handler of ``inserted``). Both are napari's code
-    on data already in memory; opening a sample calls them after the plugin's
-    function returned, in the same main-thread turn, so a heartbeat alone would
-    charge them to the plugin.
+    canvas's visual, made by a handler of ``inserted``) and its removal
+    (``LayerList.__delitem__`` and ``clear``: ``viewer.close()`` removes every
+    layer, each removal ending in napari's own ``gc.collect()``). All are
+    napari's code on data already in memory; opening a sample calls them after
+    the plugin's function returned, in the same main-thread turn, so a
+    heartbeat alone would charge them to the plugin.
     """
 
     def __init__(self) -> None:
@@ -148,22 +150,31 @@ class NapariLayerWork:
 
         self.built: list[tuple[float, float]] = []
         self.added: list[tuple[float, float]] = []
+        self.removed: list[tuple[float, float]] = []
         self._undo: list[tuple[type, str, object]] = []
+        self._depth: dict[str, list[int]] = {}
         for owner, name, into in ((Image, "__init__", self.built),
                                   (Labels, "__init__", self.built),
-                                  (LayerList, "insert", self.added)):
+                                  (LayerList, "insert", self.added),
+                                  (LayerList, "__delitem__", self.removed),
+                                  (LayerList, "clear", self.removed)):
             self._wrap(owner, name, into)
 
     def _wrap(self, owner: type, name: str, into: list[tuple[float, float]]) -> None:
-        real = owner.__dict__[name]
+        real = owner.__dict__.get(name)  # None: inherited (deleted again at the restore)
+        inner = getattr(owner, name)
+        # One count for both removals: ``clear`` deletes through ``__delitem__``.
+        depth = self._depth.setdefault("removal", [0]) if into is self.removed else [0]
 
         def timed(*args: object, **kwargs: object) -> object:
-            if threading.current_thread() is not threading.main_thread():
-                return real(*args, **kwargs)
+            if threading.current_thread() is not threading.main_thread() or depth[0]:
+                return inner(*args, **kwargs)  # a removal inside ``clear``: counted there
             t = time.perf_counter()
+            depth[0] += 1
             try:
-                return real(*args, **kwargs)
+                return inner(*args, **kwargs)
             finally:
+                depth[0] -= 1
                 into.append((t, time.perf_counter()))
 
         setattr(owner, name, timed)
@@ -172,15 +183,19 @@ class NapariLayerWork:
     def clear(self) -> None:
         self.built.clear()
         self.added.clear()
+        self.removed.clear()
 
     def restore(self) -> None:
-        for owner, name, real in self._undo:
-            setattr(owner, name, real)
+        for owner, name, real in reversed(self._undo):
+            if real is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, real)
 
     def intervals(self) -> list[tuple[float, float]]:
         """All intervals, nested ones (a Labels layer built inside ``add_labels``) merged."""
         merged: list[list[float]] = []
-        for a, b in sorted(self.built + self.added):
+        for a, b in sorted(self.built + self.added + self.removed):
             if merged and a <= merged[-1][1]:
                 merged[-1][1] = max(merged[-1][1], b)
             else:
@@ -190,7 +205,8 @@ class NapariLayerWork:
     def summary(self) -> str:
         """"n built: ms; n added: ms (max)", or "-" when napari made no layer."""
         parts = []
-        for what, spans in (("built", self.built), ("added", self.added)):
+        for what, spans in (("built", self.built), ("added", self.added),
+                            ("removed", self.removed)):
             ms = [1000 * (b - a) for a, b in spans]
             if ms:
                 parts.append(f"{len(ms)} {what}: {sum(ms):.0f} ms (max {max(ms):.0f})")
@@ -244,7 +260,7 @@ class GilWatch:
                 self._out.write(f"## {1000 * late:.0f} ms late, in {self.step}\n")
                 for ident, frame in frames.items():
                     self._out.write(f"Thread {names.get(ident, ident)}:\n")
-                    self._out.write("".join(traceback.format_stack(frame)[-8:]))
+                    self._out.write("".join(traceback.format_stack(frame)[-30:]))
                 del frames
 
     def pause(self) -> None:
@@ -257,20 +273,36 @@ class FullCollections:
     """Python's full (generation 2) garbage collections, in any thread: each holds the GIL
     over every tracked object (napari with torch imported: ~560,000, 1.2 s at load 11)."""
 
-    def __init__(self) -> None:
+    def __init__(self, out=None) -> None:
         import gc
 
         self.spans: list[float] = []
         self._start = 0.0
+        self._out = out  # with --gil-dump: who set each one off, and how much it walked
+        self.step = ""
         gc.callbacks.append(self._seen)
 
     def _seen(self, phase: str, info: dict) -> None:
+        import gc
+
         if info.get("generation") != 2:
             return
         if phase == "start":
             self._start = time.perf_counter()
+            if self._out is not None:
+                # Who allocates when the collection starts: its thread's stack (its caller,
+                # when gc.collect() is called), and the objects it walks (not frozen ones).
+                self._out.write(
+                    f"## full collection in {self.step}: thread "
+                    f"{threading.current_thread().name}; frozen {gc.get_freeze_count()}, "
+                    f"tracked {sum(gc.get_count())} young\n"
+                    + "".join(traceback.format_stack()[-14:-1]))
         else:
             self.spans.append(1000 * (time.perf_counter() - self._start))
+            if self._out is not None:
+                self._out.write(f"# the collection took {self.spans[-1]:.0f} ms, "
+                                f"collected {info.get('collected')}\n")
+                self._out.flush()
 
     def summary(self) -> str:
         """"n: longest ms" of the collections since the last call (and forgets them)."""
@@ -307,11 +339,12 @@ def walk(args: argparse.Namespace) -> int:
     box: dict = {}
 
     watch = GilWatch(Path(args.gil_dump)) if args.gil_dump else None
-    collections = FullCollections()
+    collections = FullCollections(watch._out if watch is not None else None)
 
     def step(name: str, action, done, settle_s: float = 0.3, timeout_s: float = 600) -> None:
         if watch is not None:
             watch.step = name
+        collections.step = name
         napari_work.clear()
         collections.summary()  # forgets those before the step
         meter = Meter(False, watch)
@@ -379,17 +412,30 @@ def walk(args: argparse.Namespace) -> int:
     rows[-1] = (rows[-1][0] + f" [first click {box['at_click']}; {clicks['n']} click(s)]",
                 *rows[-1][1:])
 
+    painted = {"n": 0}
+
     def paint() -> None:
+        from qtpy.QtCore import QTimer
+
         w.new_corrections_button.click()
         layer = w.corrections_combo.value  # the new one, which the user paints into
         layer.brush_size = 7
         truth = np.asarray(viewer.layers["ground truth"].data)
         rng = np.random.default_rng(0)
-        for _ in range(12):
+
+        def stroke() -> None:
+            # One stroke per event-loop turn, as a user's mouse events come (12 in one
+            # call measured their sum, ~15 ms each, as one gap).
             z, y, x = (int(rng.integers(0, n)) for n in shape)
             layer.paint((z, y, x), 1 + int(truth[z, y, x]))
+            painted["n"] += 1
+            if painted["n"] < 12:
+                QTimer.singleShot(20, stroke)
 
-    step("New corrections layer + 12 strokes", paint, lambda: w.state.busy is None, 1.0)
+        QTimer.singleShot(20, stroke)
+
+    step("New corrections layer + 12 strokes (one a turn)", paint,
+         lambda: painted["n"] == 12 and w.state.busy is None, 1.0)
     s = w.settings
     s.steps.value, s.batch_size.value, s.mode.value = args.steps, args.batch, args.mode
     s.preview_interval.value, s.device.value = args.preview, args.device

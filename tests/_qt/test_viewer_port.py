@@ -75,3 +75,21 @@ def test_a_region_is_written_into_the_layer_not_the_whole_data_replaced(
     port.show_region("prediction", newer, region, LayerKind.LABELS)
     assert replaced == [] and layer.data is shown
     assert layer.data[region].all() and layer.data.sum() == newer[region].sum()
+
+
+def test_a_port_without_whole_results_writes_tiles_only_into_its_named_layers(
+        make_napari_viewer, qtbot):
+    """The dock's port: tiles into the layers it names, whole results left to the widget."""
+    viewer = make_napari_viewer()
+    layer = viewer.add_labels(np.zeros(SHAPE, np.uint8), name="membrane prediction")
+    port = NapariViewerPort(viewer, lambda: None, layer_name=lambda n: n.replace("-", " "),
+                            whole=False)
+    mask = np.ones(SHAPE, np.uint8)
+    tile = (slice(0, 4), slice(0, 8), slice(0, 8))
+    port.show_region("membrane-prediction", mask, tile, LayerKind.LABELS)
+    assert layer.data[tile].all() and layer.data.sum() == mask[tile].sum()
+    port.show_region("mitochondria-prediction", mask, tile, LayerKind.LABELS)  # not there
+    port.show_layer("membrane-prediction", mask, LayerKind.LABELS)  # the widget's to show
+    QApplication.processEvents()
+    assert port.pending == 0 and [lyr.name for lyr in viewer.layers] == ["membrane prediction"]
+    assert layer.data is not mask

@@ -66,3 +66,40 @@ def test_the_close_gives_everything_back_and_freezes_no_more():
     assert gc.get_freeze_count() == 0
     hold.release()  # twice: counted once
     assert heap.holders() == before
+
+
+def _full_collections_during(work) -> int:
+    """How many automatic full collections ran while ``work()`` ran (gc.callbacks)."""
+    seen = []
+
+    def count(phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and info.get("generation") == 2:
+            seen.append(1)
+
+    gc.callbacks.append(count)
+    try:
+        work()
+    finally:
+        gc.callbacks.remove(count)
+    return len(seen)
+
+
+def _allocate_long_lived() -> list[list[int]]:
+    """Many tracked objects that survive young collections, as an import's modules do."""
+    return [[i] for i in range(400_000)]
+
+
+def test_no_automatic_full_collection_while_imports_run():
+    assert _full_collections_during(_allocate_long_lived) > 0  # what the quiet is for
+    threshold = gc.get_threshold()
+    with heap.no_full_collections(), heap.no_full_collections():  # nested: one quiet
+        assert _full_collections_during(_allocate_long_lived) == 0
+    assert gc.get_threshold() == threshold  # given back, once
+    assert _full_collections_during(_allocate_long_lived) > 0
+
+
+def test_the_quiet_ends_when_the_imports_fail():
+    threshold = gc.get_threshold()
+    with pytest.raises(ImportError), heap.no_full_collections():
+        raise ImportError("no such engine")
+    assert gc.get_threshold() == threshold

@@ -32,11 +32,13 @@ from napari_finetune._qt.layers import (
     apply_preview,
     fit_prediction_layers_later,
     prediction_layers,
+    prediction_name,
     show_predictions,
 )
 from napari_finetune._qt.objects_step import show_checkpoint_roles
 from napari_finetune._qt.state import release_trainer, shut_down
 from napari_finetune._qt.trust import ask_to_trust
+from napari_finetune._qt.viewer_port import NapariViewerPort
 from napari_finetune.session import jobs
 from napari_finetune.session.checkpoint import CheckpointInfo, CheckpointUnusable, Untrusted
 from napari_finetune.session.events import (
@@ -62,6 +64,13 @@ def _nothing() -> None:
     """The default hook: nothing to do."""
 
 
+def dock_layer_name(name: str) -> str:
+    """The dock's layer for a name the Session gives: the Session's
+    ``"prediction-<channel>"`` is the dock's ``"<channel> prediction"``."""
+    channel = name.removeprefix("prediction-")
+    return prediction_name(channel) if channel != name else name
+
+
 def say(label: QLabel, template: str, path: str) -> None:
     """``template`` with the file's name; the full path in the tooltip (labels stay narrow)."""
     label.setText(template.format(Path(path).name))
@@ -74,7 +83,13 @@ class Controller:
     def __init__(self, widget: WidgetView) -> None:
         self.w = widget
         self.state = widget.state
-        self.session = Session(self.state.runner)
+        # The Session writes a prediction's view tiles through the port, in place, into
+        # the widget's prediction layers; whole results stay the widget's to show (with
+        # its colours, its store, one layer a turn: ``show_predictions``).
+        port = NapariViewerPort(widget.viewer, lambda: self.session.region,
+                                image=widget.image_layer, below=widget.corrections_layer,
+                                layer_name=dock_layer_name, whole=False)
+        self.session = Session(self.state.runner, viewer=port)
         self.state.session = self.session
         events = self.session.events
         events.busy.connect(self._session_busy)
@@ -173,8 +188,8 @@ class Controller:
             s.statuses.append(event.status)
             s.mark("first_status_s")
             panel.show_status(event.status)
-        elif isinstance(event, RegionPredicted):
-            self._show_region(event)
+        elif isinstance(event, RegionPredicted):  # the Session wrote it through the port
+            panel.say("the view shows as it is predicted; the rest follows…")
         elif isinstance(event, PreviewFailed):
             panel.append_log(f"Preview failed, the run goes on: {event.line}")
         elif isinstance(event, Preview) and s.info is not None:
@@ -329,20 +344,6 @@ class Controller:
         if s.queued:
             s.queued = False
             self.w.status_panel.say(f"Predict not started: {why}")
-
-    def _show_region(self, event: RegionPredicted) -> None:
-        """A tile of the region in view, predicted first (its centre tile, then the
-        others): into the prediction layers that are there (a run made them), only that
-        tile copied, so the main thread's share is small."""
-        info = self.state.info
-        if info is None:
-            return
-        for name, mask in zip(info.channel_names, event.masks, strict=False):
-            layer = prediction_layers(self.w.viewer, [name])
-            if layer and layer[0].data.shape == mask.shape:
-                layer[0].data[event.region] = mask[event.region]
-                layer[0].refresh()
-        self.w.status_panel.say("the view shows as it is predicted; the rest follows…")
 
     def _show_prediction(self, prediction: jobs.Prediction | None) -> None:
         s, image = self.state, self.w.image_layer()

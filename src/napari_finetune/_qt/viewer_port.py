@@ -30,6 +30,11 @@ def _nothing() -> None:
     """The default: no layer to follow."""
 
 
+def _same(name: str) -> str:
+    """The default: a layer is named as the Session names it."""
+    return name
+
+
 class NapariViewerPort:
     """A napari viewer as a Session sees it.
 
@@ -43,14 +48,22 @@ class NapariViewerPort:
         The image layer whose scale and translation new layers take (None: the identity).
     below : callable, optional
         The layer new layers go just below (None or absent: on top).
+    layer_name : callable, optional
+        The viewer's layer for a name the Session gives (absent: the same name).
+    whole : bool, optional
+        Whether whole results (``show_layer``) are shown here. False: the front end
+        shows them itself (the dock: with its colours, its store, its metadata), and
+        a tile goes only into a layer of its shape already there.
     """
 
     def __init__(
         self, viewer: Viewer, region: Callable[[], tuple[slice, ...] | None],
         image: Callable[[], Layer | None] = _nothing, below: Callable[[], Layer | None] = _nothing,
+        *, layer_name: Callable[[str], str] = _same, whole: bool = True,
     ) -> None:
         self.viewer = viewer
         self._region, self._image, self._below = region, image, below
+        self._layer_name, self._whole = layer_name, whole
         # name -> (data, kind), oldest first; a second show of a name waiting keeps its
         # place and takes the newer data (a preview overtaken by the next one).
         self._pending: dict[str, tuple[np.ndarray, LayerKind]] = {}
@@ -61,7 +74,12 @@ class NapariViewerPort:
         return self._region()
 
     def show_layer(self, name: str, data: np.ndarray, kind: LayerKind) -> None:
-        """Show ``data`` as the layer ``name`` at a coming event-loop turn (one layer a turn)."""
+        """Show ``data`` as the layer ``name`` at a coming event-loop turn (one layer a turn);
+        nothing when whole results are the front end's (``whole=False``)."""
+        if self._whole:
+            self._show_later(self._layer_name(name), data, kind)
+
+    def _show_later(self, name: str, data: np.ndarray, kind: LayerKind) -> None:
         self._pending[name] = (data, kind)
         if not self._scheduled:
             self._scheduled = True
@@ -76,9 +94,10 @@ class NapariViewerPort:
         A tile of the view is small (128 x 128 a slice): copied and refreshed here, where
         replacing the layer's data re-slices and re-checks the whole volume.
         """
-        layers = self.viewer.layers
+        layers, name = self.viewer.layers, self._layer_name(name)
         if name in self._pending or name not in layers or layers[name].data.shape != data.shape:
-            self.show_layer(name, data, kind)  # a show waiting takes the newer data anyway
+            if self._whole:  # a show waiting takes the newer data anyway
+                self._show_later(name, data, kind)
             return
         layer = layers[name]
         if layer.data is not data:  # the layer holds the prediction's own array: no copy

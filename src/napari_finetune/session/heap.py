@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import gc
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 _lock = threading.Lock()
 _holders = 0  # open docks that want the heap hidden
@@ -143,3 +145,36 @@ def give_back() -> None:
     """
     if _holders:
         _unfreeze_garbage()
+
+
+# While an import runs: larger than any count of young collections an import makes.
+_QUIET_THRESHOLD = 1 << 30
+_quiet = 0  # how many no_full_collections() are open now
+_threshold2 = 10  # the collector's own third threshold, put back when the last ends
+
+
+@contextmanager
+def no_full_collections() -> Iterator[None]:
+    """No automatic full collection while the block runs (an engine's imports); nestable.
+
+    An import makes tens of thousands of long-lived objects (torch: ~300 000) that
+    no freeze has hidden yet: every ten young collections a full one walked the
+    half-imported heap again, 90-184 ms each with the GIL held, five of them
+    while a warm-up imported torch as the dock showed (the UI walk, issue 55).
+    Young collections still run, and so does an explicit ``gc.collect()``; the
+    freeze that follows the warm-up (``FinetuneWidget``) hides what it imported.
+    """
+    global _quiet, _threshold2
+    with _lock:
+        if _quiet == 0:
+            first, second, _threshold2 = gc.get_threshold()
+            gc.set_threshold(first, second, _QUIET_THRESHOLD)
+        _quiet += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _quiet -= 1
+            if _quiet == 0:
+                first, second, _ = gc.get_threshold()
+                gc.set_threshold(first, second, _threshold2)

@@ -58,18 +58,22 @@ def warm_up_job(lora: bool) -> Job[None]:
     and not in the dock's constructor either, where torch and the first AdamW
     (which imports torch._dynamo) froze napari 2.4-2.7 s before the panel showed.
     """
-    import torch
+    from napari_finetune.session.heap import no_full_collections
 
-    import napari_finetune.model.lora  # noqa: F401
-    import napari_finetune.trainer.loop  # noqa: F401
+    # Full collections would walk the half-imported modules again and again (session/heap).
+    with no_full_collections():
+        import torch
 
-    torch.optim.AdamW([torch.zeros(1, requires_grad=True)], lr=1e-4)
+        import napari_finetune.model.lora  # noqa: F401
+        import napari_finetune.trainer.loop  # noqa: F401
 
-    if lora:
-        try:
-            import peft  # noqa: F401
-        except ImportError:  # a broken PEFT install is the run's error to show, not the warm-up's
-            pass
+        torch.optim.AdamW([torch.zeros(1, requires_grad=True)], lr=1e-4)
+
+        if lora:
+            try:
+                import peft  # noqa: F401
+            except ImportError:  # a broken PEFT install is the run's error, not the warm-up's
+                pass
     yield from ()
 
 
