@@ -26,6 +26,8 @@ Run::
     python benchmarks/bench_real.py --quick    # the fixed-step rows only, fewer steps
     python benchmarks/bench_real.py --volumes cho-t00 cho-t10 --steps 50 --seconds 60
     python benchmarks/bench_real.py --volumes cremi --cremi-crop --runs pretrained full dense otsu
+    python benchmarks/bench_real.py --volumes cho-t00 --runs pretrained full \
+        --checkpoint src/napari_finetune/samples/starter_unet.pt
 """
 
 from __future__ import annotations
@@ -67,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cremi-crop", action="store_true",
                         help="CREMI cut to z 0-8 and 320 x 320 pixels (bench_adapt_real's "
                         "crop: a CPU predicts it in seconds, the whole in minutes)")
+    parser.add_argument("--checkpoint", type=Path, help="the pretrained model every row "
+                        "starts from (default: the sample model, as the widget preselects)")
     args = parser.parse_args(argv)
     steps = args.steps or (QUICK_STEPS if args.quick else STEPS)
     runs = args.runs or [r for r in RUNS if not (args.quick and r.endswith("-time"))]
@@ -86,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
                 volume = crop_volume(volume, CREMI_CROP)
             print(f"{name}: {volume.spec.description}, {volume.image.shape}, "
                   f"voxel {volume.voxel_size} nm", flush=True)
-            rows = real_rows(volume, runs, steps, args.seconds, Path(tmp))
+            rows = real_rows(volume, runs, steps, args.seconds, Path(tmp),
+                             checkpoint=args.checkpoint)
             by_kind.setdefault(volume.spec.kind, []).extend(rows)
     print()
     for kind, rows in by_kind.items():

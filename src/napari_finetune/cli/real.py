@@ -385,7 +385,7 @@ def _drop_small(labels: np.ndarray, min_size: int) -> np.ndarray:
 
 def real_rows(
     volume: RealVolume, runs: tuple[str, ...] | list[str], steps: int, seconds: float,
-    workdir: Path, device: str = "cpu", progress: bool = True,
+    workdir: Path, device: str = "cpu", progress: bool = True, checkpoint: Path | None = None,
 ) -> list[RealRow]:
     """Every row of ``runs`` for one real volume (see the module docstring).
 
@@ -400,6 +400,9 @@ def real_rows(
         Training time of the ``*-time`` rows.
     workdir : Path
         Where the fine-tuned checkpoints are written.
+    checkpoint : Path, optional
+        The pretrained model every row starts from; the sample model (what the widget
+        preselects) when not given.
     """
     from napari_finetune.cli.simulate import predict_all
     from napari_finetune.loading import load_checkpoint
@@ -408,7 +411,7 @@ def real_rows(
     unknown = sorted(set(runs) - set(RUNS))
     if unknown:
         raise ValueError(f"unknown runs {unknown}; use {', '.join(RUNS)}.")
-    pretrained = load_checkpoint(sample_checkpoint_path())
+    pretrained = load_checkpoint(checkpoint or sample_checkpoint_path())
     channel = channel_of(pretrained, volume)
     semantic = semantic_truth(volume, channel)
     before = predict_all(pretrained.model, volume.image, pretrained, device)
