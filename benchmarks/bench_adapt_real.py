@@ -76,6 +76,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 QUICK_VARIANTS = ("default", "dist0", "lr3e-3")
 CREMI_CROP = (slice(0, 9), slice(0, 320), slice(0, 320))
+# A second region of the same sections, nobody's choices were made on (y, x 320-625:
+# CREMI is 625 pixels wide, so it is 305 x 305): for checking what was chosen on the first.
+CREMI_CROP_HELD_OUT = (slice(0, 9), slice(320, 640), slice(320, 640))
+CREMI_CROPS = {"first": CREMI_CROP, "held-out": CREMI_CROP_HELD_OUT}
 
 
 def crop_volume(volume: Any, crop: tuple[slice, slice, slice]) -> Any:

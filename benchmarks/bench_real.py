@@ -28,6 +28,7 @@ Run::
     python benchmarks/bench_real.py --volumes cremi --cremi-crop --runs pretrained full dense otsu
     python benchmarks/bench_real.py --volumes cho-t00 --runs pretrained full \
         --checkpoint src/napari_finetune/samples/starter_unet.pt
+    python benchmarks/bench_real.py --volumes cremi --cremi-crop held-out --runs full otsu
 """
 
 from __future__ import annotations
@@ -66,9 +67,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="training time of the timed rows (default: %(default)s)")
     parser.add_argument("--quick", action="store_true",
                         help="fixed-step rows only, fewer steps")
-    parser.add_argument("--cremi-crop", action="store_true",
+    parser.add_argument("--cremi-crop", nargs="?", const="first", choices=("first", "held-out"),
                         help="CREMI cut to z 0-8 and 320 x 320 pixels (bench_adapt_real's "
-                        "crop: a CPU predicts it in seconds, the whole in minutes)")
+                        "crop: a CPU predicts it in seconds, the whole in minutes); "
+                        "'held-out': y, x 320-625 of the same sections, a region no setting "
+                        "was chosen on (default when given: %(const)s)")
     parser.add_argument("--checkpoint", type=Path, help="the pretrained model every row "
                         "starts from (default: the sample model, as the widget preselects)")
     args = parser.parse_args(argv)
@@ -85,9 +88,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"bench_real: {exc}", file=sys.stderr)
                 return 1
             if name == "cremi" and args.cremi_crop:
-                from bench_adapt_real import CREMI_CROP, crop_volume
+                from bench_adapt_real import CREMI_CROPS, crop_volume
 
-                volume = crop_volume(volume, CREMI_CROP)
+                volume = crop_volume(volume, CREMI_CROPS[args.cremi_crop])
             print(f"{name}: {volume.spec.description}, {volume.image.shape}, "
                   f"voxel {volume.voxel_size} nm", flush=True)
             rows = real_rows(volume, runs, steps, args.seconds, Path(tmp),

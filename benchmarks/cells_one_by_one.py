@@ -26,6 +26,8 @@ Run::
 
     python benchmarks/cells_one_by_one.py --train --npz /tmp/cells/cremi_full.npz
     python benchmarks/cells_one_by_one.py --npz /tmp/cells/cremi_full.npz
+    python benchmarks/cells_one_by_one.py --train --crop held-out --balance-classes \\
+        --npz /tmp/cells/held_out_balanced.npz
 """
 
 from __future__ import annotations
@@ -50,16 +52,17 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 STEPS = 40
 
 
-def cremi_crop() -> RealVolume:
-    """The CREMI crop bench_real's ``--cremi-crop`` scores."""
-    from bench_adapt_real import CREMI_CROP, crop_volume
+def cremi_crop(name: str = "first") -> RealVolume:
+    """The CREMI crop bench_real's ``--cremi-crop [name]`` scores."""
+    from bench_adapt_real import CREMI_CROPS, crop_volume
 
     from napari_finetune.samples.real import fetch_real
 
-    return crop_volume(fetch_real("cremi"), CREMI_CROP)
+    return crop_volume(fetch_real("cremi"), CREMI_CROPS[name])
 
 
-def train_and_save(npz: Path, steps: int) -> None:
+def train_and_save(npz: Path, steps: int, crop: str = "first",
+                   balance_classes: bool = False) -> None:
     """Fine-tune the sample model at the widget's defaults as ``real_rows``'s ``full`` row
     does, and save the probabilities (before and after) with the painting."""
     from napari_finetune.cli.real import (
@@ -73,13 +76,14 @@ def train_and_save(npz: Path, steps: int) -> None:
     from napari_finetune.loading import load_checkpoint
     from napari_finetune.samples.synthetic_em import sample_checkpoint_path
 
-    volume = cremi_crop()
+    volume = cremi_crop(crop)
     pretrained = load_checkpoint(sample_checkpoint_path())
     channel = channel_of(pretrained, volume)
     semantic = semantic_truth(volume, channel)
     before = predict_all(pretrained.model, volume.image, pretrained, "cpu")
     sparse = paint_sparse(volume, semantic, before)
     config = config_for("full", steps, "cpu", volume.voxel_size)
+    config.balance_classes = balance_classes
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "cremi-full.pt"
         done, secs = train(pretrained.path, volume, sparse, config, None, out)
@@ -207,7 +211,8 @@ def what_if(prob: np.ndarray, role: ChannelRole, volume: RealVolume) -> list[str
     edge = true_outlines(truth[z[0]])
     kept = ((prob[z[0]] > role.threshold) & edge).sum() / edge.sum()
     lines = [f"the reference's outlines on z = {z[0]}: {int(edge.sum())} pixels, "
-             f"{kept:.0%} of them above the threshold"]
+             f"{kept:.0%} of them above the threshold; {(prob > role.threshold).mean():.1%} "
+             "of the crop's voxels above it"]
 
     def line(what: str, objects: np.ndarray) -> None:
         s = region_scores(objects[z][:, part[1], part[2]], truth[z][:, part[1], part[2]])
@@ -241,13 +246,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--npz", type=Path, default=Path("/tmp/cells/cremi_full.npz"))
     parser.add_argument("--train", action="store_true", help="fine-tune and save the npz first")
     parser.add_argument("--steps", type=int, default=STEPS)
+    parser.add_argument("--crop", choices=("first", "held-out"), default="first",
+                        help="bench_real's --cremi-crop region (default: %(default)s)")
+    parser.add_argument("--balance-classes", action="store_true",
+                        help="train with FinetuneConfig.balance_classes on")
     args = parser.parse_args(argv)
     if args.train:
-        train_and_save(args.npz, args.steps)
+        train_and_save(args.npz, args.steps, args.crop, args.balance_classes)
     from napari_finetune.objects import boundary_instances
 
     saved = np.load(args.npz)
-    volume = cremi_crop()
+    volume = cremi_crop(args.crop)
     channel = int(saved["channel"])
     for which in ("before", "after"):
         probs = saved[which]

@@ -47,6 +47,11 @@ class FinetuneConfig:
         Weight of the teacher's supervision on unpainted voxels; 0 turns it off.
     hold_other_channels : bool
         Keep channels that no correction touches close to the teacher everywhere.
+    balance_classes : bool
+        Weigh each painted class the same in total, whatever its voxel count
+        (interiors painted in long strokes against membranes in short ones);
+        off by default: on the CREMI crop it kept more of the starting model's
+        membrane but not more cells (docs/benchmarks.md, "membrane kept").
     distillation_check : bool
         Before step 1, measure how much of the painting the starting model gets
         right, and train without distillation when it is under half (a large shift:
@@ -147,6 +152,7 @@ class FinetuneConfig:
     lora_alpha: float = 64.0
     distillation: float = 0.5
     hold_other_channels: bool = True
+    balance_classes: bool = False
     distillation_check: bool = False
     mixed_precision: bool = True
     cpu_bf16: bool = False

@@ -93,3 +93,44 @@ def test_batch_8_and_4x2_give_the_same_gradients():
         assert abs(loss - loss8) < 1e-6
         for a, b in zip(g8, grads, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_balanced_classes_weigh_each_painted_class_the_same():
+    # One channel; three interior voxels (label 1) against one membrane voxel (label 2):
+    # unbalanced, the interior weighs 3 / 4 of the term; balanced, each class 1 / 2.
+    labels = torch.tensor([[0, 1, 1, 1, 2]])
+    logits = torch.tensor([[[0.3, 0.5, -0.2, 0.8, -0.4]]])
+    corrected = corrected_channels([1, 2], 1)
+    plain = step_normalisers(labels, corrected, distillation=0.0, hold=False)
+    balanced = step_normalisers(labels, corrected, 0.0, False, balance=True)
+    assert plain.per_label == () and plain.label_weights() is None
+    assert balanced.per_label == (3, 1)
+    torch.testing.assert_close(balanced.label_weights(), torch.tensor([0.0, 4 / 6, 2.0]))
+    interior = _bce(0.5, 0.0) + _bce(-0.2, 0.0) + _bce(0.8, 0.0)
+    membrane = _bce(-0.4, 1.0)
+    loss = finetune_loss(logits, labels, corrected, plain)
+    assert abs(loss.item() - (interior + membrane) / 4) < 1e-6
+    loss = finetune_loss(logits, labels, corrected, balanced)
+    assert abs(loss.item() - (interior / 3 + membrane) / 2) < 1e-6
+
+
+def test_balanced_classes_keep_the_step_cut_free():
+    """The class counts are the whole step's: micro-batches give the same gradients."""
+    trainer = make_trainer(norm="group", batch_size=8, mode="full")
+    trainer.build()
+    trainer.state.balance_classes = True
+    images, labels = trainer.sampler.sample(8)
+    loss8, g8 = _grads(trainer, images, labels, [8])
+    trainer.state.balance_classes = False
+    plain, _ = _grads(trainer, images, labels, [8])
+    assert abs(plain - loss8) > 1e-6, "balancing changed nothing on this painting"
+    trainer.state.balance_classes = True
+    loss, grads = _grads(trainer, images, labels, [3, 3, 2])
+    assert abs(loss - loss8) < 1e-6
+    for a, b in zip(g8, grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_config_balances_the_run():
+    trainer = make_trainer(norm="group", batch_size=2, mode="full", balance_classes=True)
+    assert trainer.state.balance_classes

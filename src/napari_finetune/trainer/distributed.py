@@ -154,9 +154,12 @@ class RankSync(LocalSync):
 
     def normalisers(self, local: Normalisers) -> Normalisers:
         """The counts of the whole step: every rank's samples."""
-        counts = [local.supervised, local.distillation, local.hold]
+        # Every rank counts the same label values (the model's channels), so the
+        # per-label counts sum position by position.
+        counts = [local.supervised, local.distillation, local.hold, *local.per_label]
         summed = self._all_reduce(self._tensor(counts, torch.int64), dist.ReduceOp.SUM).tolist()
-        return Normalisers(*(int(v) for v in summed))
+        supervised, distillation, hold, *per_label = (int(v) for v in summed)
+        return Normalisers(supervised, distillation, hold, tuple(per_label))
 
     def reduce_gradients(self, params: list[torch.nn.Parameter]) -> None:
         """Sum the ranks' gradients, in flat buckets (one collective per bucket).

@@ -78,6 +78,8 @@ class RunState:
         Whether the uncorrected channels are held to the teacher.
     distillation_configured, hold_configured : bool
         What the config asked for (tells "dropped" from "off").
+    balance_classes : bool
+        Every painted class weighs the same in the supervised term.
     teacher : Teacher or None
         The frozen starting model while distillation or the hold need it.
     dropped_at_step : int or None
@@ -110,6 +112,7 @@ class RunState:
     hold_other_channels: bool
     distillation_configured: bool
     hold_configured: bool
+    balance_classes: bool = False
     teacher: Teacher | None = None
     dropped_at_step: int | None = None
     scaler_skips: int = 0
@@ -133,6 +136,7 @@ class RunState:
             hold_other_channels=bool(config.hold_other_channels),
             distillation_configured=config.distillation > 0,
             hold_configured=bool(config.hold_other_channels),
+            balance_classes=bool(config.balance_classes),
         )
 
     def use_micro_batch(self, batch: int) -> None:

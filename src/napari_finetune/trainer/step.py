@@ -66,7 +66,8 @@ def local_normalisers(parts: TrainingParts, state: RunState, labels: np.ndarray)
     """The counts of this process's samples of the step."""
     distillation, hold = teacher_terms(state)
     all_labels = torch.from_numpy(np.ascontiguousarray(labels))
-    return step_normalisers(all_labels, parts.corrected, distillation, hold, taught(state))
+    return step_normalisers(all_labels, parts.corrected, distillation, hold, taught(state),
+                            state.balance_classes)
 
 
 def accumulate_gradients(
@@ -102,7 +103,8 @@ def accumulate_gradients(
     teacher = state.teacher
     distillation, hold = teacher_terms(state)
     if norms is None:
-        norms = step_normalisers(all_labels, parts.corrected, distillation, hold, taught(state))
+        norms = step_normalisers(all_labels, parts.corrected, distillation, hold, taught(state),
+                                 state.balance_classes)
     use_teacher = teacher is not None and (norms.distillation > 0 or norms.hold > 0)
     total = torch.zeros((), device=device)
     start = 0
