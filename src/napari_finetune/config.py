@@ -50,8 +50,9 @@ class FinetuneConfig:
     balance_classes : bool
         Weigh each painted class the same in total, whatever its voxel count
         (interiors painted in long strokes against membranes in short ones);
-        off by default: on the CREMI crop it kept more of the starting model's
-        membrane but not more cells (docs/benchmarks.md, "membrane kept").
+        off by default: on CREMI it kept more of the starting model's membrane
+        but not more cells, and it lowered the demo's mitochondria (docs/benchmarks.md,
+        "membrane kept").
     distillation_check : bool
         Before step 1, measure how much of the painting the starting model gets
         right, and train without distillation when it is under half (a large shift:

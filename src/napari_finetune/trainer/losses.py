@@ -17,7 +17,8 @@ foreground of output channel k - 2. The model gives one logit per channel.
   keeps its total weight. Without it a class painted in long strokes (cell
   interiors) outweighs one painted in short ones (the membranes between them):
   on the CREMI crop, 770 interior voxels against 64 membrane ones, the model
-  learned "less membrane" everywhere (docs/benchmarks.md).
+  learned "less membrane" everywhere. Balanced, it kept more membrane but not more
+  cells, and the demo's mitochondria lost (docs/benchmarks.md): off by default.
 * **Distillation**: on unpainted voxels the frozen teacher's sigmoid is the
   soft target of the corrected channels, weighted by ``distillation``.
 * **Hold on the other channels**: channels that no correction touches follow
