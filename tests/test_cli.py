@@ -483,3 +483,14 @@ def test_predict_instances_measures_distances_in_the_stores_scale(
         assert code == 0, err
     # Both channels with a role (membrane, mitochondria), first store then second.
     assert given == [(40.0, 8.0, 8.0)] * 2 + [None] * 2
+
+
+def test_a_shipped_model_is_named_not_searched_for(capsys):
+    """``info starter`` describes the starter that ships with the package; a path that is
+    neither a file nor a shipped name is the usual one-line error."""
+    code, out, err = run_cli(capsys, "info", "starter")
+    assert code == 0, err
+    assert "starter_unet.pt" in out and "boundaries (boundary), objects (object)" in out
+    code, _, err = run_cli(capsys, "info", "startr")
+    assert_one_line_error(code, err)
+    assert "startr" in err

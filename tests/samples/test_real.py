@@ -227,4 +227,4 @@ def test_one_real_case_end_to_end(tmp_path):
     assert full["steps"] == 2 and 0 < full["painted"] <= 0.01
     # Otsu finds the bright nuclei: a baseline worth beating.
     assert rows[2]["iou"] > 0.5
-    assert "| cho-t00 | pretrained (sample model) |" in markdown(rows, "nuclei")
+    assert "| cho-t00 | pretrained, before any step |" in markdown(rows, "nuclei")

@@ -25,6 +25,8 @@ from napari_finetune.cli.options import (
     add_channel_option,
     add_config_options,
     add_predict_options,
+    checkpoint_help,
+    checkpoint_option,
     config_from_args,
     device_option,
     given_options,
@@ -58,7 +60,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "step and still exports.",
     )
     p.add_argument("volume", type=Path, help="OME-Zarr store (its level 0 is used)")
-    p.add_argument("--checkpoint", "-c", type=Path, required=True, help="starting checkpoint")
+    p.add_argument("--checkpoint", "-c", type=checkpoint_option, required=True,
+                   help=checkpoint_help("the model to start from"))
     p.add_argument("--out", "-o", type=Path, required=True, help="where to write the result")
     p.add_argument(
         "--corrections",
@@ -92,7 +95,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Predict an OME-Zarr volume block by block and write one "
         "label image per channel, labels/<name>-<channel> (1 where prob > 0.5).",
     )
-    p.add_argument("checkpoint", type=Path, help="model checkpoint")
+    p.add_argument("checkpoint", type=checkpoint_option,
+                   help=checkpoint_help("the model that predicts"))
     p.add_argument("volume", type=Path, help="OME-Zarr store to predict (level 0)")
     p.add_argument("--name", default="prediction", help="label name prefix (default: %(default)s)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
@@ -170,7 +174,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "the fine-tuning run of a checkpoint, with the environment it ran in. "
         "Without a checkpoint: this machine's versions, device and host.",
     )
-    p.add_argument("checkpoint", type=Path, nargs="?", help="checkpoint to describe")
+    p.add_argument("checkpoint", type=checkpoint_option, nargs="?",
+                   help=checkpoint_help("the model to describe"))
     p.add_argument(
         "--device", default="auto", type=device_option, metavar=DEVICE_METAVAR,
         help="device to describe; cuda:N is the GPU of index N (default: %(default)s)",

@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from napari_finetune.config import FinetuneConfig, PredictConfig
@@ -38,6 +39,22 @@ def device_option(text: str) -> str:
             f"unknown device {text!r}: use {', '.join(DEVICE_NAMES[:-1])} or {DEVICE_NAMES[-1]}"
         )
     return text
+
+
+def checkpoint_option(text: str) -> Path:
+    """A checkpoint file, or the name of a model shipped with the package
+    (:data:`~napari_finetune.samples.models.SHIPPED`: ``sample``, ``starter``)."""
+    from napari_finetune.samples.models import shipped_model
+
+    return shipped_model(text) or Path(text)
+
+
+def checkpoint_help(what: str) -> str:
+    """An option's help for a checkpoint argument: what it is, and the shipped names."""
+    from napari_finetune.samples.models import SHIPPED
+
+    names = "; ".join(f"{name}: {model.about}" for name, model in SHIPPED.items())
+    return f"{what}: a checkpoint file, or a model that ships with napari-finetune ({names})"
 
 
 def add_channel_option(parser: argparse.ArgumentParser) -> None:

@@ -458,7 +458,7 @@ def real_rows(
 
 
 ROW_LABELS = {
-    "pretrained": "pretrained (sample model)",
+    "pretrained": "pretrained, before any step",
     "full": "fine-tuned, full, {steps} steps",
     "full-time": "fine-tuned, full, {secs:.0f} s",
     "lora": "fine-tuned, LoRA, {steps} steps",
