@@ -10,15 +10,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from qtpy.QtCore import Qt
-from tests._qt.conftest import CHANNELS, SHAPE, wait_idle
+from tests._qt.conftest import CHANNELS, SHAPE, dock_panel, wait_idle
 
 
 @pytest.fixture
 def opened(make_napari_viewer, tiny_store, tiny_checkpoint, monkeypatch):
     """(viewer, image layer) of the tiny store; the dock will offer ``tiny_checkpoint``."""
-    import napari_finetune._qt.widget as widget_module
+    import napari_finetune._qt.panel as panel_module
 
-    monkeypatch.setattr(widget_module, "default_checkpoint", lambda: str(tiny_checkpoint))
+    monkeypatch.setattr(panel_module, "default_checkpoint", lambda: str(tiny_checkpoint))
     viewer = make_napari_viewer()
     layers = viewer.open(str(tiny_store), plugin="napari-finetune")
     return viewer, layers[0]
@@ -35,7 +35,7 @@ def _filled_predictions(viewer, widget) -> bool:
 
 def test_predict_clicked_as_the_dock_appears_predicts(opened, qtbot):
     viewer, image = opened
-    _, widget = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
+    widget = dock_panel(viewer, qtbot)
     assert widget.state.info is None  # the checkpoint is still being read
     button = widget.predict_button
     assert button.isEnabled()  # Qt drops a click on a disabled button
@@ -51,7 +51,7 @@ def test_predict_clicked_as_the_dock_appears_predicts(opened, qtbot):
 def test_predict_clicked_once_it_is_enabled_predicts(opened, qtbot):
     """The first moment the model is known (the engine may still warm up) one click is enough."""
     viewer, image = opened
-    _, widget = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
+    widget = dock_panel(viewer, qtbot)
     qtbot.waitUntil(lambda: widget.state.info is not None, timeout=60_000)
     qtbot.mouseClick(widget.predict_button, Qt.LeftButton)
     # At once, before the first block is done: not "idle" (the engine's warm-up may
@@ -64,7 +64,7 @@ def test_predict_clicked_once_it_is_enabled_predicts(opened, qtbot):
 
 def test_progress_names_the_block(opened, qtbot):
     viewer, image = opened
-    _, widget = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
+    widget = dock_panel(viewer, qtbot)
     seen: list[str] = []
     bar = widget.status_panel.progress
     qtbot.waitUntil(lambda: widget.state.info is not None, timeout=60_000)
@@ -85,12 +85,12 @@ def test_progress_names_the_block(opened, qtbot):
 
 def test_predict_without_a_model_says_why_and_queues_nothing(make_napari_viewer, tiny_store,
                                                             qtbot, monkeypatch):
-    import napari_finetune._qt.widget as widget_module
+    import napari_finetune._qt.panel as panel_module
 
-    monkeypatch.setattr(widget_module, "default_checkpoint", lambda: "")
+    monkeypatch.setattr(panel_module, "default_checkpoint", lambda: "")
     viewer = make_napari_viewer()
     viewer.open(str(tiny_store), plugin="napari-finetune")
-    _, widget = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
+    widget = dock_panel(viewer, qtbot)
     # The engine warms up in the turn after docking (with the modules already imported by
     # earlier tests it can end within one poll, so wait for its end, not for it running).
     warmed: list[object] = []
