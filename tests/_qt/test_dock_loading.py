@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 from qtpy.QtWidgets import QLabel
+from tests._qt.conftest import wait_idle
 
 
 def _dock(viewer):
@@ -27,11 +28,18 @@ def test_the_dock_returns_before_its_panel_which_comes_in_a_later_turn(
         pass
     panel = dock.panel
     assert panel is not None and panel.parent() is dock
+    # The panel alone in the dock, so it gets its whole height: napari adds a stretch below
+    # a dock that does not expand, and beside it the panel had its minimum (73 of 729 px;
+    # test_panel_fit sees the geometry itself).
+    layout = dock.layout()
+    qtbot.waitUntil(lambda: layout.count() == 1)  # the line goes in a later turn
+    assert layout.itemAt(0).widget() is panel
     assert panel.image_layer() is viewer.layers["image"]
     qtbot.waitUntil(lambda: not any(  # the line is deleted in a later turn
         label.text().startswith("Loading") for label in dock.findChildren(QLabel)))
     qtbot.waitUntil(lambda: panel.state.warming == 0 and not panel.state.reading,
                     timeout=120_000)
+    wait_idle(qtbot, panel)
 
 
 def test_a_dock_removed_before_its_panel_builds_none(make_napari_viewer, qtbot):

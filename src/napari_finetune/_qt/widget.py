@@ -18,7 +18,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from qtpy.QtCore import QEvent, QSize, Qt, QTimer, Signal, Slot
-from qtpy.QtWidgets import QLabel, QVBoxLayout, QWidget
+from qtpy.QtWidgets import QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 if TYPE_CHECKING:
     from napari import Viewer
@@ -71,6 +71,10 @@ class FinetuneWidget(QWidget):
         super().__init__()
         self.viewer = napari_viewer
         self.panel: FinetunePanel | None = None
+        # All the dock's height (the panel scrolls inside): napari adds a vertical stretch
+        # below a dock whose policy and children do not expand, and the panel, built
+        # later, got only its minimum height beside it (73 of 729 px, measured).
+        self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Expanding)
         self._closed = False  # removed before the panel was built: none is built
         self._loading = QLabel(LOADING)
         self._loading.setWordWrap(True)
