@@ -48,6 +48,28 @@ def test_predict_clicked_as_the_dock_appears_predicts(opened, qtbot):
     wait_idle(qtbot, widget)
 
 
+def test_predict_clicked_in_the_docks_first_turn_is_kept_by_the_panel(opened, qtbot):
+    """The dock's Predict is there before its panel (a user, or a script looking for the
+    button whose text begins with "Predict", clicks it the moment the dock shows): that
+    one click predicts, and the panel's Predict is that same button."""
+    from qtpy.QtWidgets import QPushButton
+
+    viewer, image = opened
+    _, dock = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
+    assert dock.panel is None  # nothing of the panel yet
+    found = [b for b in dock.findChildren(QPushButton) if b.text().startswith("Predict")]
+    assert found == [dock.predict_button] and found[0].isEnabled()
+    qtbot.mouseClick(found[0], Qt.LeftButton)
+    assert found[0].text() == "Predict (queued)"
+    with qtbot.waitSignal(dock.panel_ready, timeout=60_000):
+        pass
+    widget = dock.panel
+    assert widget.predict_button is found[0] and found[0].parent() is not dock
+    qtbot.waitUntil(lambda: _filled_predictions(viewer, widget), timeout=60_000)
+    assert found[0].text() == "Predict"
+    wait_idle(qtbot, widget)
+
+
 def test_predict_clicked_once_it_is_enabled_predicts(opened, qtbot):
     """The first moment the model is known (the engine may still warm up) one click is enough."""
     viewer, image = opened

@@ -80,9 +80,11 @@ class FinetunePanel(QWidget):
     ----------
     napari_viewer : napari.Viewer
         The viewer this panel's dock docks into.
+    predict_button : QPushButton, optional
+        The dock's Predict button, there before this panel (a new one without it).
     """
 
-    def __init__(self, napari_viewer: Viewer) -> None:
+    def __init__(self, napari_viewer: Viewer, predict_button: QPushButton | None = None) -> None:
         super().__init__()
         # Nothing slow here: the checkpoint is read and the engine imported in jobs started
         # at the end, so the dock shows at once (a click before they end is kept).
@@ -102,7 +104,9 @@ class FinetunePanel(QWidget):
         browse.clicked.connect(self._browse_checkpoint)
         self.checkpoint_label = QLabel("no checkpoint loaded")
         self.checkpoint_label.setWordWrap(True)
-        self.predict_button = QPushButton("Predict")
+        # The dock's, clicked maybe while this panel loaded (FinetuneWidget keeps that click).
+        self.predict_button = predict_button or QPushButton("Predict")
+        self.predict_button.setText("Predict")
         self.predict_button.setToolTip("Predict the whole volume with the model")
         self.objects_button = QPushButton("Objects")
         self.objects_button.setToolTip(

@@ -18,7 +18,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from qtpy.QtCore import QEvent, QSize, Qt, QTimer, Signal, Slot
-from qtpy.QtWidgets import QLabel, QSizePolicy, QVBoxLayout, QWidget
+from qtpy.QtWidgets import QLabel, QPushButton, QSizePolicy, QVBoxLayout, QWidget
 
 if TYPE_CHECKING:
     from napari import Viewer
@@ -62,6 +62,9 @@ class FinetuneWidget(QWidget):
     panel : FinetunePanel or None
         The panel (buttons, settings, status), None until built (:attr:`panel_ready`
         is emitted then).
+    predict_button : QPushButton
+        Predict, there from the dock's first turn: a click while the panel loads is
+        kept and predicts when the model is ready; the panel takes this same button.
     """
 
     panel_ready = Signal()
@@ -82,6 +85,15 @@ class FinetuneWidget(QWidget):
         self._layout = layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self._loading)
+        # Predict is there at once (a user, or a script, clicks it the moment the dock
+        # shows): the click is kept, and the panel takes this button and the click.
+        self._early_click = False
+        self.predict_button = QPushButton("Predict")
+        self.predict_button.setToolTip("The panel is loading: a click now is kept and "
+                                       "predicts as soon as the model is ready")
+        self.predict_button.clicked.connect(self._click_early)
+        layout.addWidget(self.predict_button)
+        layout.addStretch(1)
         # Queued: the slot runs on the main thread, in a later event-loop turn; a dock
         # deleted meanwhile (the window closed) never receives it.
         self._imported.connect(self._build,
@@ -89,6 +101,10 @@ class FinetuneWidget(QWidget):
         # The thread starts in the next turn, after napari has docked the widget: its
         # imports would share the GIL with napari's own docking.
         QTimer.singleShot(0, self._start_import)
+
+    def _click_early(self) -> None:
+        self._early_click = True
+        self.predict_button.setText("Predict (queued)")
 
     def _start_import(self) -> None:
         if self._closed:
@@ -115,10 +131,14 @@ class FinetuneWidget(QWidget):
             return
         from napari_finetune._qt.panel import FinetunePanel
 
-        self.panel = panel = FinetunePanel(self.viewer)
-        self._layout.removeWidget(self._loading)
+        self.predict_button.clicked.disconnect(self._click_early)
+        while self._layout.count():  # the line, the button (the panel takes it), the stretch
+            self._layout.takeAt(0)
+        self.panel = panel = FinetunePanel(self.viewer, predict_button=self.predict_button)
         self._loading.deleteLater()
         self._layout.addWidget(panel, 1)  # all the dock's height: the panel scrolls inside
+        if self._early_click:  # the panel keeps it until the model is there
+            panel.controller.predict()
         self.panel_ready.emit()
 
     def sizeHint(self) -> QSize:  # noqa: N802, D102 (Qt override)
