@@ -62,9 +62,13 @@ def main() -> int:
 
     viewer = napari.Viewer()
     viewer.open_sample("napari-finetune", "synthetic-em")
-    _, widget = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
+    _, dock = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
     app = QApplication.instance()
     deadline = time.monotonic() + 120
+    while dock.panel is None and time.monotonic() < deadline:  # built in later turns
+        app.processEvents()
+        time.sleep(0.02)
+    widget = dock.panel
     while (widget.state.info is None or widget.state.running) and time.monotonic() < deadline:
         app.processEvents()
         time.sleep(0.02)

@@ -60,6 +60,12 @@ def _store_and_checkpoint(shape, tmp: Path) -> tuple[Path, Path, str]:
     return ensure_sample("target", shape), path, "synthetic-em sample + random UNet (no sample .pt)"
 
 
+def _panel(dock):
+    """The dock's panel (buttons, state), None until built; the dock itself before the
+    dock built its panel in later event-loop turns (main before h/dock)."""
+    return dock.panel if hasattr(dock, "panel_ready") else dock
+
+
 def _wait(app, condition, timeout_s: float = 1800) -> None:
     """Run Qt's own event loop (as napari does) until ``condition()`` holds.
 
@@ -378,8 +384,10 @@ def walk(args: argparse.Namespace) -> int:
     def dock() -> None:
         _, box["w"] = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
 
-    step("dock the widget", dock, lambda: True, settle_s=0.0)  # Predict comes at once
-    w = box["w"]
+    # To the panel shown (its modules are imported in a thread, then it is built); Predict
+    # comes at once.
+    step("dock the widget", dock, lambda: _panel(box["w"]) is not None, settle_s=0.0)
+    w = _panel(box["w"])
     names = [f"{c} prediction" for c in ("membrane", "mitochondria")]
 
     def predicted() -> bool:
@@ -575,7 +583,9 @@ def main(argv: list[str] | None = None) -> int:
     app = QApplication.instance()
     viewer.open(str(store), plugin="napari-finetune")
     t = time.perf_counter()
-    _, widget = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
+    _, dock = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
+    _wait(app, lambda: _panel(dock) is not None)
+    widget = _panel(dock)
     dock_s = time.perf_counter() - t
     widget.checkpoint_edit.setText(str(ckpt))
     widget.checkpoint_edit.editingFinished.emit()  # as Return in the field does

@@ -81,7 +81,7 @@ def docked(make_napari_viewer, qtbot, tiny_store, tiny_checkpoint):
     layers = viewer.open(str(tiny_store), plugin="napari-finetune")
     image = layers[0]
     assert image.metadata["ome_zarr_path"]
-    _, widget = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
+    widget = dock_panel(viewer, qtbot)
     choose_checkpoint(qtbot, widget, str(tiny_checkpoint))
     # The model read and the engine warmed up: a Predict clicked now starts at once (one
     # clicked earlier is kept until then, test_widget_early_click).
@@ -89,6 +89,21 @@ def docked(make_napari_viewer, qtbot, tiny_store, tiny_checkpoint):
                     timeout=60_000)
     yield viewer, widget, image
     wait_idle(qtbot, widget)
+
+
+def dock_panel(viewer, qtbot, timeout: int = 60_000):
+    """Dock the widget as napari's Plugins menu does; its panel once built.
+
+    The dock shows at once; the panel comes in a later event-loop turn, when its
+    modules are imported (``napari_finetune._qt.widget``).
+    """
+    _, dock = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
+    assert dock.panel is None  # built in a later turn, never inside napari's docking
+    # Back at the signal, before the panel's own later turns (its jobs' start): a test
+    # sees the panel as a user's first click does.
+    with qtbot.waitSignal(dock.panel_ready, timeout=timeout):
+        pass
+    return dock.panel
 
 
 def choose_checkpoint(qtbot, widget, path) -> None:

@@ -53,7 +53,11 @@ def main(case: str, store: str, checkpoint: str, out: Path) -> None:
 
     viewer = napari.Viewer()
     viewer.open(store, plugin="napari-finetune")
-    dock, widget = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
+    dock, shown = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
+    while shown.panel is None:  # built in a later event-loop turn, once imported
+        QApplication.processEvents()
+        time.sleep(0.01)
+    widget = shown.panel
     widget.checkpoint_edit.setText(checkpoint)
     widget.checkpoint_edit.editingFinished.emit()
     state = widget.state

@@ -6,11 +6,11 @@ import gc
 import weakref
 
 import numpy as np
-from tests._qt.conftest import wait_idle
+from tests._qt.conftest import dock_panel, wait_idle
 
 
 def _dock(viewer, qtbot):
-    _, widget = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
+    widget = dock_panel(viewer, qtbot)
     # The engine warmed up: both freeze points (the jobs' start, the warm-up's end) passed.
     qtbot.waitUntil(lambda: widget.state.warming == 0 and not widget.state.reading,
                     timeout=120_000)
@@ -72,10 +72,10 @@ def test_the_engine_is_frozen_before_a_kept_predict_starts(
 
     from qtpy.QtCore import Qt
 
-    import napari_finetune._qt.widget as widget_module
+    import napari_finetune._qt.panel as panel_module
     from napari_finetune.session import heap, jobs
 
-    monkeypatch.setattr(widget_module, "default_checkpoint", lambda: str(tiny_checkpoint))
+    monkeypatch.setattr(panel_module, "default_checkpoint", lambda: str(tiny_checkpoint))
     read = threading.Event()  # the warm-up ends after the checkpoint's reading
     warm_up = jobs.warm_up_job
 
@@ -95,7 +95,7 @@ def test_the_engine_is_frozen_before_a_kept_predict_starts(
     monkeypatch.setattr(heap.HeapHold, "freeze", recorded)
     viewer = make_napari_viewer()
     viewer.open(str(tiny_store), plugin="napari-finetune")
-    _, widget = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
+    widget = dock_panel(viewer, qtbot)
     widget.controller.session.events.checkpoint_read.connect(lambda *_: read.set())
     qtbot.mouseClick(widget.predict_button, Qt.LeftButton)  # kept until the model is there
     qtbot.waitUntil(lambda: widget.controller.session.prediction is not None, timeout=120_000)

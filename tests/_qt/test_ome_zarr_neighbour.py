@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 from qtpy.QtCore import Qt
-from tests._qt.conftest import choose_checkpoint, wait_idle
+from tests._qt.conftest import choose_checkpoint, dock_panel, wait_idle
 
 
 def test_store_opened_by_napari_ome_zarr_gets_autosaved_corrections(
@@ -24,7 +24,7 @@ def test_store_opened_by_napari_ome_zarr_gets_autosaved_corrections(
     viewer = make_napari_viewer()
     image = viewer.open(str(tiny_store), plugin="napari-ome-zarr")[0]
     assert "ome_zarr_path" not in image.metadata
-    _, widget = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
+    widget = dock_panel(viewer, qtbot)
     choose_checkpoint(qtbot, widget, str(tiny_checkpoint))
     qtbot.waitUntil(lambda: widget.state.info is not None, timeout=20_000)
     try:
@@ -72,7 +72,7 @@ def test_a_read_only_store_is_autosaved_beside_it_and_found_when_reopened(
     with _read_only(tiny_store):
         viewer = make_napari_viewer()
         viewer.open(str(tiny_store), plugin="napari-finetune")
-        _, widget = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
+        widget = dock_panel(viewer, qtbot)
         choose_checkpoint(qtbot, widget, str(tiny_checkpoint))
         qtbot.waitUntil(lambda: widget.state.info is not None, timeout=20_000)
         try:

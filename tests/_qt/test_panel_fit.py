@@ -9,7 +9,7 @@ from pathlib import Path
 
 from qtpy.QtCore import QPoint, QRect, Qt
 from qtpy.QtWidgets import QAbstractButton, QLabel, QWidget
-from tests._qt.conftest import choose_checkpoint, wait_idle
+from tests._qt.conftest import choose_checkpoint, dock_panel, wait_idle
 from tests._qt.test_widget_training import _paint
 
 from napari_finetune.session.session import Busy
@@ -37,7 +37,7 @@ def test_after_a_run_on_a_laptop_the_results_are_in_view_and_the_line_is_whole(
     window = viewer.window._qt_window
     window.resize(1280, 800)
     viewer.open(str(tiny_store), plugin="napari-finetune")
-    _, widget = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
+    widget = dock_panel(viewer, qtbot)
     choose_checkpoint(qtbot, widget, str(tiny_checkpoint))
     qtbot.waitUntil(lambda: widget.state.info is not None and widget.state.warming == 0,
                     timeout=60_000)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from qtpy.QtCore import Qt
 from qtpy.QtWidgets import QFileDialog
-from tests._qt.conftest import wait_idle
+from tests._qt.conftest import dock_panel, wait_idle
 from tests._qt.test_roles_editor import choose_role, type_value
 
 from napari_finetune._qt.layers import camera_of
@@ -90,7 +90,7 @@ def test_paint_here_next_on_a_time_series_names_the_time_point(make_napari_viewe
     viewer = make_napari_viewer()
     (image,) = viewer.open(str(path), plugin="napari-ome-zarr")
     assert tuple(image.level_shapes[0]) == (3, 64, 64)
-    _, widget = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
+    widget = dock_panel(viewer, qtbot)
     choose_checkpoint(qtbot, widget, str(ckpt))
     qtbot.waitUntil(lambda: widget.state.info is not None and widget.state.warming == 0,
                     timeout=60_000)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from napari.utils.notifications import NotificationSeverity, notification_manager
 from qtpy.QtCore import Qt
-from tests._qt.conftest import CHANNELS, SHAPE, choose_checkpoint, wait_idle
+from tests._qt.conftest import CHANNELS, SHAPE, choose_checkpoint, dock_panel, wait_idle
 
 from napari_finetune.session.session import Busy
 
@@ -174,7 +174,7 @@ def test_open_sample_and_dock(make_napari_viewer, qtbot, tmp_path, monkeypatch):
     monkeypatch.setenv("NAPARI_FINETUNE_SAMPLE_SHAPE", "16,64,64")
     viewer = make_napari_viewer()
     viewer.open_sample("napari-finetune", "synthetic-em")
-    _, widget = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
+    widget = dock_panel(viewer, qtbot)
     image = widget.image_combo.value
     assert image is not None and image.metadata["ome_zarr_path"].startswith(str(tmp_path))
     assert widget.store_hint() is not None

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from qtpy.QtCore import Qt
-from tests._qt.conftest import choose_checkpoint, make_volume, wait_idle
+from tests._qt.conftest import choose_checkpoint, dock_panel, make_volume, wait_idle
 
 from ngff_stores import omero_metadata
 
@@ -45,7 +45,7 @@ def test_a_single_channel_model_asks_for_the_channel_then_trains_on_it(
     # napari-ome-zarr gives the channel axis: napari splits it, one ZYX layer per channel.
     assert len(layers) == 2
     assert all(tuple(layer.level_shapes[0]) == (16, 64, 64) for layer in layers)
-    _, widget = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
+    widget = dock_panel(viewer, qtbot)
     choose_checkpoint(qtbot, widget, str(tiny_checkpoint))
     qtbot.waitUntil(lambda: widget.state.info is not None and widget.state.warming == 0,
                     timeout=60_000)

@@ -10,15 +10,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from qtpy.QtCore import Qt
-from tests._qt.conftest import CHANNELS, SHAPE, wait_idle
+from tests._qt.conftest import CHANNELS, SHAPE, dock_panel, wait_idle
 
 
 @pytest.fixture
 def opened(make_napari_viewer, tiny_store, tiny_checkpoint, monkeypatch):
     """(viewer, image layer) of the tiny store; the dock will offer ``tiny_checkpoint``."""
-    import napari_finetune._qt.widget as widget_module
+    import napari_finetune._qt.panel as panel_module
 
-    monkeypatch.setattr(widget_module, "default_checkpoint", lambda: str(tiny_checkpoint))
+    monkeypatch.setattr(panel_module, "default_checkpoint", lambda: str(tiny_checkpoint))
     viewer = make_napari_viewer()
     layers = viewer.open(str(tiny_store), plugin="napari-finetune")
     return viewer, layers[0]
@@ -35,7 +35,7 @@ def _filled_predictions(viewer, widget) -> bool:
 
 def test_predict_clicked_as_the_dock_appears_predicts(opened, qtbot):
     viewer, image = opened
-    _, widget = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
+    widget = dock_panel(viewer, qtbot)
     assert widget.state.info is None  # the checkpoint is still being read
     button = widget.predict_button
     assert button.isEnabled()  # Qt drops a click on a disabled button
@@ -48,10 +48,32 @@ def test_predict_clicked_as_the_dock_appears_predicts(opened, qtbot):
     wait_idle(qtbot, widget)
 
 
+def test_predict_clicked_in_the_docks_first_turn_is_kept_by_the_panel(opened, qtbot):
+    """The dock's Predict is there before its panel (a user, or a script looking for the
+    button whose text begins with "Predict", clicks it the moment the dock shows): that
+    one click predicts, and the panel's Predict is that same button."""
+    from qtpy.QtWidgets import QPushButton
+
+    viewer, image = opened
+    _, dock = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
+    assert dock.panel is None  # nothing of the panel yet
+    found = [b for b in dock.findChildren(QPushButton) if b.text().startswith("Predict")]
+    assert found == [dock.predict_button] and found[0].isEnabled()
+    qtbot.mouseClick(found[0], Qt.LeftButton)
+    assert found[0].text() == "Predict (queued)"
+    with qtbot.waitSignal(dock.panel_ready, timeout=60_000):
+        pass
+    widget = dock.panel
+    assert widget.predict_button is found[0] and found[0].parent() is not dock
+    qtbot.waitUntil(lambda: _filled_predictions(viewer, widget), timeout=60_000)
+    assert found[0].text() == "Predict"
+    wait_idle(qtbot, widget)
+
+
 def test_predict_clicked_once_it_is_enabled_predicts(opened, qtbot):
     """The first moment the model is known (the engine may still warm up) one click is enough."""
     viewer, image = opened
-    _, widget = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
+    widget = dock_panel(viewer, qtbot)
     qtbot.waitUntil(lambda: widget.state.info is not None, timeout=60_000)
     qtbot.mouseClick(widget.predict_button, Qt.LeftButton)
     # At once, before the first block is done: not "idle" (the engine's warm-up may
@@ -64,7 +86,7 @@ def test_predict_clicked_once_it_is_enabled_predicts(opened, qtbot):
 
 def test_progress_names_the_block(opened, qtbot):
     viewer, image = opened
-    _, widget = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
+    widget = dock_panel(viewer, qtbot)
     seen: list[str] = []
     bar = widget.status_panel.progress
     qtbot.waitUntil(lambda: widget.state.info is not None, timeout=60_000)
@@ -85,12 +107,12 @@ def test_progress_names_the_block(opened, qtbot):
 
 def test_predict_without_a_model_says_why_and_queues_nothing(make_napari_viewer, tiny_store,
                                                             qtbot, monkeypatch):
-    import napari_finetune._qt.widget as widget_module
+    import napari_finetune._qt.panel as panel_module
 
-    monkeypatch.setattr(widget_module, "default_checkpoint", lambda: "")
+    monkeypatch.setattr(panel_module, "default_checkpoint", lambda: "")
     viewer = make_napari_viewer()
     viewer.open(str(tiny_store), plugin="napari-finetune")
-    _, widget = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
+    widget = dock_panel(viewer, qtbot)
     # The engine warms up in the turn after docking (with the modules already imported by
     # earlier tests it can end within one poll, so wait for its end, not for it running).
     warmed: list[object] = []

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from qtpy.QtCore import Qt
-from tests._qt.conftest import choose_checkpoint, wait_idle
+from tests._qt.conftest import choose_checkpoint, dock_panel, wait_idle
 from tests.session.kept_files import write_kept
 
 from napari_finetune.remote.kept import kept_path
@@ -20,7 +20,7 @@ def docked_with_kept(make_napari_viewer, qtbot, tiny_store, tiny_checkpoint):
     path, _ = write_kept(tiny_store, tiny_checkpoint, steps_done=4, total_steps=40)
     viewer = make_napari_viewer()
     viewer.open(str(tiny_store), plugin="napari-finetune")
-    _, widget = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
+    widget = dock_panel(viewer, qtbot)
     choose_checkpoint(qtbot, widget, str(tiny_checkpoint))
     qtbot.waitUntil(lambda: widget.state.info is not None and widget.state.warming == 0,
                     timeout=60_000)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from qtpy.QtCore import Qt
-from tests._qt.conftest import wait_idle
+from tests._qt.conftest import dock_panel, wait_idle
 
 from napari_finetune.session.events import PreviewFailed, RunStatus
 from napari_finetune.session.session import Busy, Outcome
@@ -47,7 +47,7 @@ def test_the_runs_statuses_and_failed_previews_reach_the_panel(make_napari_viewe
     from tests._qt.test_status_text import _status
 
     viewer = make_napari_viewer()
-    _, widget = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
+    widget = dock_panel(viewer, qtbot)
     events = widget.controller.session.events
     recovery = _status(kind="recovery", batch_size=1, accumulation=2, message="batch 2 → 1")
     events.job_event.emit(RunStatus(recovery))

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from qtpy.QtCore import Qt
-from tests._qt.conftest import choose_checkpoint, make_volume, wait_idle
+from tests._qt.conftest import choose_checkpoint, dock_panel, make_volume, wait_idle
 
 TIMES = 3
 
@@ -38,7 +38,7 @@ def test_a_time_series_is_painted_trained_and_predicted_per_time_point(
     viewer = make_napari_viewer()
     (image,) = viewer.open(str(tzyx_store), plugin="napari-ome-zarr")
     assert tuple(image.level_shapes[0]) == (TIMES, 16, 64, 64)
-    _, widget = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
+    widget = dock_panel(viewer, qtbot)
     choose_checkpoint(qtbot, widget, str(tiny_checkpoint))
     qtbot.waitUntil(lambda: widget.state.info is not None and widget.state.warming == 0,
                     timeout=60_000)
@@ -81,7 +81,7 @@ def test_objects_of_a_time_series_are_found_per_time_point(
     checkpoint = save_tiny_unet(tmp_path / "tiny_roles.pt", ROLES)
     viewer = make_napari_viewer()
     viewer.open(str(tzyx_store), plugin="napari-ome-zarr")
-    _, widget = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
+    widget = dock_panel(viewer, qtbot)
     choose_checkpoint(qtbot, widget, str(checkpoint))
     qtbot.waitUntil(lambda: widget.state.info is not None and widget.state.warming == 0,
                     timeout=60_000)

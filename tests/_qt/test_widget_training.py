@@ -13,7 +13,7 @@ import pytest
 from napari.utils.notifications import NotificationSeverity, notification_manager
 from qtpy.QtCore import Qt, QTimer
 from qtpy.QtWidgets import QFileDialog
-from tests._qt.conftest import choose_checkpoint, wait_idle
+from tests._qt.conftest import choose_checkpoint, dock_panel, wait_idle
 
 from napari_finetune.session.session import Busy, Outcome
 
@@ -244,7 +244,7 @@ def test_a_2d_image_with_a_2d_model(make_napari_viewer, qtbot, tmp_path):
                                                         features=4), {"channel_names": CHANNELS})
     viewer = make_napari_viewer()
     viewer.open(str(path), plugin="napari-finetune")
-    _, widget = viewer.window.add_plugin_dock_widget("napari-finetune", "Fine-tune")
+    widget = dock_panel(viewer, qtbot)
     choose_checkpoint(qtbot, widget, str(ckpt))
     qtbot.waitUntil(lambda: widget.state.info is not None, timeout=20_000)
     qtbot.mouseClick(widget.new_corrections_button, Qt.LeftButton)

@@ -2,7 +2,7 @@
 
 :class:`~napari_finetune._qt.actions.Controller` and the steps it runs
 (:mod:`~napari_finetune._qt.objects_step`) are typed against these protocols, not
-against :class:`~napari_finetune._qt.widget.FinetuneWidget` or the Controller itself:
+against :class:`~napari_finetune._qt.panel.FinetunePanel` or the Controller itself:
 the widget imports them, so they must not import it back.
 """
 
