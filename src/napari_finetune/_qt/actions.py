@@ -39,7 +39,6 @@ from napari_finetune._qt.objects_step import show_checkpoint_roles
 from napari_finetune._qt.state import release_trainer, shut_down
 from napari_finetune._qt.trust import ask_to_trust
 from napari_finetune._qt.viewer_port import NapariViewerPort
-from napari_finetune.session import jobs
 from napari_finetune.session.checkpoint import CheckpointInfo, CheckpointUnusable, Untrusted
 from napari_finetune.session.events import (
     Event,
@@ -59,6 +58,7 @@ if TYPE_CHECKING:
 
     from napari_finetune._qt.view import WidgetView
     from napari_finetune.arrays import AxesImage, VolumeArray
+    from napari_finetune.session import jobs  # a type only: the jobs are the Session's
 
 def _nothing() -> None:
     """The default hook: nothing to do."""

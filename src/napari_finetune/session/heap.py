@@ -12,7 +12,7 @@ only what was made since (0 ms measured).
 The heap is hidden at three moments: when the dock starts its jobs (before the
 warm-up's imports, so the collections those set off walk only young objects),
 when a warm-up has imported the engine (torch's and PEFT's modules then stay out
-of the walks too; ``FinetuneWidget``), and when a run starts with no older
+of the walks too; ``FinetunePanel``), and when a run starts with no older
 trainer kept (:func:`freeze_for_run`, the Session: what the run makes is young).
 A warm-up may end during a run and freeze the run's trainer with it; so
 :func:`give_back` unfreezes before the Session drops a trainer, and the
@@ -162,7 +162,7 @@ def no_full_collections() -> Iterator[None]:
     half-imported heap again, 90-184 ms each with the GIL held, five of them
     while a warm-up imported torch as the dock showed (the UI walk, issue 55).
     Young collections still run, and so does an explicit ``gc.collect()``; the
-    freeze that follows the warm-up (``FinetuneWidget``) hides what it imported.
+    freeze that follows the warm-up (``FinetunePanel``) hides what it imported.
     """
     global _quiet, _threshold2
     with _lock:
