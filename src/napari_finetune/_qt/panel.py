@@ -22,8 +22,10 @@ from qtpy.QtWidgets import (
     QFileDialog,
     QFrame,
     QLabel,
+    QMenu,
     QPushButton,
     QScrollArea,
+    QToolButton,
     QVBoxLayout,
     QWidget,
 )
@@ -99,9 +101,15 @@ class FinetunePanel(QWidget):
         self.channel_pick = ChannelPick()
         self.checkpoint_edit = PathEdit(default_checkpoint())
         self.checkpoint_edit.setPlaceholderText("model checkpoint (.pt)")
-        browse = QPushButton("…")
-        browse.setToolTip("Choose a checkpoint file")
+        # "…" opens a file; its arrow lists the models that ship with the package (the
+        # starter for a volume unlike the sample), which a user would not find on disk.
+        browse = self.model_button = QToolButton()
+        browse.setText("…")
+        browse.setToolTip("Choose a checkpoint file; the arrow: a model that ships with "
+                          "napari-finetune (the starter, for a volume unlike the sample)")
+        browse.setPopupMode(QToolButton.ToolButtonPopupMode.MenuButtonPopup)
         browse.clicked.connect(self._browse_checkpoint)
+        browse.setMenu(self._shipped_menu(browse))
         self.checkpoint_label = QLabel("no checkpoint loaded")
         self.checkpoint_label.setWordWrap(True)
         # The dock's, clicked maybe while this panel loaded (FinetuneWidget keeps that click).
@@ -516,6 +524,20 @@ class FinetunePanel(QWidget):
         """The OME-Zarr store of the chosen image, if it came from one."""
         path = store_path_of(self.image_layer())
         return Path(path) if path else None
+
+    def _shipped_menu(self, parent: QWidget) -> QMenu:
+        """One entry per shipped model: its name and what it is for; choosing one makes
+        it the model, as if its path were typed into the model field."""
+        from napari_finetune.samples.models import SHIPPED
+
+        menu = QMenu(parent)
+        for name, model in SHIPPED.items():
+            action = menu.addAction(f"{name}: {model.about}")
+            if action is not None:
+                action.setData(name)
+                action.triggered.connect(
+                    lambda _=False, path=str(model.path): self._use_checkpoint(path))
+        return menu
 
     # -- callbacks (thin: each starts a job or updates a label) ------------------------------
     def _browse_checkpoint(self) -> None:
