@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
-from train_sample_model import NORMALIZATION, iou, loss_fn, predict
+from train_sample_model import NORMALIZATION, batch, fit, iou, predict
 
 from napari_finetune.data.normalization import intensity_range, normalize
 from napari_finetune.loading import load_checkpoint
@@ -55,24 +55,6 @@ def load(seed: int) -> tuple[np.ndarray, np.ndarray, dict[str, object]]:
     return normalize(image, low, high), truth.astype(np.float32), drawn
 
 
-def batch(rng: np.random.Generator, volumes, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random crops with flips and 90-degree turns in y-x."""
-    xs, ys = [], []
-    for _ in range(n):
-        image, target, _ = volumes[rng.integers(len(volumes))]
-        corner = [rng.integers(0, s - p + 1) for s, p in zip(image.shape, PATCH, strict=True)]
-        sl = tuple(slice(c, c + p) for c, p in zip(corner, PATCH, strict=True))
-        x, y = image[sl][None], target[(slice(None), *sl)]
-        for axis in (1, 2, 3):
-            if rng.random() < 0.5:
-                x, y = np.flip(x, axis), np.flip(y, axis)
-        k = int(rng.integers(4))
-        x, y = np.rot90(x, k, axes=(2, 3)), np.rot90(y, k, axes=(2, 3))
-        xs.append(np.ascontiguousarray(x))
-        ys.append(np.ascontiguousarray(y))
-    return torch.from_numpy(np.stack(xs)), torch.from_numpy(np.stack(ys))
-
-
 def train(steps: int, seed: int, lr: float) -> tuple[nn.Module, dict]:
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
@@ -83,27 +65,14 @@ def train(steps: int, seed: int, lr: float) -> tuple[nn.Module, dict]:
     print(f"{len(volumes)} volumes drawn in {drawn:.0f} s: {families}", flush=True)
     # The sample model's weights to start from: its EM membranes are a head start.
     model = load_checkpoint(sample_checkpoint_path()).model
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, lr, total_steps=steps)
-    model.train()
-    start = time.perf_counter()
-    for step in range(1, steps + 1):
-        x, y = batch(rng, volumes, 2)
-        loss = loss_fn(model(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        schedule.step()
-        if step % 50 == 0 or step == 1:
-            print(f"step {step:4d}/{steps}  loss {loss.item():.4f}  "
-                  f"{time.perf_counter() - start:6.1f} s", flush=True)
+    seconds = fit(model, lambda: batch(rng, volumes, 2, PATCH), steps, lr)
     record = {"steps": steps, "batch_size": 2, "patch_shape": list(PATCH), "optimizer": "AdamW",
               "learning_rate": lr, "schedule": "one-cycle", "loss": "BCE + soft Dice per channel",
               "initialised_from": sample_checkpoint_path().name,
               "train_seeds": [TRAIN_SEEDS.start, TRAIN_SEEDS.stop - 1],
               "volume_shape": list(VOLUME_SHAPE), "families": families, "seed": seed,
               "augmentation": "flips, 90-degree y-x turns",
-              "seconds": round(time.perf_counter() - start, 1),
+              "seconds": round(seconds, 1),
               "torch_threads": torch.get_num_threads()}
     return model, record
 
