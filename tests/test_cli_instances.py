@@ -21,6 +21,23 @@ OBJECTS = ["objects-membrane", "objects-mitochondria"]
 CONFIG = PredictConfig(block_shape=(8, 16, 16), halo=(8, 16, 16), device="cpu")
 
 
+@pytest.fixture
+def seen(monkeypatch) -> dict:
+    """role -> the ChannelRole each channel's objects were labelled with (the blockwise
+    objects step spied on, still run)."""
+    from napari_finetune.predict import store as predict_store
+
+    labelled = {}
+    real = predict_store.blockwise_instances
+
+    def spy(prob, params, block_shape, out, **kwargs):
+        labelled[params.role] = params
+        return real(prob, params, block_shape, out, **kwargs)
+
+    monkeypatch.setattr(predict_store, "blockwise_instances", spy)
+    return labelled
+
+
 def same_up_to_relabelling(a: np.ndarray, b: np.ndarray) -> bool:
     """Background in the same voxels, and one-to-one ids between a and b."""
     if not np.array_equal(a > 0, b > 0):
@@ -174,7 +191,7 @@ def test_too_many_objects_keep_the_store_as_it_was(capsys, monkeypatch, store, c
 
 
 def test_predict_instances_takes_the_sizes_of_the_objects_painted_in_the_store(
-    capsys, monkeypatch, tmp_path, store, checkpoint
+    capsys, seen, tmp_path, store, checkpoint
 ):
     """Two mitochondria 11 wide painted on two slices: the objects are labelled with the
     painting's seed distance and min size, and one line says so; a size the checkpoint
@@ -182,16 +199,7 @@ def test_predict_instances_takes_the_sizes_of_the_objects_painted_in_the_store(
     from napari_finetune.io.omezarr import save_corrections
     from napari_finetune.objects import roles_to_metadata
     from napari_finetune.objects.roles import SAMPLE_ROLES
-    from napari_finetune.predict import store as predict_store
 
-    seen = {}
-    real = predict_store.blockwise_instances
-
-    def spy(prob, params, block_shape, out, **kwargs):
-        seen[params.role] = params
-        return real(prob, params, block_shape, out, **kwargs)
-
-    monkeypatch.setattr(predict_store, "blockwise_instances", spy)
     painted = np.zeros((16, 40, 40), np.uint8)
     for z in (4, 8):
         painted[z, 4:15, 4:15] = painted[z, 22:33, 22:33] = 3  # mitochondria: channel 1
@@ -242,23 +250,14 @@ def _thresholding_model(path: Path, roles: dict) -> Path:
 
 
 def test_predict_instances_takes_the_sizes_of_the_predicted_objects_when_far_off(
-    capsys, monkeypatch, tmp_path
+    capsys, seen, tmp_path
 ):
     """Nothing painted, objects 19 voxels wide and the checkpoint's seed distance 4 (for
     objects about 8 wide): the predicted objects' sizes, one line saying why; objects
     of about the checkpoint's size, or a size set by the user, keep theirs."""
     from napari_finetune.objects import roles_to_metadata
     from napari_finetune.objects.from_painting import parameters_for, predicted_objects
-    from napari_finetune.predict import store as predict_store
 
-    seen = {}
-    real = predict_store.blockwise_instances
-
-    def spy(prob, params, block_shape, out, **kwargs):
-        seen[params.role] = params
-        return real(prob, params, block_shape, out, **kwargs)
-
-    monkeypatch.setattr(predict_store, "blockwise_instances", spy)
     roles = {"mitochondria": {"role": "object", "threshold": 0.5, "seed_distance": 4.0,
                               "min_size": 20}}
     model = _thresholding_model(tmp_path / "balls.pt", roles)
@@ -294,21 +293,11 @@ def test_predict_instances_takes_the_sizes_of_the_predicted_objects_when_far_off
     assert "seed distance 4 (set by you)" in out
 
 
-def test_sizes_given_on_the_command_line_are_used_and_said(capsys, monkeypatch, store,
-                                                           checkpoint):
+def test_sizes_given_on_the_command_line_are_used_and_said(capsys, seen, store, checkpoint):
     """--seed-distance and --min-size: the objects are labelled with them, whatever the
     painting says, and the line names them as set by the user."""
     from napari_finetune.io.omezarr import save_corrections
-    from napari_finetune.predict import store as predict_store
 
-    seen = {}
-    real = predict_store.blockwise_instances
-
-    def spy(prob, params, block_shape, out, **kwargs):
-        seen[params.role] = params
-        return real(prob, params, block_shape, out, **kwargs)
-
-    monkeypatch.setattr(predict_store, "blockwise_instances", spy)
     painted = np.zeros((16, 40, 40), np.uint8)
     for z in (4, 8):
         painted[z, 4:15, 4:15] = painted[z, 22:33, 22:33] = 3  # would give 5.5 and 87
