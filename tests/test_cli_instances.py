@@ -319,6 +319,7 @@ def test_sizes_given_on_the_command_line_are_used_and_said(capsys, seen, store, 
 
 @pytest.mark.parametrize("args,says", [
     (["--seed-distance", "mitochondria=0.5"], ">= 1"),
+    (["--seed-distance", "mitochondria=inf"], ">= 1"),
     (["--seed-distance", "mitochondria"], "CHANNEL=VOXELS"),
     (["--min-size", "mitochondria=1.5"], "whole number"),
     (["--min-size", "nucleus=10"], "does not have"),

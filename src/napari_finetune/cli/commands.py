@@ -499,6 +499,8 @@ def _parse_sizes(
 ) -> dict[str, dict[str, float | int]]:
     """``--seed-distance`` and ``--min-size`` values as {channel: {parameter: value}}; a
     one-line UsageError for a value that is not ``CHANNEL=NUMBER`` in range."""
+    import math
+
     from napari_finetune.cli import UsageError
 
     sizes: dict[str, dict[str, float | int]] = {}
@@ -511,7 +513,7 @@ def _parse_sizes(
                 parsed = float(number) if name == "seed_distance" else int(number)
             except ValueError:
                 parsed = None
-            if (not sep or not channel or parsed is None or parsed != parsed
+            if (not sep or not channel or parsed is None or not math.isfinite(parsed)
                     or parsed < (1 if name == "seed_distance" else 0)):
                 what = ("a number of voxels >= 1, e.g. --seed-distance nuclei=12"
                         if name == "seed_distance"
