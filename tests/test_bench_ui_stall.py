@@ -37,8 +37,10 @@ def test_nested_work_is_counted_once(bench):
     work = bench.NapariLayerWork.__new__(bench.NapariLayerWork)  # no napari classes wrapped
     work.built = [(1.0, 1.5), (3.0, 3.1)]
     work.added = [(1.2, 2.0)]  # a Labels layer built inside an add: one interval
-    assert work.intervals() == [(1.0, 2.0), (3.0, 3.1)]
-    assert work.summary() == "2 built: 600 ms (max 500); 1 added: 800 ms (max 800)"
+    work.removed = [(3.05, 3.3)]  # a removal that began inside a build: joined to it
+    assert work.intervals() == [(1.0, 2.0), (3.0, 3.3)]
+    assert work.summary() == ("2 built: 600 ms (max 500); 1 added: 800 ms (max 800); "
+                              "1 removed: 250 ms (max 250)")
 
 
 def test_the_wrapped_napari_methods_are_restored(bench):

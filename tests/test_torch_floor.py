@@ -48,6 +48,7 @@ RELEASES: dict[str, tuple[int, int]] = {
         "torch.autocast", "torch.backends.cuda.matmul.allow_tf32",
         "torch.backends.cudnn.allow_tf32", "torch.backends.cudnn.is_available",
         "torch.backends.cudnn.version", "torch.backends.mps.is_available", "torch.bfloat16",
+        "torch.bincount",
         "torch.bool", "torch.cat", "torch.count_nonzero", "torch.cuda.Event",
         "torch.cuda.OutOfMemoryError", "torch.cuda.Stream", "torch.cuda.current_device",
         "torch.cuda.current_stream", "torch.cuda.device", "torch.cuda.device_count",
