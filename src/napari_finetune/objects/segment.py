@@ -205,32 +205,75 @@ def _domes_where_no_core(
     markers: np.ndarray, n_markers: int, foreground: np.ndarray, regions: np.ndarray,
     seed_distance: float, spacing: Sequence[float] | None, surface: np.ndarray,
 ) -> tuple[np.ndarray, int]:
-    """``markers`` with seeds added in the regions holding none: one per dome of the
-    depth rising ``seed_distance / 2`` (and 1) above its saddle (h-maxima, as the
-    boundary role's cells), numbered after the markers'. In those regions ``surface``
-    (the flood's, changed in place) becomes the negated depth: their probability is
-    speckle, and flooding it would cut touching objects anywhere.
+    """``markers`` with a seed added for every dome of the shape that holds no core: the
+    summit of each dome of the depth rising ``seed_distance / 2`` (and 1) above its saddle
+    (h-maxima, as the boundary role's cells) that no core reaches (below), numbered after
+    the markers'; a dome's catchment is the depth's watershed from the domes. In
+    the regions given such a seed ``surface`` (the flood's, changed in place) becomes the
+    negated depth: a region seeded by its shape is cut at its necks, while a speckled
+    probability would cut touching objects anywhere.
 
     A region whose probability has no deep core (a speckled object, or touching ones the
     model is unsure of everywhere) is split by its shape alone: touching objects keep a
     dome each, the neck between them shallower than both middles, while a bump of a
-    ragged outline rises too little to be a middle.
+    ragged outline rises too little to be a middle. The same holds for an object beside a
+    sure one: a model sure of one of two touching nuclei gives the pair one core, and
+    that core seeded both as one object (the starter model on a real nuclei volume after
+    20 steps: two nuclei of 17299 and 17510 voxels as one object, IoU 0.42 and 0.44).
+    A dome is cored, and adds nothing, when a core reaches its top (within ``h`` of its
+    summit: a long object sure along its length has one core over all its domes) or lies
+    mostly in its catchment (a core off a dome's middle, a crescent at one side). A sure
+    nucleus's core reaching a few voxels across the neck into its neighbour's catchment
+    cores that neighbour by neither rule.
     """
-    seeded = np.zeros(int(regions.max()) + 1, bool)
-    seeded[regions[markers > 0]] = True
-    seeded[0] = True
-    bare = ~seeded[regions] & foreground
-    if not bare.any():
-        return markers, n_markers
     depth = ndimage.distance_transform_edt(foreground, sampling=spacing).astype(np.float32)
-    depth[~bare] = 0
-    surface[bare] = -depth[bare]
     h = max(1.0, seed_distance / 2)
     domes, n_domes = _depth_seeds(depth, h, h)
-    _check_count(n_markers + n_domes, "seeds")
+    if not n_domes:
+        return markers, n_markers
+    # Each dome's catchment, within its region (the background between regions is no
+    # path): the watershed of the depth from the summits.
+    basins = watershed(-depth, domes, mask=foreground)
+    # A dome is cored when a core lies mostly in its catchment, or reaches its top (within
+    # h of its summit): a long object sure along its length has one core over many domes.
+    cored = np.zeros(n_domes + 1, bool)
+    cored[_majority(markers, n_markers, basins)] = True
+    summit = np.zeros(n_domes + 1, np.float32)
+    summit[1:] = ndimage.maximum(depth, basins, np.arange(1, n_domes + 1))
+    top = (markers > 0) & (depth > summit[basins] - h)
+    cored[basins[top]] = True
+    cored[0] = True
+    lonely = ~cored[domes]  # the summit voxels of the domes no core lies in
+    if not lonely.any():
+        return markers, n_markers
+    ids = np.flatnonzero(~cored)
+    _check_count(n_markers + ids.size, "seeds")
+    lut = np.zeros(n_domes + 1, np.int32)
+    lut[ids] = np.arange(n_markers + 1, n_markers + 1 + ids.size, dtype=np.int32)
     out = markers.astype(np.int32, copy=True)
-    out[domes > 0] = domes[domes > 0] + n_markers
-    return out, n_markers + n_domes
+    out[lonely] = lut[domes[lonely]]
+    given = np.zeros(int(regions.max()) + 1, bool)
+    given[regions[lonely]] = True
+    given[0] = False
+    reshaped = given[regions]
+    surface[reshaped] = -depth[reshaped]
+    return out, n_markers + ids.size
+
+
+def _majority(labels: np.ndarray, n_labels: int, zones: np.ndarray) -> np.ndarray:
+    """For each id 1..``n_labels`` of ``labels``, the id of ``zones`` holding most of its
+    voxels (0 for an id with no voxel)."""
+    inside = labels > 0
+    keys = labels[inside].astype(np.int64) * (int(zones.max()) + 1) + zones[inside]
+    pairs, counts = np.unique(keys, return_counts=True)
+    label_of, zone_of = np.divmod(pairs, int(zones.max()) + 1)
+    best = np.zeros(n_labels + 1, np.int64)
+    most = np.zeros(n_labels + 1, np.int64)
+    # Pairs in ascending count order: the last write for a label is its largest count.
+    order = np.argsort(counts, kind="stable")
+    best[label_of[order]] = zone_of[order]
+    most[label_of[order]] = counts[order]
+    return best[1:][most[1:] > 0]
 
 
 def boundary_instances(
@@ -324,8 +367,10 @@ def object_instances(
     bridge are cut where the bridge is faintest while one long or bent object,
     sure along its length, stays whole. A component without such a core (a
     speckled prediction's, whose cores are thin) is seeded by its shape: one
-    seed per dome of its depth rising ``seed_distance / 2`` above its saddle.
-    A component with one seed or none is one object either way.
+    seed per dome of its depth rising ``seed_distance / 2`` above its saddle; so
+    is a dome no core reaches beside one that has a core (an unsure object
+    touching a sure one). A component with one seed or none is one object
+    either way.
 
     Parameters
     ----------
