@@ -7,6 +7,7 @@ napari's docking, issue 55's UI walk); the panel comes when they are there.
 from __future__ import annotations
 
 import numpy as np
+from qtpy.QtCore import Qt
 from qtpy.QtWidgets import QLabel
 from tests._qt.conftest import wait_idle
 
@@ -60,3 +61,21 @@ def test_a_panel_that_cannot_be_imported_says_so_in_the_dock(
     line = dock.findChildren(QLabel)[0]
     qtbot.waitUntil(lambda: "could not load" in line.text(), timeout=60_000)
     assert "no_such_panel" in line.text() and dock.panel is None
+
+
+def test_a_panel_that_cannot_be_imported_leaves_no_button_that_does_nothing(
+        make_napari_viewer, qtbot, monkeypatch):
+    """Clicked while the panel loads, Predict is kept for the panel; when the panel cannot
+    load, that click (and any later one) would be lost: the button says so and is off."""
+    from napari_finetune._qt import widget
+
+    monkeypatch.setattr(widget, "PANEL_MODULE", "napari_finetune._qt.no_such_panel")
+    viewer = make_napari_viewer()
+    dock = _dock(viewer)
+    qtbot.mouseClick(dock.predict_button, Qt.MouseButton.LeftButton)
+    line = dock.findChildren(QLabel)[0]
+    qtbot.waitUntil(lambda: "could not load" in line.text(), timeout=60_000)
+    assert not dock.predict_button.isEnabled()
+    assert dock.predict_button.text() == "Predict"  # not "(queued)": nothing will run it
+    assert "could not load" in dock.predict_button.toolTip()
+    assert "queued" not in line.text()

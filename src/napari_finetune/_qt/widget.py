@@ -127,7 +127,13 @@ class FinetuneWidget(QWidget):
             return
         if error is not None:
             _log.error("the Fine-tune panel could not be imported", exc_info=error)
-            self._loading.setText(f"The Fine-tune panel could not load: {error}")
+            said = f"The Fine-tune panel could not load: {error}"
+            self._loading.setText(said)
+            # No panel will take the button: a kept click would be lost, and so would
+            # every later one. It says why instead of doing nothing.
+            self.predict_button.setText("Predict")
+            self.predict_button.setToolTip(said)
+            self.predict_button.setEnabled(False)
             return
         from napari_finetune._qt.panel import FinetunePanel
 
