@@ -202,7 +202,7 @@ def _deep_cores(
 
 
 def _domes_where_no_core(
-    markers: np.ndarray, n_markers: int, foreground: np.ndarray, regions: np.ndarray,
+    markers: np.ndarray, n_markers: int, regions: np.ndarray,
     seed_distance: float, spacing: Sequence[float] | None, surface: np.ndarray,
 ) -> tuple[np.ndarray, int]:
     """``markers`` with a seed added for every dome of the shape that holds no core: the
@@ -226,38 +226,74 @@ def _domes_where_no_core(
     nucleus's core reaching a few voxels across the neck into its neighbour's catchment
     cores that neighbour by neither rule.
     """
-    depth = ndimage.distance_transform_edt(foreground, sampling=spacing).astype(np.float32)
     h = max(1.0, seed_distance / 2)
+    out = markers.astype(np.int32, copy=True)
+    n_out = n_markers
+    # Region by region, each in its box: regions lie apart (background between them), so
+    # one region's domes and catchments are the same with or without the others, and
+    # the work is the foreground's size, not the volume's.
+    for region, box in enumerate(ndimage.find_objects(regions), 1):
+        if box is None:
+            continue
+        # One voxel more on every side the volume has: the background around the region,
+        # which the depth measures from (a face of the volume is none).
+        box = tuple(slice(max(b.start - 1, 0), min(b.stop + 1, n))
+                    for b, n in zip(box, regions.shape, strict=True))
+        mask = regions[box] == region
+        cores = np.where(mask, markers[box], 0)
+        seeds = _coreless_domes(mask, cores, h, spacing)
+        if seeds is None:
+            continue
+        domes, lonely_ids, depth = seeds
+        _check_count(n_out + lonely_ids.size, "seeds")
+        lut = np.zeros(int(domes.max()) + 1, np.int32)
+        lut[lonely_ids] = np.arange(n_out + 1, n_out + 1 + lonely_ids.size, dtype=np.int32)
+        lonely = lut[domes] > 0
+        out[box][lonely] = lut[domes[lonely]]
+        n_out += lonely_ids.size
+        surface[box][mask] = -depth[mask]
+    return out, n_out
+
+
+def _coreless_domes(
+    mask: np.ndarray, cores: np.ndarray, h: float, spacing: Sequence[float] | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """One region's domes (its depth's h-maxima at least ``h`` deep, labelled), the ids
+    of those no core reaches (:func:`_domes_where_no_core`) and its depth; None when no
+    dome lacks a core.
+
+    Only a region holding a voxel at least ``h`` deep and ``h`` from every core can have
+    one: a summit is ``h`` deep, and every voxel closer to it than ``h`` lies in its top
+    and its catchment (the depth falls by at most the distance). The rest, a sure model's
+    objects (all of the sample's mitochondria but 2 of 138), skip the domes' work.
+    """
+    depth = ndimage.distance_transform_edt(mask, sampling=spacing).astype(np.float32)
+    deep = depth >= h
+    if not deep.any():
+        return None
+    if cores.any():
+        deep &= ndimage.distance_transform_edt(cores == 0, sampling=spacing) >= h
+        if not deep.any():
+            return None
     domes, n_domes = _depth_seeds(depth, h, h)
     if not n_domes:
-        return markers, n_markers
-    # Each dome's catchment, within its region (the background between regions is no
-    # path): the watershed of the depth from the summits.
-    basins = watershed(-depth, domes, mask=foreground)
+        return None
+    # Each dome's catchment within the region: the watershed of the depth from the summits.
+    basins = watershed(-depth, domes, mask=mask)
     # A dome is cored when a core lies mostly in its catchment, or reaches its top (within
     # h of its summit): a long object sure along its length has one core over many domes.
     cored = np.zeros(n_domes + 1, bool)
-    cored[_majority(markers, n_markers, basins)] = True
-    summit = np.zeros(n_domes + 1, np.float32)
-    summit[1:] = ndimage.maximum(depth, basins, np.arange(1, n_domes + 1))
-    top = (markers > 0) & (depth > summit[basins] - h)
-    cored[basins[top]] = True
     cored[0] = True
-    lonely = ~cored[domes]  # the summit voxels of the domes no core lies in
-    if not lonely.any():
-        return markers, n_markers
-    ids = np.flatnonzero(~cored)
-    _check_count(n_markers + ids.size, "seeds")
-    lut = np.zeros(n_domes + 1, np.int32)
-    lut[ids] = np.arange(n_markers + 1, n_markers + 1 + ids.size, dtype=np.int32)
-    out = markers.astype(np.int32, copy=True)
-    out[lonely] = lut[domes[lonely]]
-    given = np.zeros(int(regions.max()) + 1, bool)
-    given[regions[lonely]] = True
-    given[0] = False
-    reshaped = given[regions]
-    surface[reshaped] = -depth[reshaped]
-    return out, n_markers + ids.size
+    ids = np.unique(cores[cores > 0])
+    if ids.size:
+        lut = np.zeros(int(ids.max()) + 1, np.int64)
+        lut[ids] = np.arange(1, ids.size + 1)
+        cored[_majority(lut[cores], ids.size, basins)] = True
+        summit = np.zeros(n_domes + 1, np.float32)
+        summit[1:] = ndimage.maximum(depth, basins, np.arange(1, n_domes + 1))
+        cored[basins[(cores > 0) & (depth > summit[basins] - h)]] = True
+    lonely = np.flatnonzero(~cored)
+    return (domes, lonely, depth) if lonely.size else None
 
 
 def _majority(labels: np.ndarray, n_labels: int, zones: np.ndarray) -> np.ndarray:
@@ -398,7 +434,7 @@ def object_instances(
         markers, n_markers = _deep_cores(prob > params.seed_threshold, params.seed_distance,
                                          spacing)
         surface = -prob
-        markers, n_markers = _domes_where_no_core(markers, n_markers, foreground, regions,
+        markers, n_markers = _domes_where_no_core(markers, n_markers, regions,
                                                   params.seed_distance, spacing, surface)
         labels = _flood(surface, markers, n_markers, regions, n_regions)
     elif params.split and n_regions:
