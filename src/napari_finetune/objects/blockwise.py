@@ -126,24 +126,6 @@ def _read_box(core: tuple[slice, ...], halo: Sequence[int], shape: Sequence[int]
     return tuple(box)
 
 
-def _majority_links(core_ids: np.ndarray, seen_as: np.ndarray) -> np.ndarray:
-    """(k, 2) pairs: each nonzero id of ``core_ids`` with the nonzero id ``seen_as`` gives
-    most of its voxels (ties: the smaller id)."""
-    both = (core_ids > 0) & (seen_as > 0)
-    if not both.any():
-        return np.empty((0, 2), np.int64)
-    pairs, counts = np.unique(
-        np.stack([core_ids[both], seen_as[both]], axis=1).astype(np.int64),
-        axis=0, return_counts=True,
-    )
-    # Sorted by id, then most voxels first: the first row of each id is its majority.
-    order = np.lexsort((pairs[:, 1], -counts, pairs[:, 0]))
-    pairs = pairs[order]
-    first = np.ones(len(pairs), bool)
-    first[1:] = pairs[1:, 0] != pairs[:-1, 0]
-    return pairs[first]
-
-
 def _adjacent_links(low: np.ndarray, high: np.ndarray) -> np.ndarray:
     """(k, 2) pairs of ids facing each other across a face, both foreground."""
     both = (low > 0) & (high > 0)
@@ -342,8 +324,8 @@ class FaceJoiner:
             return [_adjacent_links(lower, mine)]
         lower_core, lower_view = (np.take(lower, [k], axis=axis) for k in (0, 1))
         my_view, my_core = (np.take(mine, [k], axis=axis) for k in (0, 1))
-        return [_majority_links(lower_core, my_view),  # its core, as I see it
-                _majority_links(my_core, lower_view)]  # my core, as it sees it
+        return [segment.majority_links(lower_core, my_view),  # its core, as I see it
+                segment.majority_links(my_core, lower_view)]  # my core, as it sees it
 
     def final_ids(self, min_size: int) -> np.ndarray:
         """Provisional id -> final id 1..N (uint32; 0 for the background, small objects)."""

@@ -284,11 +284,8 @@ def _coreless_domes(
     # h of its summit): a long object sure along its length has one core over many domes.
     cored = np.zeros(n_domes + 1, bool)
     cored[0] = True
-    ids = np.unique(cores[cores > 0])
-    if ids.size:
-        lut = np.zeros(int(ids.max()) + 1, np.int64)
-        lut[ids] = np.arange(1, ids.size + 1)
-        cored[_majority(lut[cores], ids.size, basins)] = True
+    if cores.any():
+        cored[majority_links(cores, basins)[:, 1]] = True
         summit = np.zeros(n_domes + 1, np.float32)
         summit[1:] = ndimage.maximum(depth, basins, np.arange(1, n_domes + 1))
         cored[basins[(cores > 0) & (depth > summit[basins] - h)]] = True
@@ -296,20 +293,22 @@ def _coreless_domes(
     return (domes, lonely, depth) if lonely.size else None
 
 
-def _majority(labels: np.ndarray, n_labels: int, zones: np.ndarray) -> np.ndarray:
-    """For each id 1..``n_labels`` of ``labels``, the id of ``zones`` holding most of its
-    voxels (0 for an id with no voxel)."""
-    inside = labels > 0
-    keys = labels[inside].astype(np.int64) * (int(zones.max()) + 1) + zones[inside]
-    pairs, counts = np.unique(keys, return_counts=True)
-    label_of, zone_of = np.divmod(pairs, int(zones.max()) + 1)
-    best = np.zeros(n_labels + 1, np.int64)
-    most = np.zeros(n_labels + 1, np.int64)
-    # Pairs in ascending count order: the last write for a label is its largest count.
-    order = np.argsort(counts, kind="stable")
-    best[label_of[order]] = zone_of[order]
-    most[label_of[order]] = counts[order]
-    return best[1:][most[1:] > 0]
+def majority_links(core_ids: np.ndarray, seen_as: np.ndarray) -> np.ndarray:
+    """(k, 2) pairs: each nonzero id of ``core_ids`` with the nonzero id ``seen_as`` gives
+    most of its voxels (ties: the smaller id)."""
+    both = (core_ids > 0) & (seen_as > 0)
+    if not both.any():
+        return np.empty((0, 2), np.int64)
+    pairs, counts = np.unique(
+        np.stack([core_ids[both], seen_as[both]], axis=1).astype(np.int64),
+        axis=0, return_counts=True,
+    )
+    # Sorted by id, then most voxels first: the first row of each id is its majority.
+    order = np.lexsort((pairs[:, 1], -counts, pairs[:, 0]))
+    pairs = pairs[order]
+    first = np.ones(len(pairs), bool)
+    first[1:] = pairs[1:, 0] != pairs[:-1, 0]
+    return pairs[first]
 
 
 def boundary_instances(
