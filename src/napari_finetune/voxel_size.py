@@ -68,6 +68,21 @@ def is_anisotropic(voxel_size: Sequence[float] | None) -> bool:
     return max(voxel_size) > (1 + TOLERANCE) * min(voxel_size)
 
 
+# Sections at least this many times thicker than their finest pixel are "thick": a
+# membrane tilted through one moves more than its own width to the next, so cells are
+# made section by section and linked across z (napari_finetune.objects.boundary_instances).
+THICK_SECTIONS = 4.0
+
+
+def thick_sections(voxel_size: Sequence[float] | None, ndim: int) -> bool:
+    """Whether a (Z, Y, X) volume's z voxel is at least :data:`THICK_SECTIONS` times its
+    finest in-plane (Y, X) voxel; False for a 2D image and for an unknown voxel size."""
+    sizes = for_axes(voxel_size, ndim)
+    if ndim != 3 or sizes is None:
+        return False
+    return sizes[0] >= THICK_SECTIONS * min(sizes[1:])
+
+
 def sampling(voxel_size: Sequence[float] | None, ndim: int) -> VoxelSize | None:
     """Voxel size relative to the finest axis, for scipy's ``sampling=``; None if isotropic.
 

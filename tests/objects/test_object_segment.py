@@ -429,3 +429,111 @@ def test_a_core_off_the_middle_still_seeds_its_object_once():
                        seed_threshold=0.9)
     labels = object_instances(prob, role)
     assert labels.max() == 1 and (labels > 0).sum() == ball.sum()
+
+
+# Thick sections: cells made section by section and linked across z.
+
+THICK = (40, 4, 4)  # CREMI's voxel: sections 10x thicker than their pixels
+
+
+def _tilted_membrane() -> tuple[np.ndarray, np.ndarray]:
+    """Membrane probability of two cells side by side in x, on 6 sections, and the truth.
+
+    The membrane between them sits at x 32 and x 44 on alternate sections (a membrane
+    tilted through the section moves further than its width), and has a gap on the odd
+    sections. Through the sections above and below, the cells' interiors touch in 3D.
+    """
+    prob = np.zeros((6, 48, 72), np.float32)
+    prob[:, :2] = prob[:, -2:] = 1
+    prob[:, :, :2] = prob[:, :, -2:] = 1
+    truth = np.zeros(prob.shape, np.int64)
+    x = np.arange(72)
+    for k in range(6):
+        m = 32 if k % 2 == 0 else 44
+        prob[k, :, m:m + 2] = 1
+        if k % 2:
+            prob[k, 20:28, m:m + 2] = 0
+        truth[k] = np.where(x < m, 1, 2)[None, :]
+    return prob, truth
+
+
+def _overlaps(labels: np.ndarray, truth: np.ndarray) -> dict[tuple[int, int], int]:
+    """Voxels of each (object, true cell) pair, over the labelled voxels."""
+    inside = labels > 0
+    pairs, counts = np.unique(np.stack([labels[inside], truth[inside]]), axis=1,
+                              return_counts=True)
+    return {(int(a), int(b)): int(n) for (a, b), n in zip(pairs.T, counts, strict=True)}
+
+
+SECTIONS_ROLE = ChannelRole("boundary", seed_distance=8, min_size=0)
+
+
+def test_thick_sections_keep_two_cells_that_3d_joins_through_the_sections_around():
+    prob, truth = _tilted_membrane()
+    for voxel_size in (None, (4, 4, 4)):
+        joined = _overlaps(boundary_instances(prob, SECTIONS_ROLE, voxel_size), truth)
+        # Some object holds over 1000 voxels of each cell: the cells are joined.
+        assert any(joined.get((i, 1), 0) > 1000 and joined.get((i, 2), 0) > 1000
+                   for i, _ in joined), joined
+    cells = boundary_instances(prob, SECTIONS_ROLE, THICK)
+    assert cells.max() == 2
+    assert set(_overlaps(cells, truth)) in ({(1, 1), (2, 2)}, {(1, 2), (2, 1)})
+    np.testing.assert_array_equal(cells == 0, prob > 0.5)  # every cell's voxel labelled
+
+
+def test_a_tube_through_every_section_stays_one_object():
+    # A neurite cut across: a disk of radius 10 moving 3 pixels per section, membrane
+    # around it. Each section makes it a cell of its own; linking makes them one object.
+    y, x = np.mgrid[0:48, 0:64]
+    prob = np.ones((6, 48, 64), np.float32)
+    for k in range(6):
+        prob[k][(y - 24) ** 2 + (x - 17 - 3 * k) ** 2 < 100] = 0
+    cells = boundary_instances(prob, SECTIONS_ROLE, THICK)
+    assert cells.max() == 1
+    np.testing.assert_array_equal(cells > 0, prob < 0.5)
+
+
+def test_linking_never_joins_two_cells_of_one_section():
+    # Section 0: one big cell; sections 1 and 2: the same square split in two. Each half
+    # lies within the big cell, but neither is more than half of it: no link.
+    prob = np.ones((3, 48, 48), np.float32)
+    prob[:, 4:44, 4:44] = 0
+    prob[1:, :, 23:25] = 1
+    cells = boundary_instances(prob, SECTIONS_ROLE, THICK)
+    big, left, right = cells[0, 24, 24], cells[1, 24, 10], cells[1, 24, 38]
+    assert len({int(big), int(left), int(right)}) == 3 and 0 not in (big, left, right)
+    assert cells[2, 24, 10] == left and cells[2, 24, 38] == right  # halves linked
+    assert cells.max() == 3
+
+
+def test_min_size_counts_a_linked_object_over_its_sections():
+    # A thin neurite, 21 voxels a section over 6 sections (126): min_size 60 keeps it
+    # (per section each piece is under 60 and it would be dropped); a lone speck goes.
+    y, x = np.mgrid[0:32, 0:32]
+    prob = np.ones((6, 32, 32), np.float32)
+    prob[:, (y - 10) ** 2 + (x - 10) ** 2 < 7] = 0
+    prob[2, 24:27, 24:27] = 0  # 9 voxels on one section
+    cells = boundary_instances(prob, ChannelRole("boundary", seed_distance=2, min_size=60),
+                               THICK)
+    assert cells.max() == 1
+    np.testing.assert_array_equal(cells > 0, (prob < 0.5) & (y < 20)[None])
+
+
+def test_sections_under_four_times_thicker_keep_the_3d_cells():
+    prob, _ = _tilted_membrane()
+    # 2.5x: the 3D path with physical sampling, as before; 4x and more: section by section.
+    three_d = segment._keep_big(segment._cells(prob, SECTIONS_ROLE, (2.5, 1.0, 1.0)), 0)
+    np.testing.assert_array_equal(boundary_instances(prob, SECTIONS_ROLE, (40, 16, 16)),
+                                  three_d)
+    sections = boundary_instances(prob, SECTIONS_ROLE, (40, 10, 10))
+    assert not np.array_equal(sections, three_d)
+    np.testing.assert_array_equal(sections, boundary_instances(prob, SECTIONS_ROLE, THICK))
+
+
+def test_which_voxel_sizes_are_thick_sections():
+    from napari_finetune.voxel_size import thick_sections
+    assert thick_sections((40, 4, 4), 3) and thick_sections((40, 10, 10), 3)
+    assert thick_sections((40, 4, 8), 3)  # the finest in-plane axis counts
+    assert not thick_sections((39, 10, 10), 3) and not thick_sections((40, 16, 16), 3)
+    assert not thick_sections(None, 3) and not thick_sections((4, 4, 4), 3)
+    assert not thick_sections((40, 4, 4), 2)  # a 2D image has no sections to link

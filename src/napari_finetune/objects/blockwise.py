@@ -44,11 +44,13 @@ from scipy.sparse.csgraph import connected_components
 from napari_finetune.arrays import VolumeArray, WritableVolume
 from napari_finetune.objects import segment
 from napari_finetune.objects.roles import ChannelRole
+from napari_finetune.voxel_size import thick_sections
 
 Progress = Callable[[int, int], None]
 
 
-def default_halo(params: ChannelRole, ndim: int) -> tuple[int, ...]:
+def default_halo(params: ChannelRole, ndim: int,
+                 voxel_size: Sequence[float] | None = None) -> tuple[int, ...]:
     """Halo (voxels per side) that gives a block's core the context its labels depend on.
 
     None for plain connected components (object, no split): they are merged
@@ -72,12 +74,22 @@ def default_halo(params: ChannelRole, ndim: int) -> tuple[int, ...]:
     what one block sees. The halo's cost is small next to the watershed of
     the components with several cores (docs/benchmarks.md, "Blockwise over
     the whole volume").
+
+    Boundary on thick sections (``voxel_size``,
+    :func:`~napari_finetune.voxel_size.thick_sections`): 2 along z. Each
+    section's cells are made alone, and whether a cell links to one on the next
+    section depends on those two sections alone, so one section past the core
+    (what the join reads) is all a block needs along z; more would be labelled
+    and thrown away. Even, as the others.
     """
     if params.role == "object" and not params.split:
         return (0,) * ndim
     times = 6 if params.role == "boundary" else 4
     h = max(4, math.ceil(times * params.seed_distance))
-    return (h + h % 2,) * ndim
+    halo = (h + h % 2,) * ndim
+    if params.role == "boundary" and thick_sections(voxel_size, ndim):
+        return (2, *halo[1:])
+    return halo
 
 
 def block_cores(shape: Sequence[int], block: Sequence[int]) -> Iterator[tuple[tuple[int, ...],
@@ -155,6 +167,15 @@ def blockwise_instances(
     through a gap are one, can differ. Which voxels are instances (before
     ``min_size``) is the same.
 
+    A boundary channel on thick sections (made section by section and linked
+    across z, :func:`~napari_finetune.objects.boundary_instances`) is split
+    along z exactly: a block and the one above it make the same cells on the
+    sections both see (the same (Y, X) box) and decide each link between two
+    sections from those two alone, so the chains they see are joined into the
+    whole volume's. Along y and x the cells are a 2D image's, with the caveat
+    above; there a cell cut by a block's view can also gain or lose a link (its
+    overlap with the next section's is counted within the view).
+
     Parameters
     ----------
     prob : array-like, (Z, Y, X) or (Y, X)
@@ -175,8 +196,10 @@ def blockwise_instances(
         twice the number of blocks).
     voxel_size : sequence of float, optional
         The volume's voxel size: distances in physical units when anisotropic
-        (:func:`~napari_finetune.objects.boundary_instances`). The halo stays in
-        voxels: on the coarse axis it is then more context than needed, not less.
+        (:func:`~napari_finetune.objects.boundary_instances`), and thick sections
+        made one by one. The halo stays in voxels: on the coarse axis it is then
+        more context than needed, not less (:func:`default_halo` gives thick
+        sections one of 2 along z).
 
     Returns
     -------
@@ -190,7 +213,8 @@ def blockwise_instances(
     """
     shape = tuple(int(s) for s in prob.shape)
     block = tuple(int(b) for b in block_shape)
-    halo = default_halo(params, len(shape)) if halo is None else tuple(int(h) for h in halo)
+    halo = (default_halo(params, len(shape), voxel_size) if halo is None
+            else tuple(int(h) for h in halo))
     _check_args(prob, out, params, block, halo)
     cores = list(block_cores(shape, block))
     total = 2 * len(cores)
