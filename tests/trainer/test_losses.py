@@ -134,3 +134,65 @@ def test_balanced_classes_keep_the_step_cut_free():
 def test_a_config_balances_the_run():
     trainer = make_trainer(norm="group", batch_size=2, mode="full", balance_classes=True)
     assert trainer.state.balance_classes
+
+
+def test_groups_weigh_the_membranes_against_the_rest():
+    # Two channels, membrane (a boundary) and mitochondria: label 1 background (3 voxels),
+    # 2 membrane (1), 3 mitochondria (1). Membranes are one group, the rest another: the
+    # membrane weighs 1 / 2 of the term, background and mitochondria share the other half
+    # in their voxels' proportion.
+    labels = torch.tensor([[0, 1, 1, 1, 2, 3]])
+    corrected = corrected_channels([1, 2, 3], 2)
+    grouped = step_normalisers(labels, corrected, 0.0, False, balance=True, groups=(0, 1, 0))
+    assert grouped.per_label == (3, 1, 1) and grouped.groups == (0, 1, 0)
+    torch.testing.assert_close(grouped.label_weights(),
+                               torch.tensor([0.0, 5 / 8, 5 / 2, 5 / 8]))
+    every_class = step_normalisers(labels, corrected, 0.0, False, balance=True)
+    torch.testing.assert_close(every_class.label_weights(),
+                               torch.tensor([0.0, 5 / 9, 5 / 3, 5 / 3]))
+    # No membrane painted: one group, every voxel weighs 1 (as unbalanced).
+    no_membrane = step_normalisers(torch.tensor([[0, 1, 1, 3]]), corrected, 0.0, False,
+                                   balance=True, groups=(0, 1, 0))
+    torch.testing.assert_close(no_membrane.label_weights(), torch.tensor([0.0, 1.0, 0.0, 1.0]))
+    logits = torch.tensor([[[0.3, 0.5, -0.2, 0.8, -0.4, 0.1],
+                            [0.2, -0.1, 0.4, -0.3, 0.6, 0.9]]])
+    plain = step_normalisers(labels, corrected, 0.0, False)
+    weights = (0.0, 5 / 8, 5 / 8, 5 / 8, 5 / 2, 5 / 8)
+    targets = {1: (0.0, 0.0), 2: (1.0, 0.0), 3: (0.0, 1.0)}
+    expected = sum(
+        w * (_bce(logits[0, 0, i].item(), targets[int(v)][0])
+             + _bce(logits[0, 1, i].item(), targets[int(v)][1]))
+        for i, (v, w) in enumerate(zip(labels[0], weights, strict=True)) if v > 0
+    ) / plain.supervised
+    loss = finetune_loss(logits, labels, corrected, grouped)
+    assert abs(loss.item() - expected) < 1e-6
+
+
+def test_a_boundary_channel_balances_its_membranes_by_default():
+    """The sample's channel names give channel 0 the boundary role: the run weighs its
+    strokes against the rest, says so, and keeps the step cut-free; off in the config,
+    or with no boundary role, nothing is weighed."""
+    names = {"channel_names": ["membrane", "mitochondria"]}
+    trainer = make_trainer(norm="group", batch_size=8, mode="full", metadata=names)
+    trainer.build()
+    assert trainer.state.balance_groups == (0, 1, 0)
+    assert any("membrane strokes (membrane) weigh as much" in line
+               for line in trainer.state.recovery_log)
+    images, labels = trainer.sampler.sample(8)
+    loss8, g8 = _grads(trainer, images, labels, [8])
+    loss, grads = _grads(trainer, images, labels, [3, 3, 2])
+    assert abs(loss - loss8) < 1e-6
+    for a, b in zip(g8, grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    trainer.state.balance_groups = ()
+    plain, _ = _grads(trainer, images, labels, [8])
+    assert abs(plain - loss8) > 1e-6, "the groups changed nothing on this painting"
+
+    off = make_trainer(norm="group", batch_size=8, mode="full", metadata=names,
+                       balance_membranes=False)
+    off.build()
+    assert off.state.balance_groups == ()
+    unnamed = make_trainer(norm="group", batch_size=8, mode="full")
+    unnamed.build()
+    assert unnamed.state.balance_groups == ()
+    assert not any("membrane strokes" in line for line in unnamed.state.recovery_log)

@@ -285,7 +285,7 @@ def predict_on_cluster(
     # The objects' distances in the store's voxel size, as predict_to_omezarr measures them.
     spacing = tuple(voxel_size) if voxel_size is not None else volume.voxel_size
     objects = [ObjectsTask(str(folder), mask, name, roles[channel],
-                           default_halo(roles[channel], len(shape)), spacing)
+                           default_halo(roles[channel], len(shape), spacing), spacing)
                for (mask, name, _), channel in zip(entries, roles, strict=True)]
     blocks = list(block_cores(shape, chunks))
     total = len(tasks) + 2 * len(blocks) * len(times) * len(objects)

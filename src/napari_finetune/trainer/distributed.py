@@ -159,7 +159,7 @@ class RankSync(LocalSync):
         counts = [local.supervised, local.distillation, local.hold, *local.per_label]
         summed = self._all_reduce(self._tensor(counts, torch.int64), dist.ReduceOp.SUM).tolist()
         supervised, distillation, hold, *per_label = (int(v) for v in summed)
-        return Normalisers(supervised, distillation, hold, tuple(per_label))
+        return Normalisers(supervised, distillation, hold, tuple(per_label), local.groups)
 
     def reduce_gradients(self, params: list[torch.nn.Parameter]) -> None:
         """Sum the ranks' gradients, in flat buckets (one collective per bucket).

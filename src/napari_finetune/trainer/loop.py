@@ -34,7 +34,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -302,6 +302,10 @@ class Finetuner:
             fitted = fit_new_channels(self.model, sampler, taught, state.batch_size, self.device)
             if fitted:
                 state.recovery_log.append(fitted)
+        if self.config.balance_membranes and not state.balance_classes:
+            state.balance_groups, line = self._membrane_groups(sampler.classes_present)
+            if line:
+                state.recovery_log.append(line)
         # Distillation the user chose (the widget's field, the CLI's option) stays.
         if (state.distillation > 0 and self.config.distillation_check
                 and "distillation" not in self.config.explicit_settings):
@@ -321,6 +325,26 @@ class Finetuner:
         self.model, self._parts = parts.model, parts
         for hook in self.after_build:
             hook(self)
+
+    def _membrane_groups(self, painted: Iterable[int]) -> tuple[tuple[int, ...], str]:
+        """The balance groups of the painted label values 1 to ``C + 1`` (a boundary
+        channel's membranes 1, the rest 0) and the line saying so; ``((), "")`` when the
+        painting has no membrane strokes, or nothing else, or the roles cannot be read
+        (the objects step says why; here they only weigh strokes)."""
+        from napari_finetune.objects import roles_from_metadata
+
+        names = self.channel_names
+        try:
+            roles = roles_from_metadata(self.metadata, names)
+        except ValueError:
+            return (), ""
+        groups = (0,) + tuple(int(roles[n].role == "boundary") for n in names)
+        values = {int(v) for v in painted if 1 <= int(v) <= len(names) + 1}
+        membranes = [names[v - 2] for v in sorted(values) if groups[v - 1]]
+        if not membranes or all(groups[v - 1] for v in values):
+            return (), ""
+        return groups, (f"membrane strokes ({', '.join(membranes)}) weigh as much as the "
+                        "other strokes together")
 
     def _check_agreement(self, sampler: PatchSampler) -> None:
         """Distillation off when the starting model gets less than half of the painting

@@ -80,6 +80,9 @@ class RunState:
         What the config asked for (tells "dropped" from "off").
     balance_classes : bool
         Every painted class weighs the same in the supervised term.
+    balance_groups : tuple of int
+        Painted label values 1, 2, ... in groups that weigh the same in the supervised
+        term (a boundary channel's membranes against the rest); empty: no groups.
     teacher : Teacher or None
         The frozen starting model while distillation or the hold need it.
     dropped_at_step : int or None
@@ -113,6 +116,7 @@ class RunState:
     distillation_configured: bool
     hold_configured: bool
     balance_classes: bool = False
+    balance_groups: tuple[int, ...] = ()
     teacher: Teacher | None = None
     dropped_at_step: int | None = None
     scaler_skips: int = 0
@@ -138,6 +142,13 @@ class RunState:
             hold_configured=bool(config.hold_other_channels),
             balance_classes=bool(config.balance_classes),
         )
+
+    def balance(self) -> tuple[bool, tuple[int, ...]]:
+        """``(balance, groups)`` for :func:`~napari_finetune.trainer.losses.step_normalisers`:
+        every class its own group when the classes are balanced, else the groups if any."""
+        if self.balance_classes:
+            return True, ()
+        return bool(self.balance_groups), self.balance_groups
 
     def use_micro_batch(self, batch: int) -> None:
         """Cut the same samples per step into micro-batches of at most ``batch``."""

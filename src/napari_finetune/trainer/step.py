@@ -67,7 +67,7 @@ def local_normalisers(parts: TrainingParts, state: RunState, labels: np.ndarray)
     distillation, hold = teacher_terms(state)
     all_labels = torch.from_numpy(np.ascontiguousarray(labels))
     return step_normalisers(all_labels, parts.corrected, distillation, hold, taught(state),
-                            state.balance_classes)
+                            *state.balance())
 
 
 def accumulate_gradients(
@@ -104,7 +104,7 @@ def accumulate_gradients(
     distillation, hold = teacher_terms(state)
     if norms is None:
         norms = step_normalisers(all_labels, parts.corrected, distillation, hold, taught(state),
-                                 state.balance_classes)
+                                 *state.balance())
     use_teacher = teacher is not None and (norms.distillation > 0 or norms.hold > 0)
     total = torch.zeros((), device=device)
     start = 0
