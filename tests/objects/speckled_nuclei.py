@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from napari_finetune.objects import ChannelRole
+
 SHAPE = (8, 64, 120)
 VOXEL_SIZE = (1000.0, 200.0, 200.0)
 RADIUS = 12.5
@@ -31,3 +33,18 @@ def speckled(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     noise = rng.uniform(0.45, 0.95, SHAPE).astype(np.float32)
     prob = np.where(truth > 0, noise, 0.05).astype(np.float32)
     return prob, truth
+
+
+def pair_on_few_sections() -> np.ndarray:
+    """Two touching nuclei, unsure everywhere (no core), on 5 of 7 sections: discs of
+    radius 30 with centres 50 apart in (Y, X), the same on every section."""
+    y, x = np.mgrid[0:80, 0:150]
+    disc = ((y - 40) ** 2 + (x - 45) ** 2 < 900) | ((y - 40) ** 2 + (x - 95) ** 2 < 900)
+    prob = np.zeros((7, 80, 150), np.float32)
+    prob[1:6][:, disc] = 0.6
+    return prob
+
+
+# Sizes as measured from such nuclei's sections; no core: shape-only seeds.
+PAIR_ROLE = ChannelRole("object", threshold=0.4, min_size=0, seed_distance=25.0, split=True,
+                        seed_threshold=0.9)

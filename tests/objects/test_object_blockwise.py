@@ -243,3 +243,19 @@ def test_thick_sections_blockwise_equal_one_piece():
         n = blockwise_instances(volume, params, block, out, voxel_size=voxel_size)
         assert n == int(expected.max()), block
         assert same_up_to_relabelling(out, expected), block
+
+
+def test_touching_nuclei_on_few_thick_sections_blockwise_equal_one_piece():
+    """The depth within each section, which keeps two touching nuclei apart on a few
+    thick sections, gives blocks the same objects as the whole volume."""
+    from tests.objects.speckled_nuclei import PAIR_ROLE, pair_on_few_sections
+
+    voxel_size = (1000, 200, 200)
+    prob = pair_on_few_sections()
+    whole = object_instances(prob, PAIR_ROLE, voxel_size)
+    assert whole.max() == 2
+    for block in ((7, 80, 150), (7, 80, 75), (4, 40, 75)):
+        out = np.zeros(prob.shape, np.uint32)
+        n = blockwise_instances(prob, PAIR_ROLE, block, out, voxel_size=voxel_size)
+        assert n == 2, block
+        assert same_up_to_relabelling(out, whole), block

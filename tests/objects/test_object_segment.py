@@ -537,3 +537,19 @@ def test_which_voxel_sizes_are_thick_sections():
     assert not thick_sections((39, 10, 10), 3) and not thick_sections((40, 16, 16), 3)
     assert not thick_sections(None, 3) and not thick_sections((4, 4, 4), 3)
     assert not thick_sections((40, 4, 4), 2)  # a 2D image has no sections to link
+
+
+def test_touching_nuclei_on_few_thick_sections_keep_a_dome_each():
+    # On 1 um sections of 0.2 um pixels the depth through z is capped by the few
+    # sections (3 of them, 15 pixel lengths), not by the nuclei's radius (30): in 3D
+    # neither nucleus rises half a seed distance (12.5) above the neck, and the pair was
+    # one object. Measured within each section, each rises 13.4 above the neck.
+    from tests.objects.speckled_nuclei import PAIR_ROLE, pair_on_few_sections
+
+    prob = pair_on_few_sections()
+    labels = object_instances(prob, PAIR_ROLE, (1000, 200, 200))
+    assert labels.max() == 2
+    left, right = labels[3, 40, 30], labels[3, 40, 110]
+    assert left and right and left != right
+    # Thinner sections (3x) keep the 3D depth: the pair is one object, as before.
+    assert object_instances(prob, PAIR_ROLE, (600, 200, 200)).max() == 1
